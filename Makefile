@@ -1,0 +1,45 @@
+# kfelastic — the two commands a newcomer needs are `make demo` and `make test`.
+# Everything they need is installed or built into $(CACHE), idempotently.
+
+CACHE ?= $(HOME)/.cache/kfelastic
+export KFELASTIC_CACHE := $(CACHE)
+GO ?= go
+BIN := bin/kfelastic
+# The static binary the plugin's init container copies into training pods.
+export CGO_ENABLED ?= 0
+
+# Each area adds its targets (bench-errors, bench-agent, bench-plugin, …) and
+# appends its name to BENCHES in its own fragment mk/<area>.mk, so that areas
+# evolve without touching this file.
+BENCHES :=
+include $(wildcard mk/*.mk)
+
+.PHONY: all build deps test test-short vet fmt demo bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/kfelastic
+
+deps:
+	scripts/deps.sh all
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+# The full suite: real MinIO, real kube-apiserver + etcd, real torch workers.
+test: deps vet
+	$(GO) test -count=1 -timeout 25m ./...
+
+# Unit tests only: no external servers (they skip with a note).
+test-short:
+	$(GO) test -short ./...
+
+demo: deps build
+	scripts/demo.sh
+
+bench: $(addprefix bench-,$(BENCHES))
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,13 @@
+// Package errors builds, classifies, encodes and writes the per-pod error
+// document of kfelastic: a serialized flyteidl.core.ErrorDocument, the same
+// bytes flytekit writes and flytepropeller reads.
+//
+// The usage loop of a supervisor is:
+//
+//	f := errors.Classify(errors.Exit{...})      // what was observed → a Failure
+//	w := errors.NewWriter(bucket)                // bucket opened by OpenPrefix(url)
+//	key, err := w.Write(ctx, f)                  // error-<ns>-<worker>-<rand>.pb, never overwrites
+//
+// and a reader does Decode(bytes) → FromDocument → Failure. The package is
+// named after its folder (DESIGN.md §1); importers alias it, e.g. kferrors.
+package errors

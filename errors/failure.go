@@ -1,0 +1,102 @@
+package errors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Codes of the failures a supervisor recognises without the worker's help
+// (DESIGN.md §2). User exceptions carry their exception type instead.
+const (
+	CodeOOMKilled         = "OOMKilled"
+	CodePreempted         = "Preempted"
+	CodeNodeCheckFailed   = "NodeCheckFailed"
+	CodeStraggler         = "Straggler"
+	CodeRendezvousTimeout = "RendezvousTimeout"
+	CodeHang              = "Hang"
+	// CodeRecoverable is flytekit's code for FlyteRecoverableException.
+	CodeRecoverable = "USER:Recoverable"
+	// CodeNonZeroExit is used for a worker that exited non-zero and left no
+	// error file naming an exception.
+	CodeNonZeroExit = "NonZeroExit"
+)
+
+// DefaultMessageCap is the message size, in bytes, documents are capped to
+// unless a caller asks for another; flytekit tracebacks rarely exceed it.
+const DefaultMessageCap = 64 << 10
+
+// Failure is one pod's (or worker's) failure, as the document carries it.
+// The zero Time means "unknown", never 1970.
+type Failure struct {
+	Code        string
+	Message     string
+	Recoverable bool
+	// Origin is USER or SYSTEM (flyteidl's ExecutionError.ErrorKind).
+	Origin core.ExecutionError_ErrorKind
+	Time   time.Time
+	Worker string
+}
+
+// UserError is a failure of the user's code that a retry will not fix.
+func UserError(code, message, worker string, at time.Time) Failure {
+	return Failure{Code: code, Message: message, Origin: core.ExecutionError_USER, Time: at, Worker: worker}
+}
+
+// SystemFailure is a recoverable failure caused by the platform (node,
+// network, scheduler), which a retry elsewhere can fix.
+func SystemFailure(code, message, worker string, at time.Time) Failure {
+	return Failure{Code: code, Message: message, Recoverable: true, Origin: core.ExecutionError_SYSTEM, Time: at, Worker: worker}
+}
+
+// Kind is the document's recoverability.
+func (f Failure) Kind() core.ContainerError_Kind {
+	if f.Recoverable {
+		return core.ContainerError_RECOVERABLE
+	}
+	return core.ContainerError_NON_RECOVERABLE
+}
+
+// Document returns the failure as the wire document, its message capped to
+// maxMessage bytes (DefaultMessageCap when ≤ 0).
+func (f Failure) Document(maxMessage int) *core.ErrorDocument {
+	if maxMessage <= 0 {
+		maxMessage = DefaultMessageCap
+	}
+	ce := &core.ContainerError{
+		Code:    ValidUTF8(f.Code),
+		Message: CapMessage(f.Message, maxMessage),
+		Kind:    f.Kind(),
+		Origin:  f.Origin,
+		Worker:  ValidUTF8(f.Worker),
+	}
+	if !f.Time.IsZero() {
+		ce.Timestamp = timestamppb.New(f.Time)
+	}
+	return &core.ErrorDocument{Error: ce}
+}
+
+// FromDocument is the inverse of Document. A document without a timestamp
+// gives a zero Time; the caller decides what stands in for it.
+func FromDocument(doc *core.ErrorDocument) (Failure, error) {
+	ce := doc.GetError()
+	if ce == nil {
+		return Failure{}, fmt.Errorf("%w: document has no error", ErrMissingError)
+	}
+	f := Failure{
+		Code:        ce.GetCode(),
+		Message:     ce.GetMessage(),
+		Recoverable: ce.GetKind() == core.ContainerError_RECOVERABLE,
+		Origin:      ce.GetOrigin(),
+		Worker:      ce.GetWorker(),
+	}
+	if ts := ce.GetTimestamp(); ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			return Failure{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		f.Time = ts.AsTime()
+	}
+	return f, nil
+}

@@ -1,0 +1,83 @@
+package errors
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Object names. Ours are error-<19-digit UTC ns>-<worker>-<random>.pb so a
+// lexicographic listing is a time-ordered one; flytekit's are
+// error-<uuid hex>.pb and the legacy single document is error.pb.
+const (
+	KeyPrefix   = "error"
+	KeySuffix   = ".pb"
+	LegacyKey   = "error.pb"
+	maxWorkerIn = 64
+	tsDigits    = 19
+)
+
+// NewKey names a document written at t by worker. random must be unique per
+// writer (NewKey's callers use RandomSuffix).
+func NewKey(t time.Time, worker, random string) string {
+	ns := t.UnixNano()
+	if t.IsZero() || ns < 0 {
+		ns = 0
+	}
+	return fmt.Sprintf("%s-%0*d-%s-%s%s", KeyPrefix, tsDigits, ns, SanitizeWorker(worker), random, KeySuffix)
+}
+
+// RandomSuffix returns 16 hex characters from crypto/rand.
+func RandomSuffix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails on Linux (crypto/rand panics instead)
+	return hex.EncodeToString(b[:])
+}
+
+// SanitizeWorker turns a worker name (a pod name, maybe "<pod>/<local rank>",
+// maybe hostile) into a key element: letters, digits, '.', '_' and '-' only,
+// '/' becomes '.', other bytes '_', no leading dots, at most 64 bytes. It can
+// never produce a path separator or "..".
+func SanitizeWorker(worker string) string {
+	var b strings.Builder
+	for i := 0; i < len(worker) && b.Len() < maxWorkerIn; i++ {
+		c := worker[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+			b.WriteByte(c)
+		case c == '/' || c == '.':
+			b.WriteByte('.')
+		default:
+			b.WriteByte('_')
+		}
+	}
+	s := strings.ReplaceAll(b.String(), "..", "._")
+	s = strings.TrimLeft(s, ".")
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// IsDocumentKey reports whether a key (relative to the output prefix) names an
+// error document: error.pb or error<anything>.pb, as upstream lists them.
+func IsDocumentKey(key string) bool {
+	return strings.HasPrefix(key, KeyPrefix) && strings.HasSuffix(key, KeySuffix) && !strings.Contains(key, "/")
+}
+
+// TimeFromKey returns the time encoded in one of our own key names, or false
+// for keys named otherwise (flytekit's, the legacy one).
+func TimeFromKey(key string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(key, KeyPrefix+"-")
+	if !ok || len(rest) < tsDigits+1 || rest[tsDigits] != '-' {
+		return time.Time{}, false
+	}
+	ns, err := strconv.ParseInt(rest[:tsDigits], 10, 64)
+	if err != nil || ns <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns).UTC(), true
+}

@@ -1,0 +1,70 @@
+package errors
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// CapMessage returns msg unchanged if it fits in max bytes; otherwise its head
+// and its tail (where tracebacks keep the exception line) joined by a marker
+// saying how many bytes were left out. The result is at most max bytes and is
+// valid UTF-8 even if msg was not, and never splits a character.
+func CapMessage(msg string, max int) string {
+	msg = ValidUTF8(msg)
+	if len(msg) <= max {
+		return msg
+	}
+	if max <= 0 {
+		return ""
+	}
+	// Size the marker for the largest count it could print (len(msg)), so the
+	// real one, with no more digits, always fits.
+	room := max - len(elisionMarker(len(msg)))
+	if room < 2 {
+		return truncateRunes(msg, max)
+	}
+	head := truncateRunes(msg, room/2)
+	tail := tailRunes(msg, room-len(head))
+	return head + elisionMarker(len(msg)-len(head)-len(tail)) + tail
+}
+
+func elisionMarker(n int) string {
+	return "\n… [" + strconv.Itoa(n) + " bytes elided] …\n"
+}
+
+// truncateRunes returns the longest prefix of s of at most n bytes that ends on
+// a character boundary.
+func truncateRunes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// tailRunes returns the longest suffix of s of at most n bytes that starts on
+// a character boundary.
+func tailRunes(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if len(s) <= n {
+		return s
+	}
+	i := len(s) - n
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return s[i:]
+}
+
+// ValidUTF8 replaces invalid bytes with U+FFFD; proto3 strings must be UTF-8.
+func ValidUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}

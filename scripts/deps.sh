@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Installs or builds what the tests, benchmarks and demo need, idempotently,
+# into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|minio|k8s]
+set -euo pipefail
+CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
+BIN=$CACHE/bin
+mkdir -p "$BIN" "$CACHE/logs"
+log() { printf '[deps] %s\n' "$*" >&2; }
+
+need_apt() {
+  local missing=()
+  [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
+  command -v etcd >/dev/null || missing+=(etcd-server)
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  command -v curl >/dev/null || missing+=(curl)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]} (≈1 min)"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq >"$CACHE/logs/apt.log" 2>&1
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/apt.log" 2>&1
+}
+
+need_minio() {
+  [ -x "$BIN/minio" ] && return 0
+  log "building MinIO into $BIN (≈3 min, test server only)"
+  GOBIN="$BIN" GOFLAGS= go install github.com/minio/minio@latest >"$CACHE/logs/minio.log" 2>&1
+}
+
+# The kube-apiserver for envtest: a wrapper module that requires
+# k8s.io/kubernetes and pins its staging modules, as ../shared/ENVIRONMENT.md
+# describes. etcd comes from Debian; envtest finds both in $CACHE/k8s.
+K8S_VERSION=1.33.13
+need_k8s() {
+  local dir=$CACHE/k8s
+  mkdir -p "$dir"
+  [ -e "$dir/etcd" ] || ln -sf "$(command -v etcd)" "$dir/etcd"
+  [ -x "$dir/kube-apiserver" ] && return 0
+  log "building kube-apiserver v$K8S_VERSION into $dir (≈4–7 min)"
+  local src=$CACHE/src/kube-apiserver
+  mkdir -p "$src"
+  local staging="api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission"
+  {
+    echo "module kfelastic.local/kube-apiserver"
+    echo
+    echo "go 1.26.0"
+    echo
+    echo "require k8s.io/kubernetes v$K8S_VERSION"
+    echo
+    echo "replace ("
+    for m in $staging; do echo "	k8s.io/$m => k8s.io/$m v0.${K8S_VERSION#1.}"; done
+    echo ")"
+  } >"$src/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$src/tools.go"
+  local v=$K8S_VERSION
+  (cd "$src" && GOFLAGS=-mod=mod go mod tidy >"$CACHE/logs/k8s.log" 2>&1 &&
+    GOFLAGS=-mod=mod go build -o "$dir/kube-apiserver.tmp" \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${v#1.}" \
+      k8s.io/kubernetes/cmd/kube-apiserver >>"$CACHE/logs/k8s.log" 2>&1) || { log "kube-apiserver build failed: see $CACHE/logs/k8s.log"; tail -20 "$CACHE/logs/k8s.log" >&2; return 1; }
+  mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
+}
+
+# The Kubeflow CRDs, from the training-operator module's manifests.
+need_crds() {
+  local dir=$CACHE/crds
+  [ -f "$dir/kubeflow.org_pytorchjobs.yaml" ] && [ -f "$dir/kubeflow.org_tfjobs.yaml" ] && return 0
+  mkdir -p "$dir"
+  local mod
+  mod=$(GOFLAGS= go mod download -json github.com/kubeflow/training-operator@v1.8.1 | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  cp "$mod/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$mod/manifests/base/crds/kubeflow.org_tfjobs.yaml" "$dir/"
+  chmod u+w "$dir"/*.yaml
+}
+
+what=${1:-all}
+case $what in
+  apt) need_apt ;;
+  minio) need_minio ;;
+  k8s) need_apt; need_k8s; need_crds ;;
+  all)
+    need_apt
+    # The two long builds run side by side; each is skipped when cached.
+    need_minio & p1=$!
+    need_k8s & p2=$!
+    need_crds
+    wait $p1; wait $p2
+    ;;
+  *) echo "usage: $0 [all|apt|minio|k8s]" >&2; exit 2 ;;
+esac
