@@ -2,6 +2,7 @@
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
 # fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|minio|k8s]
+# (k8s: etcd, kube-apiserver, CRDs, training operator, kwok)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
 BIN=$CACHE/bin
@@ -72,18 +73,32 @@ need_crds() {
   chmod u+w "$dir"/*.yaml
 }
 
+# The real Kubeflow training operator and kwok (simulated nodes), for the
+# plugin's lifecycle test.
+need_operator() {
+  [ -x "$BIN/training-operator.v1" ] || {
+    log "building the Kubeflow training operator (≈2 min)"
+    GOBIN="$BIN" GOFLAGS= go install github.com/kubeflow/training-operator/cmd/training-operator.v1@v1.8.1 >"$CACHE/logs/training-operator.log" 2>&1
+  }
+  [ -x "$BIN/kwok" ] || {
+    log "building kwok (≈2.5 min)"
+    GOBIN="$BIN" GOFLAGS= go install sigs.k8s.io/kwok/cmd/kwok@v0.8.0 >"$CACHE/logs/kwok.log" 2>&1
+  }
+}
+
 what=${1:-all}
 case $what in
   apt) need_apt ;;
   minio) need_minio ;;
-  k8s) need_apt; need_k8s; need_crds ;;
+  k8s) need_apt; need_k8s; need_crds; need_operator ;;
   all)
     need_apt
     # The two long builds run side by side; each is skipped when cached.
     need_minio & p1=$!
     need_k8s & p2=$!
+    need_operator & p3=$!
     need_crds
-    wait $p1; wait $p2
+    wait $p1; wait $p2; wait $p3
     ;;
   *) echo "usage: $0 [all|apt|minio|k8s]" >&2; exit 2 ;;
 esac
