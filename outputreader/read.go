@@ -294,7 +294,7 @@ type collector struct {
 	messageCap int
 	mu         sync.Mutex
 	docs       []Document // messages cleared
-	best       int        // index into docs, -1 before the first
+	best       int        // index into docs of the best so far, if hasBest
 	bestMsg    string
 	hasBest    bool
 	skipped    []Skipped
