@@ -56,24 +56,34 @@ type bucketSource struct{ b *blob.Bucket }
 
 func (s *bucketSource) String() string { return "bucket" }
 
+// listPageSize is large because fileblob walks its directory from the start
+// for every page (stat and attribute lookup per file before the page token):
+// 1000-key pages make a listing quadratic. S3 servers cap a page at 1000 keys
+// whatever is asked.
+const listPageSize = 10000
+
 func (s *bucketSource) List(ctx context.Context, yield func(Object) error) error {
 	// The delimiter keeps the listing to the prefix itself: documents are never
 	// nested, and a prefix may hold large trees of other outputs.
-	it := s.b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix, Delimiter: "/"})
+	opts := &blob.ListOptions{Prefix: kferrors.KeyPrefix, Delimiter: "/"}
+	token := blob.FirstPageToken
 	for {
-		obj, err := it.Next(ctx)
-		if err == io.EOF {
-			return nil
-		}
+		page, next, err := s.b.ListPage(ctx, token, listPageSize, opts)
 		if err != nil {
 			return fmt.Errorf("list error documents: %w", err)
 		}
-		if obj.IsDir || !kferrors.IsDocumentKey(obj.Key) {
-			continue
+		for _, obj := range page {
+			if obj.IsDir || !kferrors.IsDocumentKey(obj.Key) {
+				continue
+			}
+			if err := yield(Object{Key: obj.Key, Size: obj.Size, Modified: obj.ModTime}); err != nil {
+				return err
+			}
 		}
-		if err := yield(Object{Key: obj.Key, Size: obj.Size, Modified: obj.ModTime}); err != nil {
-			return err
+		if len(next) == 0 {
+			return nil
 		}
+		token = next
 	}
 }
 
@@ -126,7 +136,9 @@ func (s *dataStoreSource) List(ctx context.Context, yield func(Object) error) er
 }
 
 func (s *dataStoreSource) list(ctx context.Context, ref storage.DataReference, yield func(Object) error) error {
-	const pageSize = 1000
+	// As for buckets (listPageSize): stow's "local" kind walks the whole
+	// container for every page; S3 caps a page at 1000 keys anyway.
+	const pageSize = listPageSize
 	cursor := storage.NewCursorAtStart()
 	for !storage.IsCursorEnd(cursor) {
 		var refs []storage.DataReference
