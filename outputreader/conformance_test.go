@@ -345,6 +345,19 @@ func TestConformance(t *testing.T) {
 				}
 			})
 
+			t.Run("paged listing", func(t *testing.T) {
+				defer outputreader.SetListPageSize(7)()
+				s := be.open(t)
+				for i := range 40 {
+					ours(t, s, kferrors.UserError("E", "m", fmt.Sprintf("job-worker-%d", i), t0.Add(time.Duration(40-i)*time.Millisecond)))
+				}
+				flytekit(t, s, kferrors.UserError("First", "m", "job-worker-40", t0), "00000000000000000000000000000abc")
+				r := read(t, s)
+				if r.RootCause.Failure.Code != "First" || len(r.Others) != 40 {
+					t.Fatalf("root %+v, %d others", r.RootCause, len(r.Others))
+				}
+			})
+
 			t.Run("synthesized failures merge", func(t *testing.T) {
 				s := be.open(t)
 				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(2*time.Second)))

@@ -60,7 +60,8 @@ func (s *bucketSource) String() string { return "bucket" }
 // for every page (stat and attribute lookup per file before the page token):
 // 1000-key pages make a listing quadratic. S3 servers cap a page at 1000 keys
 // whatever is asked.
-const listPageSize = 10000
+// It is a variable only so that tests can exercise paging.
+var listPageSize = 10000
 
 func (s *bucketSource) List(ctx context.Context, yield func(Object) error) error {
 	// The delimiter keeps the listing to the prefix itself: documents are never
@@ -138,7 +139,7 @@ func (s *dataStoreSource) List(ctx context.Context, yield func(Object) error) er
 func (s *dataStoreSource) list(ctx context.Context, ref storage.DataReference, yield func(Object) error) error {
 	// As for buckets (listPageSize): stow's "local" kind walks the whole
 	// container for every page; S3 caps a page at 1000 keys anyway.
-	const pageSize = listPageSize
+	pageSize := listPageSize
 	cursor := storage.NewCursorAtStart()
 	for !storage.IsCursorEnd(cursor) {
 		var refs []storage.DataReference
