@@ -212,4 +212,3 @@ func readTemplate(tmpl *core.TaskTemplate, taskType string) error {
 func typeMeta(kind string) metav1.TypeMeta {
 	return metav1.TypeMeta{Kind: kind, APIVersion: kubeflowv1.SchemeGroupVersion.String()}
 }
-
