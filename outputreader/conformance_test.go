@@ -1,0 +1,347 @@
+package outputreader_test
+
+import (
+	"bytes"
+	"context"
+	goerrors "errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"github.com/flyteorg/flyte/flytestdlib/contextutils"
+	"github.com/flyteorg/flyte/flytestdlib/promutils"
+	"github.com/flyteorg/flyte/flytestdlib/promutils/labeled"
+	"github.com/flyteorg/flyte/flytestdlib/storage"
+	"gocloud.dev/blob"
+	"gocloud.dev/blob/memblob"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/outputreader"
+)
+
+func TestMain(m *testing.M) {
+	// flytestdlib's DataStore metrics need the label keys set once per
+	// process, as propeller does at start.
+	labeled.SetMetricKeys(contextutils.AppNameKey)
+	testenv.Main(m)
+}
+
+// t0 lies in the past of every test run, so upload times are after it.
+var t0 = time.Date(2026, 1, 2, 10, 0, 0, 123456789, time.UTC)
+
+// store is one backend under test: put writes raw bytes under a key relative
+// to the output prefix; src reads that prefix.
+type store struct {
+	put func(t testing.TB, key string, data []byte)
+	src outputreader.Source
+}
+
+type backend struct {
+	name string
+	open func(t testing.TB) store
+}
+
+func bucketStore(b *blob.Bucket) store {
+	return store{
+		put: func(t testing.TB, key string, data []byte) {
+			t.Helper()
+			if err := b.WriteAll(context.Background(), key, data, nil); err != nil {
+				t.Fatalf("put %s: %v", key, err)
+			}
+		},
+		src: outputreader.NewBucketSource(b),
+	}
+}
+
+// backends are the four the reader must behave the same on: gocloud.dev's
+// mem:// and file://, a real MinIO server through s3blob, and flytestdlib's
+// in-memory DataStore (what propeller hands a plugin).
+func backends() []backend {
+	return []backend{
+		{"mem", func(t testing.TB) store {
+			b := memblob.OpenBucket(nil)
+			t.Cleanup(func() { b.Close() })
+			return bucketStore(b)
+		}},
+		{"file", func(t testing.TB) store {
+			url := "file://" + filepath.Join(t.TempDir(), "metadata", "attempt-0")
+			b, err := kferrors.OpenPrefix(context.Background(), url, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return bucketStore(b)
+		}},
+		{"minio", func(t testing.TB) store {
+			s := testenv.MinIO(t)
+			b, err := kferrors.OpenPrefix(context.Background(), s.MinIOProcess.URL(s.Bucket, "metadata/n0/attempt-0"), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return bucketStore(b)
+		}},
+		{"datastore-mem", func(t testing.TB) store {
+			ds, err := storage.NewDataStore(&storage.Config{Type: storage.TypeMemory}, promutils.NewTestScope())
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefix := storage.DataReference("s3://flyte/metadata/n0/attempt-0")
+			return store{
+				put: func(t testing.TB, key string, data []byte) {
+					t.Helper()
+					if err := ds.WriteRaw(context.Background(), prefix+"/"+storage.DataReference(key), int64(len(data)), storage.Options{}, bytes.NewReader(data)); err != nil {
+						t.Fatalf("put %s: %v", key, err)
+					}
+				},
+				src: outputreader.NewDataStoreSource(ds, prefix),
+			}
+		}},
+	}
+}
+
+func encode(t testing.TB, f kferrors.Failure) []byte {
+	t.Helper()
+	data, err := kferrors.Encode(f.Document(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// ours stores f as our writers name it.
+func ours(t testing.TB, s store, f kferrors.Failure) string {
+	key := kferrors.NewKey(f.Time, f.Worker, kferrors.RandomSuffix())
+	s.put(t, key, encode(t, f))
+	return key
+}
+
+// flytekit stores f as flytekit ≥1.14 does with _F_DES set: error-<uuid hex>.pb.
+func flytekit(t testing.TB, s store, f kferrors.Failure, uuidHex string) string {
+	key := "error-" + uuidHex + ".pb"
+	s.put(t, key, encode(t, f))
+	return key
+}
+
+func read(t testing.TB, s store, extra ...kferrors.Failure) *outputreader.Report {
+	t.Helper()
+	r, err := outputreader.Read(context.Background(), s.src, nil, extra...)
+	if err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	return r
+}
+
+func TestConformance(t *testing.T) {
+	for _, be := range backends() {
+		t.Run(be.name, func(t *testing.T) {
+			t.Run("no documents is a distinct result", func(t *testing.T) {
+				s := be.open(t)
+				s.put(t, "outputs.pb", []byte("not an error document"))
+				s.put(t, "errors/error-nested.pb", []byte("nested: not ours"))
+				r := read(t, s)
+				if r.RootCause != nil || len(r.Others) != 0 || len(r.Skipped) != 0 || r.Message() != "" || r.ExecutionError() != nil {
+					t.Fatalf("want the empty report, got %+v", r)
+				}
+				if ok, err := outputreader.HasDocuments(context.Background(), s.src); ok || err != nil {
+					t.Fatalf("HasDocuments = %v, %v", ok, err)
+				}
+			})
+
+			t.Run("sub-second secondary failure does not win", func(t *testing.T) {
+				s := be.open(t)
+				// The peer's "connection closed" is written first but happened later.
+				ours(t, s, kferrors.UserError("torch.distributed.DistNetworkError", "Connection closed by peer", "job-worker-0", t0.Add(300*time.Millisecond)))
+				ours(t, s, kferrors.UserError("RuntimeError", "CUDA error: device-side assert", "job-worker-1", t0))
+				ours(t, s, kferrors.SystemFailure(kferrors.CodePreempted, "terminated", "job-worker-2", t0.Add(900*time.Millisecond)))
+				r := read(t, s)
+				if r.RootCause == nil || r.RootCause.Failure.Code != "RuntimeError" || r.RootCause.Failure.Worker != "job-worker-1" || !r.RootCause.At.Equal(t0) {
+					t.Fatalf("root cause: %+v", r.RootCause)
+				}
+				if r.RootCause.Failure.Message != "CUDA error: device-side assert" {
+					t.Fatalf("root message: %q", r.RootCause.Failure.Message)
+				}
+				if len(r.Others) != 2 || r.Others[0].Failure.Worker != "job-worker-0" || r.Others[0].Failure.Message != "" {
+					t.Fatalf("others: %+v", r.Others)
+				}
+				if r.Workers() != 3 {
+					t.Fatalf("workers %d", r.Workers())
+				}
+				ee := r.ExecutionError()
+				if ee == nil || ee.IsRecoverable || ee.Code != "RuntimeError" || ee.Kind != core.ExecutionError_USER || ee.Worker != "job-worker-1" || !ee.Timestamp.AsTime().Equal(t0) {
+					t.Fatalf("execution error: %+v", ee)
+				}
+			})
+
+			t.Run("ties go to worker then key", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("B", "b", "w-b", t0))
+				ours(t, s, kferrors.UserError("A", "a", "w-a", t0))
+				k1 := flytekit(t, s, kferrors.UserError("C1", "c", "w-a", t0), "0000000000000000000000000000000f")
+				k2 := flytekit(t, s, kferrors.UserError("C2", "c", "w-a", t0), "00000000000000000000000000000001")
+				r := read(t, s)
+				// Same time, same worker "w-a": the smallest key wins; ours
+				// starts "error-1…", flytekit's "error-0…".
+				if r.RootCause.Key != k2 || r.Others[0].Key != k1 {
+					t.Fatalf("root %s, first other %s", r.RootCause.Key, r.Others[0].Key)
+				}
+			})
+
+			t.Run("flytekit and legacy documents are read and ranked", func(t *testing.T) {
+				s := be.open(t)
+				for i := range 40 {
+					ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", fmt.Sprintf("job-worker-%d", i+2), t0.Add(time.Duration(i+1)*time.Second)))
+				}
+				flytekit(t, s, kferrors.UserError("ValueError", "bad shape", "job-worker-1", t0.Add(500*time.Millisecond)), "3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d")
+				// Legacy error.pb: no timestamp, no worker. Its upload time is
+				// now, long after t0: it must not win as 1970 would.
+				s.put(t, kferrors.LegacyKey, encode(t, kferrors.UserError("OldError", "legacy", "", time.Time{})))
+				r := read(t, s)
+				if r.RootCause.Failure.Code != "ValueError" || r.RootCause.Failure.Worker != "job-worker-1" {
+					t.Fatalf("root cause: %+v", r.RootCause)
+				}
+				last := r.Others[len(r.Others)-1]
+				if last.Key != kferrors.LegacyKey || last.At.Year() < 2026 || last.AtSource == outputreader.TimeFromDocument {
+					t.Fatalf("legacy document ranked %+v", last)
+				}
+				if len(r.Others) != 41 || r.Workers() != 42 {
+					t.Fatalf("others %d workers %d", len(r.Others), r.Workers())
+				}
+			})
+
+			t.Run("a document without timestamp ranks by its object time", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("Future", "clock ahead", "w-future", time.Now().Add(time.Hour)))
+				s.put(t, "error-0123456789abcdef0123456789abcdef.pb", encode(t, kferrors.UserError("Untimed", "x", "w-untimed", time.Time{})))
+				r := read(t, s)
+				if r.RootCause.Failure.Code != "Untimed" || r.RootCause.AtSource == outputreader.TimeFromDocument {
+					t.Fatalf("root cause %+v", r.RootCause)
+				}
+				if d := time.Since(r.RootCause.At); d < -time.Minute || d > 5*time.Minute {
+					t.Fatalf("object time %v is not the upload or read time", r.RootCause.At)
+				}
+				if !strings.Contains(r.Message(), "(upload time)") && !strings.Contains(r.Message(), "(read time)") {
+					t.Fatalf("message does not say where the time comes from: %s", r.Message())
+				}
+			})
+
+			t.Run("corrupt empty oversized documents are skipped and counted", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("RuntimeError", "boom", "job-worker-3", t0.Add(time.Second)))
+				s.put(t, "error-corrupt.pb", []byte{0xff, 0xff, 0xff})
+				s.put(t, "error-empty.pb", []byte{})
+				s.put(t, "error-noerror.pb", []byte{0x10, 0x01})
+				s.put(t, "error-huge.pb", bytes.Repeat([]byte{'x'}, kferrors.DefaultMaxDocumentBytes+10))
+				// A time-named corrupt document before the root cause.
+				s.put(t, kferrors.NewKey(t0, "job-worker-9", "0000000000000000"), []byte("garbage"))
+				r := read(t, s)
+				if r.RootCause == nil || r.RootCause.Failure.Worker != "job-worker-3" {
+					t.Fatalf("root cause: %+v", r.RootCause)
+				}
+				want := map[string]error{
+					"error-corrupt.pb": kferrors.ErrCorrupt, "error-empty.pb": kferrors.ErrEmpty,
+					"error-noerror.pb": kferrors.ErrMissingError, "error-huge.pb": kferrors.ErrTooLarge,
+					kferrors.NewKey(t0, "job-worker-9", "0000000000000000"): kferrors.ErrCorrupt,
+				}
+				if len(r.Skipped) != len(want) {
+					t.Fatalf("skipped: %v", r.Skipped)
+				}
+				for _, sk := range r.Skipped {
+					if !goerrors.Is(sk.Err, want[sk.Key]) {
+						t.Errorf("%s skipped with %v, want %v", sk.Key, sk.Err, want[sk.Key])
+					}
+				}
+				if !strings.Contains(r.Message(), "Skipped 5 unreadable documents.") {
+					t.Fatalf("message: %s", r.Message())
+				}
+			})
+
+			t.Run("only corrupt documents give no root cause but a count", func(t *testing.T) {
+				s := be.open(t)
+				s.put(t, "error.pb", []byte("junk"))
+				r := read(t, s)
+				if r.RootCause != nil || len(r.Skipped) != 1 {
+					t.Fatalf("%+v", r)
+				}
+				if ok, err := outputreader.HasDocuments(context.Background(), s.src); !ok || err != nil {
+					t.Fatalf("HasDocuments = %v, %v", ok, err)
+				}
+			})
+
+			t.Run("many documents: only the earliest are opened", func(t *testing.T) {
+				s := be.open(t)
+				const n = 200
+				var wg sync.WaitGroup
+				for i := range n {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						// Reverse: the earliest is written last.
+						ours(t, s, kferrors.SystemFailure(kferrors.CodePreempted, "terminated", fmt.Sprintf("job-worker-%d", n-i), t0.Add(time.Duration(n-i)*time.Millisecond)))
+					}()
+				}
+				wg.Wait()
+				// One of ours whose stored time is later than its name claims.
+				late := kferrors.UserError("LateStamp", "x", "job-worker-0", t0.Add(time.Hour))
+				s.put(t, kferrors.NewKey(t0, "job-worker-0", "ffffffffffffffff"), encode(t, late))
+				r := read(t, s)
+				if r.RootCause.Failure.Worker != "job-worker-1" || !r.RootCause.At.Equal(t0.Add(time.Millisecond)) {
+					t.Fatalf("root cause %+v", r.RootCause)
+				}
+				if r.Opened >= n/2 {
+					t.Fatalf("opened %d of %d documents", r.Opened, n+1)
+				}
+				if len(r.Others) != n || r.Workers() != n+1 {
+					t.Fatalf("others %d workers %d", len(r.Others), r.Workers())
+				}
+				// The late-stamped one was opened and ranked by its own time: last.
+				if last := r.Others[len(r.Others)-1]; last.Failure.Code != "LateStamp" || !last.Opened() {
+					t.Fatalf("last other %+v", last)
+				}
+				if !strings.Contains(r.Message(), "later, not opened") {
+					t.Fatalf("message: %s", r.Message())
+				}
+			})
+
+			t.Run("synthesized failures merge", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(2*time.Second)))
+				oom := kferrors.SystemFailure(kferrors.CodeOOMKilled, "pod job-worker-1 OOMKilled (exit 137)", "job-worker-1", t0.Add(time.Second))
+				r := read(t, s, oom)
+				if !r.RootCause.Synthesized || r.RootCause.Failure.Code != kferrors.CodeOOMKilled || !r.ExecutionError().IsRecoverable {
+					t.Fatalf("root cause %+v", r.RootCause)
+				}
+				if r.ExecutionError().Kind != core.ExecutionError_SYSTEM {
+					t.Fatal("kind")
+				}
+			})
+
+			t.Run("wait for a late document", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(time.Second)))
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					ours(t, s, kferrors.UserError("RuntimeError", "first", "job-worker-1", t0))
+				}()
+				start := time.Now()
+				r, err := outputreader.WaitFor(context.Background(), s.src, &outputreader.Options{PollInterval: 50 * time.Millisecond}, 2, time.Now().Add(10*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.RootCause.Failure.Code != "RuntimeError" || time.Since(start) > 5*time.Second {
+					t.Fatalf("root %+v after %v", r.RootCause, time.Since(start))
+				}
+				// The grace ends: decide with what there is.
+				r, err = outputreader.WaitFor(context.Background(), s.src, &outputreader.Options{PollInterval: 50 * time.Millisecond}, 5, time.Now().Add(200*time.Millisecond))
+				if err != nil || r.Workers() != 2 {
+					t.Fatalf("after grace: %v %v", r, err)
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,171 @@
+package outputreader
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/io"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// Codes of the ExecutionErrors made when there is no root cause; they are
+// upstream's codes for the same situations, so propeller-side handling does
+// not change.
+const (
+	// CodeNoDocuments: no error document at all under the prefix.
+	CodeNoDocuments = "ErrorFileNotFound"
+	// CodeUnreadableDocuments: documents exist, none could be used.
+	CodeUnreadableDocuments = "ErrorFileBadFormat"
+)
+
+// Message is the Flyte UI message of DESIGN.md §3: the root cause headed by
+// its worker and time, then one line tallying the other failures, e.g.
+//
+//	[job-worker-1, 2026-11-21T10:00:01.123456789Z] RuntimeError: boom
+//	Also failed: 3 other workers (2× Preempted, 1× NonZeroExit). Earliest failure shown.
+//
+// A time that is not the document's own says so: "(upload time)" for the
+// object's modification time, "(read time)" for the listing time. It is ""
+// when there is no root cause.
+func (r *Report) Message() string {
+	if r.RootCause == nil {
+		return ""
+	}
+	root := r.RootCause
+	var b strings.Builder
+	who := root.Failure.Worker
+	if who == "" {
+		who = root.Key
+	}
+	if who == "" {
+		who = "unknown worker"
+	}
+	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(time.RFC3339Nano), timeNote(root.AtSource), root.Failure.Code)
+	if root.Failure.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(root.Failure.Message)
+	}
+	if tally := r.tally(); tally != "" {
+		b.WriteString("\n")
+		b.WriteString(tally)
+	}
+	return b.String()
+}
+
+func timeNote(s TimeSource) string {
+	switch s {
+	case TimeFromModified:
+		return " (upload time)"
+	case TimeFromListing:
+		return " (read time)"
+	}
+	return ""
+}
+
+// tally is the one line about everything but the root cause.
+func (r *Report) tally() string {
+	var parts []string
+	if len(r.Others) > 0 {
+		rootWorker := kferrors.SanitizeWorker(r.RootCause.Failure.Worker)
+		workers := map[string]struct{}{}
+		codes := map[string]int{}
+		notOpened := 0
+		for _, d := range r.Others {
+			if w := kferrors.SanitizeWorker(d.Failure.Worker); w != rootWorker {
+				workers[w] = struct{}{}
+			}
+			if !d.Opened() {
+				notOpened++
+				continue
+			}
+			code := d.Failure.Code
+			if code == "" {
+				code = "no code"
+			}
+			codes[code]++
+		}
+		type count struct {
+			code string
+			n    int
+		}
+		var counts []count
+		for c, n := range codes {
+			counts = append(counts, count{c, n})
+		}
+		slices.SortFunc(counts, func(a, b count) int {
+			return cmp.Or(cmp.Compare(b.n, a.n), strings.Compare(a.code, b.code))
+		})
+		var items []string
+		for _, c := range counts {
+			items = append(items, fmt.Sprintf("%d× %s", c.n, c.code))
+		}
+		if notOpened > 0 {
+			items = append(items, fmt.Sprintf("%d later, not opened", notOpened))
+		}
+		what := plural(len(workers), "other worker", "other workers")
+		if len(r.Others) != len(workers) {
+			what += ", " + plural(len(r.Others), "other document", "other documents")
+		}
+		parts = append(parts, fmt.Sprintf("Also failed: %s (%s).", what, strings.Join(items, ", ")))
+	}
+	if n := len(r.Skipped); n > 0 {
+		parts = append(parts, fmt.Sprintf("Skipped %s.", plural(n, "unreadable document", "unreadable documents")))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return strings.Join(parts, " ") + " Earliest failure shown."
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// ExecutionError is the root cause as flyteplugins reports a task failure:
+// Code, Message (= Message()), Kind (the origin, USER or SYSTEM), Timestamp
+// and Worker of the root cause; IsRecoverable follows its kind. It is nil
+// when there is no root cause.
+func (r *Report) ExecutionError() *io.ExecutionError {
+	if r.RootCause == nil {
+		return nil
+	}
+	root := r.RootCause
+	return &io.ExecutionError{
+		ExecutionError: &core.ExecutionError{
+			Code:      root.Failure.Code,
+			Message:   r.Message(),
+			Kind:      root.Failure.Origin,
+			Timestamp: timestamppb.New(root.Time()),
+			Worker:    root.Failure.Worker,
+		},
+		IsRecoverable: root.Failure.Recoverable,
+	}
+}
+
+// noRootCause is the ExecutionError for a Report without a root cause:
+// recoverable and of SYSTEM origin, as upstream reports a missing error file.
+func (r *Report) noRootCause(prefix string) io.ExecutionError {
+	code, msg := CodeNoDocuments, fmt.Sprintf("no error documents under %s", prefix)
+	if len(r.Skipped) > 0 {
+		code = CodeUnreadableDocuments
+		var keys []string
+		for _, s := range r.Skipped {
+			keys = append(keys, fmt.Sprintf("%s (%v)", s.Key, s.Err))
+		}
+		msg = fmt.Sprintf("%s under %s, none usable: %s", plural(len(r.Skipped), "error document", "error documents"), prefix, strings.Join(keys, "; "))
+		msg = kferrors.CapMessage(msg, kferrors.DefaultMessageCap)
+	}
+	return io.ExecutionError{
+		ExecutionError: &core.ExecutionError{Code: code, Message: msg, Kind: core.ExecutionError_SYSTEM},
+		IsRecoverable:  true,
+	}
+}

@@ -1,0 +1,391 @@
+package outputreader
+
+import (
+	"context"
+	goerrors "errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// Options tunes Read and WaitFor; nil means defaults.
+type Options struct {
+	// Concurrency bounds concurrent document reads; default 32.
+	Concurrency int
+	// MaxDocumentBytes: larger documents are skipped (ErrTooLarge); default
+	// kferrors.DefaultMaxDocumentBytes.
+	MaxDocumentBytes int
+	// MessageCap caps the root cause's message, in bytes; default
+	// kferrors.DefaultMessageCap.
+	MessageCap int
+	// PollInterval is how often WaitFor lists again; default 500ms.
+	PollInterval time.Duration
+	// Now is the clock; it dates documents no time can be found for (see
+	// TimeFromListing). Default time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) withDefaults() Options {
+	var d Options
+	if o != nil {
+		d = *o
+	}
+	if d.Concurrency <= 0 {
+		d.Concurrency = 32
+	}
+	if d.MaxDocumentBytes <= 0 {
+		d.MaxDocumentBytes = kferrors.DefaultMaxDocumentBytes
+	}
+	if d.MessageCap <= 0 {
+		d.MessageCap = kferrors.DefaultMessageCap
+	}
+	if d.PollInterval <= 0 {
+		d.PollInterval = 500 * time.Millisecond
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	return d
+}
+
+// TimeSource says where a Document's ranking time (At) comes from.
+type TimeSource uint8
+
+const (
+	// TimeFromDocument: the document's own timestamp.
+	TimeFromDocument TimeSource = iota
+	// TimeFromModified: the document has no timestamp (legacy error.pb, old
+	// flytekit); its object's modification time stands in, never 1970.
+	TimeFromModified
+	// TimeFromListing: neither a timestamp nor a modification time (the
+	// DataStore backend tells none, or a synthesized failure without time):
+	// the time Read listed it, which ranks it after every dated failure.
+	TimeFromListing
+	// TimeFromName: the document was not opened. It is one of our own
+	// error-<ns>-<worker>-<rand>.pb documents, ranked by the time in its name,
+	// which is later than the root cause's time. Its Code, Origin and
+	// Recoverable are unknown and its Worker is the sanitized worker of the
+	// name (kferrors.SanitizeWorker).
+	TimeFromName
+)
+
+func (s TimeSource) String() string {
+	switch s {
+	case TimeFromDocument:
+		return "document"
+	case TimeFromModified:
+		return "modified"
+	case TimeFromListing:
+		return "listing"
+	case TimeFromName:
+		return "name"
+	}
+	return fmt.Sprintf("TimeSource(%d)", uint8(s))
+}
+
+// Document is the small per-document summary kept in memory.
+type Document struct {
+	// Key is the object key relative to the prefix ("" for synthesized).
+	Key string
+	// Failure as decoded. Message is kept only for the root cause.
+	Failure kferrors.Failure
+	// Modified is the object's modification time, zero when the backend does
+	// not tell (it stands in for a missing timestamp).
+	Modified time.Time
+	// Synthesized: made from a pod status, not read from storage.
+	Synthesized bool
+	// At is the time the document is ranked by, and AtSource where it comes
+	// from: the document's timestamp, else its modification time, else the
+	// listing time; for a document that was not opened, its name's time.
+	At       time.Time
+	AtSource TimeSource
+}
+
+// Time is the time d is ranked by: At, else its Failure's time, else its
+// modification time; zero if none is known.
+func (d Document) Time() time.Time {
+	switch {
+	case !d.At.IsZero():
+		return d.At
+	case !d.Failure.Time.IsZero():
+		return d.Failure.Time
+	}
+	return d.Modified
+}
+
+// Opened reports whether the document was read, i.e. its Code, Origin and
+// Recoverable are known.
+func (d Document) Opened() bool { return d.AtSource != TimeFromName }
+
+// Less is the total order of failures (DESIGN.md §3): time, then worker, then
+// key. A document without any time sorts after every dated one, never as 1970.
+func Less(a, b Document) bool { return compare(a, b) < 0 }
+
+func compare(a, b Document) int {
+	ta, tb := a.Time(), b.Time()
+	if ta.IsZero() != tb.IsZero() {
+		if ta.IsZero() {
+			return 1
+		}
+		return -1
+	}
+	if c := ta.Compare(tb); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Failure.Worker, b.Failure.Worker); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Key, b.Key)
+}
+
+// Skipped is a document Read could not use; Err wraps kferrors.ErrCorrupt,
+// ErrEmpty, ErrTooLarge, ErrMissingError, or ErrNotFound (vanished).
+type Skipped struct {
+	Key string
+	Err error
+}
+
+// Report is the outcome of Read.
+type Report struct {
+	// RootCause is the earliest failure by Less, with its (capped) message;
+	// nil when there is no usable document at all: the distinct "no
+	// documents" result.
+	RootCause *Document
+	// Others are every other failure, in the total order, without messages.
+	Others []Document
+	// Skipped are the unusable documents, by key.
+	Skipped []Skipped
+	// Opened counts the documents actually read (the rest were ranked by
+	// name, see TimeFromName).
+	Opened int
+}
+
+// Workers is the number of distinct workers with a document, synthesized ones
+// included. Workers are compared sanitized (kferrors.SanitizeWorker), the form
+// a not-opened document's name carries; documents without a worker count as
+// one "unknown" worker.
+func (r *Report) Workers() int {
+	seen := map[string]struct{}{}
+	if r.RootCause != nil {
+		seen[kferrors.SanitizeWorker(r.RootCause.Failure.Worker)] = struct{}{}
+	}
+	for _, d := range r.Others {
+		seen[kferrors.SanitizeWorker(d.Failure.Worker)] = struct{}{}
+	}
+	return len(seen)
+}
+
+// listed is what the listing tells of one document.
+type listed struct {
+	key      string
+	modified time.Time
+	nameTime time.Time // zero unless the key is one of our time-named keys
+}
+
+// Read lists and reads every document under src and merges extra
+// (synthesized) failures, then picks the root cause by the total order Less.
+//
+// It does not read every document. Our writers name documents
+// error-<19-digit ns>-<worker>-<rand>.pb with the document's own timestamp,
+// so the listing orders them. Read opens every document named otherwise
+// (flytekit's error-<uuid>.pb, the legacy error.pb: their names carry no
+// time), the first Concurrency time-named ones, and then further time-named
+// ones in key order, a batch at a time, as long as the next name's time is not
+// after the earliest time decoded so far (extra failures included). The
+// documents left are ranked by their names (TimeFromName) and appear in
+// Others without code. This is exact under one assumption, which our writer
+// guarantees: a document's time is never earlier than the time in its name (a
+// later one does no harm: the document is opened and ranked by its own time).
+// Which documents are opened depends only on the stored data, so the Report
+// is the same on every Read of the same data.
+//
+// Sizes and empty documents known from the listing are skipped without
+// reading. Corrupt, empty, oversized and vanished documents are skipped and
+// reported; any other read or listing error fails the Read.
+func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Failure) (*Report, error) {
+	o := opts.withDefaults()
+	listedAt := o.Now().UTC()
+	var named, unnamed []listed
+	var skipped []Skipped
+	err := src.List(ctx, func(obj Object) error {
+		switch {
+		case obj.Size == 0:
+			skipped = append(skipped, Skipped{Key: obj.Key, Err: kferrors.ErrEmpty})
+			return nil
+		case obj.Size > int64(o.MaxDocumentBytes):
+			skipped = append(skipped, Skipped{Key: obj.Key, Err: fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, obj.Size, o.MaxDocumentBytes)})
+			return nil
+		}
+		l := listed{key: obj.Key, modified: obj.Modified}
+		if t, ok := kferrors.TimeFromKey(obj.Key); ok {
+			l.nameTime = t
+			named = append(named, l)
+		} else {
+			unnamed = append(unnamed, l)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Fixed-width nanoseconds: key order is time order.
+	slices.SortFunc(named, func(a, b listed) int { return strings.Compare(a.key, b.key) })
+
+	c := &collector{messageCap: o.MessageCap}
+	for _, f := range extra {
+		d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
+		if f.Time.IsZero() {
+			d.At, d.AtSource = listedAt, TimeFromListing
+		}
+		c.add(d)
+	}
+
+	// First round: everything that must be opened, plus the earliest names.
+	first := min(o.Concurrency, len(named))
+	if err := c.open(ctx, src, o, listedAt, append(unnamed, named[:first]...)); err != nil {
+		return nil, err
+	}
+	next := first
+	for next < len(named) {
+		best, ok := c.bestTime()
+		end := next
+		for end < len(named) && end-next < o.Concurrency && (!ok || !named[end].nameTime.After(best)) {
+			end++
+		}
+		if end == next {
+			break // every name left is later than the root cause
+		}
+		if err := c.open(ctx, src, o, listedAt, named[next:end]); err != nil {
+			return nil, err
+		}
+		next = end
+	}
+	for _, l := range named[next:] {
+		c.docs = append(c.docs, Document{
+			Key:      l.key,
+			Failure:  kferrors.Failure{Worker: workerFromKey(l.key), Time: l.nameTime},
+			Modified: l.modified,
+			At:       l.nameTime,
+			AtSource: TimeFromName,
+		})
+	}
+	skipped = append(skipped, c.skipped...)
+	slices.SortFunc(skipped, func(a, b Skipped) int { return strings.Compare(a.Key, b.Key) })
+	return c.report(skipped), nil
+}
+
+// collector keeps the summaries and the one message worth keeping: the
+// current best's.
+type collector struct {
+	messageCap int
+	mu         sync.Mutex
+	docs       []Document // messages cleared
+	best       int        // index into docs, -1 before the first
+	bestMsg    string
+	hasBest    bool
+	skipped    []Skipped
+	opened     int
+}
+
+func (c *collector) add(d Document) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	msg := d.Failure.Message
+	d.Failure.Message = ""
+	c.docs = append(c.docs, d)
+	if !c.hasBest || compare(d, c.docs[c.best]) < 0 {
+		c.best, c.hasBest = len(c.docs)-1, true
+		c.bestMsg = kferrors.CapMessage(msg, c.messageCap)
+	}
+}
+
+func (c *collector) skip(key string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.skipped = append(c.skipped, Skipped{Key: key, Err: err})
+}
+
+func (c *collector) bestTime() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.hasBest {
+		return time.Time{}, false
+	}
+	return c.docs[c.best].Time(), true
+}
+
+// open reads and decodes batch with at most o.Concurrency reads in flight.
+func (c *collector) open(ctx context.Context, src Source, o Options, listedAt time.Time, batch []listed) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(o.Concurrency)
+	for _, l := range batch {
+		g.Go(func() error {
+			data, err := src.Read(gctx, l.key, o.MaxDocumentBytes)
+			if err == nil {
+				c.mu.Lock()
+				c.opened++
+				c.mu.Unlock()
+			}
+			switch {
+			case goerrors.Is(err, ErrNotFound), goerrors.Is(err, kferrors.ErrTooLarge):
+				c.skip(l.key, err)
+				return nil
+			case err != nil:
+				return fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
+			}
+			f, err := kferrors.DecodeFailure(data, o.MaxDocumentBytes)
+			if err != nil {
+				c.skip(l.key, err)
+				return nil
+			}
+			d := Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
+			switch {
+			case !f.Time.IsZero():
+			case !l.modified.IsZero():
+				d.At, d.AtSource = l.modified.UTC(), TimeFromModified
+			default:
+				d.At, d.AtSource = listedAt, TimeFromListing
+			}
+			c.add(d)
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+func (c *collector) report(skipped []Skipped) *Report {
+	r := &Report{Skipped: skipped, Opened: c.opened}
+	if !c.hasBest {
+		return r
+	}
+	root := c.docs[c.best]
+	root.Failure.Message = c.bestMsg
+	r.RootCause = &root
+	r.Others = make([]Document, 0, len(c.docs)-1)
+	r.Others = append(r.Others, c.docs[:c.best]...)
+	r.Others = append(r.Others, c.docs[c.best+1:]...)
+	slices.SortStableFunc(r.Others, compare)
+	return r
+}
+
+// workerFromKey returns the sanitized worker of an error-<ns>-<worker>-<rand>.pb
+// key; the random part is the last dash-separated element, and workers may
+// contain dashes themselves (pod names do).
+func workerFromKey(key string) string {
+	rest := strings.TrimSuffix(key, kferrors.KeySuffix)
+	const head = len(kferrors.KeyPrefix) + 1 + 19 + 1 // "error-" + ns + "-"
+	if len(rest) <= head {
+		return ""
+	}
+	rest = rest[head:]
+	if i := strings.LastIndexByte(rest, '-'); i >= 0 {
+		return rest[:i]
+	}
+	return rest
+}
