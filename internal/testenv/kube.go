@@ -15,19 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
-// Cache is where scripts/deps.sh installs what tests need:
-// $KFELASTIC_CACHE, default ~/.cache/kfelastic.
-func Cache() string {
-	if c := os.Getenv("KFELASTIC_CACHE"); c != "" {
-		return c
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = "/root"
-	}
-	return filepath.Join(home, ".cache", "kfelastic")
-}
-
 var kube struct {
 	sync.Mutex
 	env     *envtest.Environment
@@ -37,15 +24,18 @@ var kube struct {
 	inMain  bool
 }
 
-// KubeMain runs the tests of a package that uses Kube and stops the API
-// server afterwards: one kube-apiserver + etcd per test process. Call it from
-// TestMain: func TestMain(m *testing.M) { testenv.KubeMain(m) }.
+// KubeMain runs the tests of a package that uses Kube (and maybe MinIO) and
+// stops every server afterwards: one kube-apiserver + etcd per test process.
+// Call it from TestMain: func TestMain(m *testing.M) { testenv.KubeMain(m) }.
 func KubeMain(m *testing.M) {
 	kube.Lock()
 	kube.inMain = true
 	kube.Unlock()
 	code := m.Run()
 	StopKube()
+	if shared.p != nil {
+		shared.p.Stop()
+	}
 	os.Exit(code)
 }
 
@@ -92,8 +82,8 @@ func Kube(t testing.TB) *rest.Config {
 }
 
 func startKube() (*rest.Config, error) {
-	bin := filepath.Join(Cache(), "k8s")
-	crds := filepath.Join(Cache(), "crds")
+	bin := filepath.Join(CacheDir(), "k8s")
+	crds := filepath.Join(CacheDir(), "crds")
 	for _, f := range []string{filepath.Join(bin, "kube-apiserver"), filepath.Join(bin, "etcd"),
 		filepath.Join(crds, "kubeflow.org_pytorchjobs.yaml"), filepath.Join(crds, "kubeflow.org_tfjobs.yaml")} {
 		if _, err := os.Stat(f); err != nil {
