@@ -28,7 +28,10 @@ func PodFailed(p *corev1.Pod) bool {
 // else the last terminated state of its primary container (OOMKilled, a
 // signal, an exit code). The time is the container's finish time, else the
 // pod's last condition transition, else fallback (the job's terminal time):
-// never 1970. Worker is the pod name, as _F_WN gives it. ok is false for a
+// never 1970. Pod statuses carry whole seconds (metav1.Time), so a
+// synthesized failure ranks at the start of its second: within that second
+// it can beat a document that was in fact earlier; across seconds the order
+// is right. Worker is the pod name, as _F_WN gives it. ok is false for a
 // pod that has not failed.
 func Synthesize(p *corev1.Pod, primary string, fallback time.Time) (f kferrors.Failure, ok bool) {
 	if !PodFailed(p) {
