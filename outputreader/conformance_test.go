@@ -58,9 +58,10 @@ func bucketStore(b *blob.Bucket) store {
 	}
 }
 
-// backends are the four the reader must behave the same on: gocloud.dev's
+// backends are the five the reader must behave the same on: gocloud.dev's
 // mem:// and file://, a real MinIO server through s3blob, and flytestdlib's
-// in-memory DataStore (what propeller hands a plugin).
+// in-memory DataStore, and that DataStore on MinIO through stow (what
+// propeller hands a plugin in a cluster).
 func backends() []backend {
 	return []backend{
 		{"mem", func(t testing.TB) store {
@@ -91,17 +92,29 @@ func backends() []backend {
 			if err != nil {
 				t.Fatal(err)
 			}
-			prefix := storage.DataReference("s3://flyte/metadata/n0/attempt-0")
-			return store{
-				put: func(t testing.TB, key string, data []byte) {
-					t.Helper()
-					if err := ds.WriteRaw(context.Background(), prefix+"/"+storage.DataReference(key), int64(len(data)), storage.Options{}, bytes.NewReader(data)); err != nil {
-						t.Fatalf("put %s: %v", key, err)
-					}
-				},
-				src: outputreader.NewDataStoreSource(ds, prefix),
-			}
+			return dataStoreStore(ds, "s3://flyte/metadata/n0/attempt-0")
 		}},
+		// What a plugin runs on in a cluster: flytestdlib's stow S3 client.
+		{"datastore-minio", func(t testing.TB) store {
+			s := testenv.MinIO(t)
+			ds, err := storage.NewDataStore(s.DataStoreConfig(s.Bucket), promutils.NewTestScope())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return dataStoreStore(ds, storage.DataReference("s3://"+s.Bucket+"/metadata/n0/attempt-0"))
+		}},
+	}
+}
+
+func dataStoreStore(ds *storage.DataStore, prefix storage.DataReference) store {
+	return store{
+		put: func(t testing.TB, key string, data []byte) {
+			t.Helper()
+			if err := ds.WriteRaw(context.Background(), prefix+"/"+storage.DataReference(key), int64(len(data)), storage.Options{}, bytes.NewReader(data)); err != nil {
+				t.Fatalf("put %s: %v", key, err)
+			}
+		},
+		src: outputreader.NewDataStoreSource(ds, prefix),
 	}
 }
 

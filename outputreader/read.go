@@ -29,6 +29,10 @@ type Options struct {
 	// Now is the clock; it dates documents no time can be found for (see
 	// TimeFromListing). Default time.Now.
 	Now func() time.Time
+	// OpenAll reads every document instead of only the earliest time-named
+	// ones, so that every Document has its code (the CLI's table wants them).
+	// The root cause is the same either way.
+	OpenAll bool
 }
 
 func (o *Options) withDefaults() Options {
@@ -248,6 +252,9 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 
 	// First round: everything that must be opened, plus the earliest names.
 	first := min(o.Concurrency, len(named))
+	if o.OpenAll {
+		first = len(named)
+	}
 	if err := c.open(ctx, src, o, listedAt, append(unnamed, named[:first]...)); err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/flyteorg/flyte/flytestdlib/storage"
 )
 
 // Credentials and region of every server started here. They are also put in
@@ -276,4 +277,21 @@ func (s *syncWriter) Write(b []byte) (int, error) {
 		return len(b), nil // keep the start; minio is quiet unless failing
 	}
 	return s.w.Write(b)
+}
+
+// DataStoreConfig is flytestdlib's storage configuration for bucket on this
+// server, as a propeller pointed at it would have (stow kind "s3").
+func (p *MinIOProcess) DataStoreConfig(bucket string) *storage.Config {
+	return &storage.Config{
+		Type:          storage.TypeStow,
+		InitContainer: bucket,
+		Stow: storage.StowConfig{Kind: "s3", Config: map[string]string{
+			"auth_type":     "accesskey",
+			"access_key_id": MinIOAccessKey,
+			"secret_key":    MinIOSecretKey,
+			"region":        MinIORegion,
+			"endpoint":      p.Endpoint,
+			"disable_ssl":   "true",
+		}},
+	}
 }

@@ -1,0 +1,30 @@
+// Package outputreader reads every error document of a task attempt and picks
+// the root cause: the earliest failure of any pod, by a total order (time,
+// worker, key; see Less and DESIGN.md §3). It implements flyteplugins'
+// io.OutputReader for the plugin, and serves the CLI and the local engine.
+//
+// The usage loop:
+//
+//	src := outputreader.NewBucketSource(bucket)              // or NewDataStoreSource(store, prefix)
+//	report, err := outputreader.Read(ctx, src, nil, synthesized...)
+//	// or, while late documents may still land:
+//	report, err = outputreader.WaitFor(ctx, src, nil, failedPods, graceDeadline, synthesized...)
+//	if report.RootCause == nil { /* no documents: a distinct outcome */ }
+//	ui := report.Message()                                   // root cause + tally
+//	ee := report.ExecutionError()                            // for flyteplugins
+//
+// What it reads. Documents live directly under the output prefix: our
+// error-<19-digit ns>-<worker>-<rand>.pb, flytekit's error-<uuid hex>.pb and
+// the legacy error.pb. Our names order our documents by time, so Read opens
+// only the earliest few of them, plus every document named otherwise, and
+// ranks the rest by their names (TimeFromName); each still counts in
+// Report.Others and Report.Workers. A document without timestamp is ranked by
+// its object's modification time (TimeFromModified), or, where the backend
+// tells none, by the time it was listed (TimeFromListing) — never as 1970.
+// Corrupt, empty, oversized and vanished documents are skipped and reported
+// in Report.Skipped; only listing and I/O errors fail a Read.
+//
+// Cost. One listing, then reads in rounds of at most Options.Concurrency in
+// parallel. Memory holds one small summary per document (key, worker, code,
+// times) and one message: the current best's.
+package outputreader

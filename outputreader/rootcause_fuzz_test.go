@@ -1,0 +1,172 @@
+package outputreader_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gocloud.dev/blob/memblob"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/outputreader"
+)
+
+// referenceRootCause is the dumb version Read must agree with: open every
+// document, rank by (timestamp or else modification time, worker, key).
+func referenceRootCause(docs map[string][]byte, modified map[string]time.Time) (key string, skipped int) {
+	type cand struct {
+		at     time.Time
+		worker string
+		key    string
+	}
+	var all []cand
+	for k, data := range docs {
+		f, err := kferrors.DecodeFailure(data, kferrors.DefaultMaxDocumentBytes)
+		if err != nil {
+			skipped++
+			continue
+		}
+		at := f.Time
+		if at.IsZero() {
+			at = modified[k]
+		}
+		all = append(all, cand{at, f.Worker, k})
+	}
+	if len(all) == 0 {
+		return "", skipped
+	}
+	best := slices.MinFunc(all, func(a, b cand) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.worker, b.worker); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	return best.key, skipped
+}
+
+// FuzzRootCause generates a set of documents from the fuzz input — ours with
+// honest or later-than-named stamps, flytekit's, untimed, arbitrary bytes —
+// and checks Read's root cause, counts and order against the reference.
+func FuzzRootCause(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 0, 1, 2, 4, 1, 5, 1, 9, 2, 0, 3, 1})
+	f.Add([]byte{3, 255, 0, 0, 4, 0, 0, 0, 0, 0, 1, 0})
+	f.Add([]byte("\x02\x00\x01\x00\x02\x00\x01\x00\x00\x00\x01\x00\x01\x00\x00\x07"))
+	f.Add(make([]byte, 160))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) < 1 || len(in) > 4*200 {
+			return
+		}
+		ctx := context.Background()
+		b := memblob.OpenBucket(nil)
+		defer b.Close()
+		base := time.Date(2026, 1, 2, 10, 0, 0, 0, time.UTC)
+		docs := map[string][]byte{}
+		opts := &outputreader.Options{Concurrency: 1 + int(in[0]%4)}
+		for i := 0; i+4 <= len(in); i += 4 {
+			kind, off, w, extra := in[i]%5, in[i+1], in[i+2]%4, in[i+3]
+			at := base.Add(time.Duration(off) * 10 * time.Millisecond)
+			worker := fmt.Sprintf("job-worker-%d", w)
+			fl := kferrors.UserError(fmt.Sprintf("E%d", i), "m", worker, at)
+			var key string
+			var data []byte
+			switch kind {
+			case 0: // ours, stamped as named
+				key = kferrors.NewKey(at, worker, fmt.Sprintf("%016x", i))
+			case 1: // ours, stored time later than the name says
+				key = kferrors.NewKey(at, worker, fmt.Sprintf("%016x", i))
+				fl.Time = at.Add(time.Duration(extra) * 7 * time.Millisecond)
+			case 2: // flytekit
+				key = fmt.Sprintf("error-%032x.pb", i)
+			case 3: // arbitrary bytes
+				key = fmt.Sprintf("error-%032x.pb", i)
+				data = in[i:min(len(in), i+int(extra%16))]
+			case 4: // untimed: ranks by modification time, after every stamp
+				key = fmt.Sprintf("error-%032x.pb", i)
+				fl.Time = time.Time{}
+			}
+			if kind != 3 {
+				var err error
+				if data, err = kferrors.Encode(fl.Document(0)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := b.WriteAll(ctx, key, data, nil); err != nil {
+				t.Fatal(err)
+			}
+			docs[key] = data
+		}
+		modified := map[string]time.Time{}
+		for k := range docs {
+			a, err := b.Attributes(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			modified[k] = a.ModTime
+		}
+		wantKey, wantSkipped := referenceRootCause(docs, modified)
+		r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Skipped) != wantSkipped {
+			t.Fatalf("skipped %d, want %d: %v", len(r.Skipped), wantSkipped, r.Skipped)
+		}
+		if wantKey == "" {
+			if r.RootCause != nil {
+				t.Fatalf("root cause %+v, want none", r.RootCause)
+			}
+			return
+		}
+		if r.RootCause == nil || r.RootCause.Key != wantKey {
+			t.Fatalf("root cause %+v, want %s", r.RootCause, wantKey)
+		}
+		if got := 1 + len(r.Others) + len(r.Skipped); got != len(docs) {
+			t.Fatalf("%d documents accounted for, %d stored", got, len(docs))
+		}
+		for i, d := range r.Others {
+			if outputreader.Less(d, *r.RootCause) {
+				t.Fatalf("other %s ranks before the root cause", d.Key)
+			}
+			if i > 0 && outputreader.Less(d, r.Others[i-1]) && r.Others[i-1].Opened() && d.Opened() {
+				t.Fatalf("others out of order at %d", i)
+			}
+		}
+	})
+}
+
+func TestLessIsATotalOrder(t *testing.T) {
+	base := time.Date(2026, 1, 2, 10, 0, 0, 0, time.UTC)
+	docs := []outputreader.Document{
+		{Key: "b", Failure: kferrors.Failure{Worker: "w1"}, At: base},
+		{Key: "a", Failure: kferrors.Failure{Worker: "w1"}, At: base},
+		{Key: "a", Failure: kferrors.Failure{Worker: "w0"}, At: base},
+		{Key: "z", Failure: kferrors.Failure{Worker: "w0"}, At: base.Add(-time.Nanosecond)},
+		{Key: "untimed", Failure: kferrors.Failure{Worker: "a"}}, // no time at all: last, never 1970
+		{Key: "ftime", Failure: kferrors.Failure{Worker: "w9", Time: base.Add(time.Second)}},
+		{Key: "mtime", Modified: base.Add(2 * time.Second)},
+	}
+	want := []string{"z", "a", "a", "b", "ftime", "mtime", "untimed"}
+	slices.SortFunc(docs, func(a, b outputreader.Document) int {
+		if outputreader.Less(a, b) {
+			return -1
+		}
+		if outputreader.Less(b, a) {
+			return 1
+		}
+		return 0
+	})
+	for i, d := range docs {
+		if d.Key != want[i] {
+			t.Fatalf("order %v", docs)
+		}
+	}
+	if docs[1].Failure.Worker != "w0" {
+		t.Fatal("same time: worker decides before key")
+	}
+}
