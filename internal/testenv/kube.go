@@ -73,7 +73,7 @@ func Kube(t testing.TB) *rest.Config {
 	}
 	if !kube.started {
 		kube.started = true
-		kube.cfg, kube.err = startKube()
+		kube.env, kube.cfg, kube.err = StartKube()
 	}
 	if kube.err != nil {
 		t.Fatal(kube.err)
@@ -81,13 +81,15 @@ func Kube(t testing.TB) *rest.Config {
 	return rest.CopyConfig(kube.cfg)
 }
 
-func startKube() (*rest.Config, error) {
+// StartKube starts a kube-apiserver + etcd with the Kubeflow CRDs outside a
+// test (benchmarks); the caller stops the environment.
+func StartKube() (*envtest.Environment, *rest.Config, error) {
 	bin := filepath.Join(CacheDir(), "k8s")
 	crds := filepath.Join(CacheDir(), "crds")
 	for _, f := range []string{filepath.Join(bin, "kube-apiserver"), filepath.Join(bin, "etcd"),
 		filepath.Join(crds, "kubeflow.org_pytorchjobs.yaml"), filepath.Join(crds, "kubeflow.org_tfjobs.yaml")} {
 		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("testenv: %s is missing; run scripts/deps.sh k8s (or make deps): %w", f, err)
+			return nil, nil, fmt.Errorf("testenv: %s is missing; run scripts/deps.sh k8s (or make deps): %w", f, err)
 		}
 	}
 	env := &envtest.Environment{
@@ -104,8 +106,7 @@ func startKube() (*rest.Config, error) {
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
-		return nil, fmt.Errorf("testenv: starting kube-apiserver + etcd from %s: %w", bin, err)
+		return nil, nil, fmt.Errorf("testenv: starting kube-apiserver + etcd from %s: %w", bin, err)
 	}
-	kube.env = env
-	return cfg, nil
+	return env, cfg, nil
 }
