@@ -46,7 +46,7 @@ import (
 
 func main() {
 	pods := flag.Int("pods", 100, "failed pods (and error documents) of the terminal job")
-	rounds := flag.Int("rounds", 5, "GetTaskPhase calls measured per variant (after one warm-up)")
+	rounds := flag.Int("rounds", 5, "GetTaskPhase calls measured per variant (after one warm-up), alternating ours and upstream; the mean is shown")
 	template := flag.String("template", "testdata/tasks/upstream-pytorch-v1.json", "task template")
 	flag.Parse()
 	if err := run(context.Background(), *pods, *rounds, *template); err != nil {
@@ -94,24 +94,35 @@ func run(ctx context.Context, nPods, rounds int, templatePath string) error {
 	cfg := plugin.DefaultConfig()
 	cfg.AgentImage = "ghcr.io/kfelastic/kfelastic:bench"
 	ours := plugin.New("pytorch", &cfg, nil)
-	buildOurs := testing.Benchmark(func(b *testing.B) {
-		for b.Loop() {
-			if _, err := ours.BuildResource(ctx, tctx); err != nil {
-				b.Fatal(err)
+	// Two cores shared with other work: alternate the two, keep each one's
+	// best of three.
+	var buildOurs, buildUp testing.BenchmarkResult
+	for i := 0; i < 3; i++ {
+		o := testing.Benchmark(func(b *testing.B) {
+			for b.Loop() {
+				if _, err := ours.BuildResource(ctx, tctx); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
-	buildUp := testing.Benchmark(func(b *testing.B) {
-		for b.Loop() {
-			if _, err := upstream.BuildResource(ctx, tctx); err != nil {
-				b.Fatal(err)
+		})
+		u := testing.Benchmark(func(b *testing.B) {
+			for b.Loop() {
+				if _, err := upstream.BuildResource(ctx, tctx); err != nil {
+					b.Fatal(err)
+				}
 			}
+		})
+		if i == 0 || o.NsPerOp() < buildOurs.NsPerOp() {
+			buildOurs = o
 		}
-	})
+		if i == 0 || u.NsPerOp() < buildUp.NsPerOp() {
+			buildUp = u
+		}
+	}
 	fmt.Printf("template %s\n", filepath.Base(templatePath))
-	fmt.Printf("%-44s %12s %12s %8s\n", "", "kfelastic", "upstream", "ratio")
-	fmt.Printf("%-44s %9d ns %9d ns %7.2fx\n", "BuildResource per call", buildOurs.NsPerOp(), buildUp.NsPerOp(), float64(buildOurs.NsPerOp())/float64(buildUp.NsPerOp()))
-	fmt.Printf("%-44s %9d B  %9d B\n", "  allocated per call", buildOurs.AllocedBytesPerOp(), buildUp.AllocedBytesPerOp())
+	fmt.Printf("%-58s %12s %12s %8s\n", "", "kfelastic", "upstream", "ratio")
+	fmt.Printf("%-58s %9d ns %9d ns %7.2fx\n", "BuildResource per call", buildOurs.NsPerOp(), buildUp.NsPerOp(), float64(buildOurs.NsPerOp())/float64(buildUp.NsPerOp()))
+	fmt.Printf("%-58s %9d B  %9d B\n", "  allocated per call", buildOurs.AllocedBytesPerOp(), buildUp.AllocedBytesPerOp())
 
 	// GetTaskPhase, terminal: MinIO + kube-apiserver.
 	minio, err := testenv.StartMinIO(ctx, testenv.MinIOBinary())
@@ -152,8 +163,8 @@ func run(ctx context.Context, nPods, rounds int, templatePath string) error {
 		if err := writeDocuments(ctx, store, tctx.OutputWriter().GetOutputPrefixPath(), name, nPods, naming); err != nil {
 			return err
 		}
-		var code string
-		oursT, err := measure(rounds, func() error {
+		var code, upCode string
+		oursOnce := func() error {
 			p, err := oursPhase.GetTaskPhase(ctx, tctx, job)
 			if err != nil {
 				return err
@@ -163,12 +174,8 @@ func run(ctx context.Context, nPods, rounds int, templatePath string) error {
 			}
 			code = p.Err().GetCode() + " @ " + p.Err().GetWorker()
 			return nil
-		})
-		if err != nil {
-			return err
 		}
-		var upCode string
-		upT, err := measure(rounds, func() error {
+		upOnce := func() error {
 			if _, err := upstream.GetTaskPhase(ctx, tctx, job); err != nil {
 				return err
 			}
@@ -182,31 +189,43 @@ func run(ctx context.Context, nPods, rounds int, templatePath string) error {
 			}
 			upCode = ee.GetCode() + " @ " + ee.GetWorker()
 			return nil
-		})
+		}
+		oursT, upT, err := measure(rounds, oursOnce, upOnce)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%-44s %9.1f ms %9.1f ms %7.2fx\n", fmt.Sprintf("GetTaskPhase, Failed, %d pods/%d docs (%s names)", nPods, nPods, naming),
+		fmt.Printf("%-58s %9.1f ms %9.1f ms %7.2fx\n", fmt.Sprintf("GetTaskPhase, Failed, %d pods/%d docs (%s names)", nPods, nPods, naming),
 			ms(oursT), ms(upT), float64(oursT)/float64(upT))
-		fmt.Printf("%-44s %s | %s\n", "  root cause (ours | upstream)", code, upCode)
+		fmt.Printf("%-58s %s | %s\n", "  root cause (ours | upstream)", code, upCode)
 	}
 	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// measure runs f once to warm up, then rounds times, and returns the mean.
-func measure(rounds int, f func() error) (time.Duration, error) {
-	if err := f(); err != nil {
-		return 0, err
+// measure runs a and b once each to warm up, then rounds times each,
+// alternating, and returns their mean durations.
+func measure(rounds int, a, b func() error) (time.Duration, time.Duration, error) {
+	if err := a(); err != nil {
+		return 0, 0, err
 	}
-	start := time.Now()
+	if err := b(); err != nil {
+		return 0, 0, err
+	}
+	var ta, tb time.Duration
 	for i := 0; i < rounds; i++ {
-		if err := f(); err != nil {
-			return 0, err
+		start := time.Now()
+		if err := a(); err != nil {
+			return 0, 0, err
 		}
+		ta += time.Since(start)
+		start = time.Now()
+		if err := b(); err != nil {
+			return 0, 0, err
+		}
+		tb += time.Since(start)
 	}
-	return time.Since(start) / time.Duration(rounds), nil
+	return ta / time.Duration(rounds), tb / time.Duration(rounds), nil
 }
 
 // terminalJob creates n failed worker pods on the API server and returns
