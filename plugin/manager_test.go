@@ -65,7 +65,7 @@ type managerEnv struct {
 	owner metav1.OwnerReference
 }
 
-func newManagerEnv(t *testing.T, ns string) *managerEnv {
+func newManagerEnv(t *testing.T, ns, taskType string) *managerEnv {
 	t.Helper()
 	cfg := testenv.Kube(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -96,11 +96,15 @@ func newManagerEnv(t *testing.T, ns string) *managerEnv {
 	pcfg := testConfig()
 	pcfg.ListPods = true
 	pcfg.LateDocumentGrace.Duration = 20 * time.Second
+	var watch client.Object = &kubeflowv1.PyTorchJob{}
+	if taskType == "tensorflow" {
+		watch = &kubeflowv1.TFJob{}
+	}
 	mgr, err := propellerk8s.NewPluginManager(ctx, setup{kubeClient{c, ca}}, k8s.PluginEntry{
-		ID:                  "kfelastic-pytorch",
-		RegisteredTaskTypes: []pluginsCore.TaskType{"pytorch"},
-		ResourceToWatch:     &kubeflowv1.PyTorchJob{},
-		Plugin:              New("pytorch", pcfg, c),
+		ID:                  "kfelastic-" + taskType,
+		RegisteredTaskTypes: []pluginsCore.TaskType{pluginsCore.TaskType(taskType)},
+		ResourceToWatch:     watch,
+		Plugin:              New(taskType, pcfg, c),
 	}, propellerk8s.NewResourceMonitorIndex(), kubernetes.NewForConfigOrDie(cfg))
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +236,7 @@ func checkErr(t *testing.T, p pluginsCore.PhaseInfo, phase pluginsCore.Phase, co
 // documents written to the DataStore, and the phase and root-cause
 // ExecutionError checked, with retry kind following recoverability.
 func TestPluginManager(t *testing.T) {
-	e := newManagerEnv(t, "flyte-manager")
+	e := newManagerEnv(t, "flyte-manager", "pytorch")
 	past := time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond)
 
 	t.Run("failed: the first error wins over the peer's, permanent", func(t *testing.T) {
@@ -327,4 +331,49 @@ func TestPluginManager(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPluginManagerTFJob: a TFJob whose chief was OOM-killed without a
+// document fails with a system-retryable OOMKilled on the chief, though a
+// worker reported a (secondary) error later.
+func TestPluginManagerTFJob(t *testing.T) {
+	e := newManagerEnv(t, "flyte-manager-tf", "tensorflow")
+	ctx := context.Background()
+	past := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+	tctx := flytetest.Task{Template: loadTemplate(t, "tensorflow-v1-ps"), Name: "tf-oom", Namespace: e.ns, Owner: e.owner,
+		Prefix: "s3://bucket/metadata/tf-oom", Store: e.store}.Context(ctx)
+	if p := e.handle(t, tctx); p.Phase() != pluginsCore.PhaseQueued {
+		t.Fatalf("launch: %v", p)
+	}
+	job := &kubeflowv1.TFJob{}
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "tf-oom"}, job); err != nil {
+		t.Fatal(err)
+	}
+	for name, rs := range map[string]int32{"Chief": 1, "Worker": 2, "PS": 1} {
+		if got := *job.Spec.TFReplicaSpecs[kubeflowv1.ReplicaType(name)].Replicas; got != rs {
+			t.Errorf("%s replicas %d, want %d", name, got, rs)
+		}
+	}
+	e.writeDocument(t, tctx, kferrors.UserError("UnavailableError", "chief unreachable", "tf-oom-worker-1", past.Add(2*time.Second)))
+	chief := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "tf-oom-chief-0", Namespace: e.ns, Labels: map[string]string{kubeflowv1.JobNameLabel: "tf-oom"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "tensorflow", Image: "trainer"}}, RestartPolicy: corev1.RestartPolicyNever},
+	}
+	if err := e.c.Create(ctx, chief); err != nil {
+		t.Fatal(err)
+	}
+	chief.Status = corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{Name: "tensorflow", Image: "trainer", ImageID: "trainer@sha256:0",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(past)}}}}}
+	if err := e.c.Status().Update(ctx, chief); err != nil {
+		t.Fatal(err)
+	}
+	at := metav1.NewTime(past.Add(3 * time.Second))
+	job.Status = kubeflowv1.JobStatus{StartTime: &at, Conditions: []kubeflowv1.JobCondition{
+		{Type: kubeflowv1.JobFailed, Status: corev1.ConditionTrue, Reason: "TFJobFailed", LastTransitionTime: at, LastUpdateTime: at},
+	}}
+	if err := e.c.Status().Update(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	checkErr(t, e.handle(t, tctx), pluginsCore.PhaseRetryableFailure, kferrors.CodeOOMKilled, core.ExecutionError_SYSTEM, "tf-oom-chief-0", past,
+		"container tensorflow: reason OOMKilled", "1× UnavailableError")
 }

@@ -21,6 +21,7 @@ import (
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -176,6 +177,14 @@ func (p *Plugin) options(taskCtx pluginsCore.TaskExecutionContext, cfg *Config) 
 			return opts, fmt.Errorf("plugins.kfelastic.oomFactor %q: want a number ≥ 1", cfg.OOMFactor)
 		}
 		opts.OOMFactor = f
+	}
+	for key, q := range map[string]string{"oomMaxIncrement": cfg.OOMMaxIncrement, "oomMaxMemory": cfg.OOMMaxMemory} {
+		if q == "" {
+			continue
+		}
+		if _, err := resource.ParseQuantity(q); err != nil {
+			return opts, fmt.Errorf("plugins.kfelastic.%s %q: %w", key, q, err)
+		}
 	}
 	prefix, err := ErrorPrefixURL(taskCtx.OutputWriter().GetOutputPrefixPath(), cfg.ErrorPrefixQuery)
 	if err != nil {
