@@ -82,26 +82,28 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	if report == nil {
 		report = &outputreader.Report{}
 	}
-	reported := reportedWorkers(report)
+	// Which failed pods have a document. The job status counts failed pods
+	// too; it is the only count left when the pods are gone (a clean-pod
+	// policy deleted them) or could not be listed.
+	reported := reportedPods(report)
 	var missing []*corev1.Pod
-	expected, have := 0, 0
-	if pods != nil {
-		for i := range pods {
-			p := &pods[i]
-			if !PodFailed(p) {
-				continue
-			}
-			expected++
-			if podReported(reported, p.Name) {
-				have++
-			} else {
-				missing = append(missing, p)
-			}
+	listedFailed, have := 0, 0
+	for i := range pods {
+		p := &pods[i]
+		if !PodFailed(p) {
+			continue
 		}
-	} else {
-		expected = job.FailedInStatus()
-		have = min(len(reported), expected)
+		listedFailed++
+		name := kferrors.SanitizeWorker(p.Name)
+		if _, ok := reported[name]; ok {
+			have++
+			delete(reported, name)
+		} else {
+			missing = append(missing, p)
+		}
 	}
+	expected := max(listedFailed, job.FailedInStatus())
+	have += min(len(reported), expected-listedFailed)
 	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
 	if have < expected && now.Before(deadline) {
 		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported (deciding at %s at the latest)",
@@ -136,31 +138,37 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
 }
 
-// reportedWorkers are the sanitized workers of every document.
-func reportedWorkers(r *outputreader.Report) map[string]struct{} {
+// reportedPods are the pods with a document, as sanitized worker names: a
+// document from the pod itself (flytekit's _F_WN, the pod name) or from one
+// of its local workers ("<pod>/<rank>", sanitized "<pod>.<rank>").
+func reportedPods(r *outputreader.Report) map[string]struct{} {
 	out := map[string]struct{}{}
+	add := func(worker string) {
+		w := kferrors.SanitizeWorker(worker)
+		if i := strings.LastIndexByte(w, '.'); i > 0 && isDigits(w[i+1:]) {
+			w = w[:i]
+		}
+		out[w] = struct{}{}
+	}
 	if r.RootCause != nil {
-		out[kferrors.SanitizeWorker(r.RootCause.Failure.Worker)] = struct{}{}
+		add(r.RootCause.Failure.Worker)
 	}
 	for _, d := range r.Others {
-		out[kferrors.SanitizeWorker(d.Failure.Worker)] = struct{}{}
+		add(d.Failure.Worker)
 	}
 	return out
 }
 
-// podReported: a document from the pod itself (flytekit's _F_WN) or from
-// one of its local workers ("<pod>/<rank>", sanitized "<pod>.<rank>").
-func podReported(reported map[string]struct{}, pod string) bool {
-	p := kferrors.SanitizeWorker(pod)
-	if _, ok := reported[p]; ok {
-		return true
+func isDigits(s string) bool {
+	if s == "" {
+		return false
 	}
-	for w := range reported {
-		if strings.HasPrefix(w, p+".") {
-			return true
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // Merge returns a report with the synthesized failures ranked among the

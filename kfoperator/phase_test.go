@@ -147,6 +147,11 @@ func TestPhaseTerminal(t *testing.T) {
 		"after the grace, the OOMKilled pod's synthesized document is the root cause": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer, userErr}, pods: pods3, now: 30 * time.Second,
 			phase: pluginsCore.PhaseRetryableFailure, code: "OOMKilled", kind: core.ExecutionError_SYSTEM, worker: "j-worker-2", ts: at(20 * time.Millisecond),
 			message: []string{"[j-worker-2, 2026-11-21T10:00:00.02Z] OOMKilled: pod j-worker-2", "Also failed: 2 other workers"}},
+		"pods deleted after the job ended: the status count still waits": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer}, pods: []corev1.Pod{}, failed: 2, now: time.Second,
+			phase: pluginsCore.PhaseRunning, message: []string{"1 of 2 failed pods have reported"}},
+		"two ranks of one pod are one pod": {cond: kubeflowv1.JobFailed, failed: 2, now: time.Second,
+			docs:  []kferrors.Failure{oomAgent, kferrors.SystemFailure(kferrors.CodeOOMKilled, "killed", "j-worker-1/1", at(60*time.Millisecond))},
+			phase: pluginsCore.PhaseRunning, message: []string{"1 of 2 failed pods have reported"}},
 		"agent documents (<pod>/<rank>) count for their pod": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{oomAgent, userErr},
 			pods: pods3[:2], now: 0, phase: pluginsCore.PhaseRetryableFailure, code: "OOMKilled", worker: "j-worker-1/0", kind: core.ExecutionError_SYSTEM, ts: oomAgent.Time},
 	} {

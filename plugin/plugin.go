@@ -47,6 +47,8 @@ type Plugin struct {
 	kubeErr  error
 
 	now func() time.Time
+	// logs configures log links; nil: propeller's logs section.
+	logs *logs.LogConfig
 }
 
 // Compile-time checks: both plugins are flyteplugins k8s plugins.
@@ -69,6 +71,10 @@ func New(taskType string, cfg *Config, kube client.Client) *Plugin {
 // WithClock replaces the clock GetTaskPhase reads once per call (the phase
 // mapping itself is pure).
 func (p *Plugin) WithClock(now func() time.Time) *Plugin { p.now = now; return p }
+
+// WithLogConfig sets the log-link configuration instead of propeller's
+// logs section.
+func (p *Plugin) WithLogConfig(c *logs.LogConfig) *Plugin { p.logs = c; return p }
 
 func (p *Plugin) config() *Config {
 	if p.cfg != nil {
@@ -231,7 +237,11 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 	if err != nil {
 		return pluginsCore.PhaseInfoUndefined, err
 	}
-	taskLogs, err := taskLogs(pluginContext, job, tmpl, now)
+	logCfg := p.logs
+	if logCfg == nil {
+		logCfg = logs.GetLogConfig()
+	}
+	taskLogs, err := taskLogs(pluginContext, logCfg, job, tmpl, now)
 	if err != nil {
 		return pluginsCore.PhaseInfoUndefined, err
 	}
@@ -310,8 +320,8 @@ func (p *Plugin) listPods(ctx context.Context, job kfoperator.Job, cfg *Config) 
 }
 
 // taskLogs links every pod the job has, named as the operator names them.
-func taskLogs(pc k8s.PluginContext, job kfoperator.Job, tmpl *core.TaskTemplate, now time.Time) ([]*core.TaskLog, error) {
-	logPlugin, err := logs.InitializeLogPlugins(logs.GetLogConfig())
+func taskLogs(pc k8s.PluginContext, cfg *logs.LogConfig, job kfoperator.Job, tmpl *core.TaskTemplate, now time.Time) ([]*core.TaskLog, error) {
+	logPlugin, err := logs.InitializeLogPlugins(cfg)
 	if err != nil || logPlugin == nil {
 		return nil, err
 	}
