@@ -13,6 +13,7 @@ import (
 	propellerk8s "github.com/flyteorg/flyte/flytepropeller/pkg/controller/nodes/task/k8s"
 	"github.com/flyteorg/flyte/flytestdlib/promutils"
 	"github.com/flyteorg/flyte/flytestdlib/storage"
+	"github.com/go-logr/logr"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/flytetest"
@@ -29,7 +31,11 @@ import (
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
-func TestMain(m *testing.M) { testenv.KubeMain(m) }
+func TestMain(m *testing.M) {
+	// The informers' logs are not this test's business.
+	ctrllog.SetLogger(logr.Discard())
+	testenv.KubeMain(m)
+}
 
 // setup is flytepropeller's SetupContext for a plugin manager. Propeller
 // builds it from its controller; here it is assembled around a real
@@ -61,6 +67,7 @@ type managerEnv struct {
 	c     client.Client
 	mgr   *propellerk8s.PluginManager
 	store *storage.DataStore
+	cfg   *Config // the plugin's, read at each call
 	ns    string
 	owner metav1.OwnerReference
 }
@@ -113,7 +120,7 @@ func newManagerEnv(t *testing.T, ns, taskType string) *managerEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &managerEnv{c: c, mgr: mgr, store: store, ns: ns, owner: metav1.OwnerReference{
+	return &managerEnv{c: c, mgr: mgr, store: store, cfg: pcfg, ns: ns, owner: metav1.OwnerReference{
 		APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true),
 	}}
 }
