@@ -147,7 +147,7 @@ var table = map[string]want{
 			}
 		}},
 	"pytorch-v1-two-workers": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, images: map[kubeflowv1.ReplicaType]string{M: "trainer:1", W: "trainer:1"}},
-	"tensorflow-v1-ps": {replicas: map[kubeflowv1.ReplicaType]int32{C: 1, W: 2, PS: 1}},
+	"tensorflow-v1-ps":       {replicas: map[kubeflowv1.ReplicaType]int32{C: 1, W: 2, PS: 1}},
 
 	"bad-pytorch-version-2":                  {err: "unsupported task type version 2"},
 	"bad-pytorch-v0-zero-workers":            {err: "workers must be at least 1, got 0"},
