@@ -136,6 +136,44 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	if c, ok := jobCondition(job); !ok || c.Type != kubeflowv1.JobFailed {
 		t.Errorf("the operator left the job at %+v", job.Status.Conditions)
 	}
+
+	// An elastic job: the operator renders our master and agent-wrapped
+	// workers, pointing the workers' PET_* defaults at the kfelastic master.
+	etctx, ejob := e.launch(t, "elastic", "upstream-pytorch-v1-elastic")
+	waitPhase(ctx, t, e, etctx, ejob, func(p pluginsCore.PhaseInfo) bool { return p.Phase() == pluginsCore.PhaseRunning })
+	var pods corev1.PodList
+	if err := e.c.List(ctx, &pods, client.InNamespace(e.ns), client.MatchingLabels{kubeflowv1.JobNameLabel: "elastic"}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, p := range pods.Items {
+		seen[p.Name] = true
+		c := p.Spec.Containers[0]
+		switch p.Name {
+		case "elastic-master-0":
+			if p.Spec.ServiceAccountName != "elastic-kfelastic-master" || c.Args[0] != "master" {
+				t.Errorf("master pod: account %q args %v", p.Spec.ServiceAccountName, c.Args)
+			}
+		default:
+			env := map[string]string{}
+			for _, v := range c.Env {
+				env[v.Name] = v.Value
+			}
+			if env["PET_RDZV_ENDPOINT"] != "elastic-master-0:23456" || env["PET_NNODES"] != "1:2" || c.Command[0] != "/kfelastic-bin/kfelastic" {
+				t.Errorf("worker pod %s: command %v, PET_RDZV_ENDPOINT %q PET_NNODES %q", p.Name, c.Command, env["PET_RDZV_ENDPOINT"], env["PET_NNODES"])
+			}
+			installed := false
+			for _, ic := range p.Spec.InitContainers {
+				installed = installed || ic.Name == "kfelastic-install"
+			}
+			if !installed {
+				t.Errorf("worker pod %s has no kfelastic-install init container", p.Name)
+			}
+		}
+	}
+	if !seen["elastic-master-0"] || !seen["elastic-worker-0"] || !seen["elastic-worker-1"] {
+		t.Errorf("elastic pods %v", seen)
+	}
 }
 
 func jobCondition(job *kubeflowv1.PyTorchJob) (kubeflowv1.JobCondition, bool) {
