@@ -92,7 +92,20 @@ func backends() []backend {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return dataStoreStore(ds, "s3://flyte/metadata/n0/attempt-0")
+			// flytestdlib's InMemoryStore.List iterates its map without taking
+			// its own lock (an upstream race, seen by -race when a document
+			// lands during WaitFor), so this test backend orders writes and
+			// listings with a lock of its own.
+			s := dataStoreStore(ds, "s3://flyte/metadata/n0/attempt-0")
+			var mu sync.RWMutex
+			put := s.put
+			s.put = func(t testing.TB, key string, data []byte) {
+				mu.Lock()
+				defer mu.Unlock()
+				put(t, key, data)
+			}
+			s.src = lockedSource{Source: s.src, mu: &mu}
+			return s
 		}},
 		// What a plugin runs on in a cluster: flytestdlib's stow S3 client.
 		{"datastore-minio", func(t testing.TB) store {
@@ -104,6 +117,17 @@ func backends() []backend {
 			return dataStoreStore(ds, storage.DataReference("s3://"+s.Bucket+"/metadata/n0/attempt-0"))
 		}},
 	}
+}
+
+type lockedSource struct {
+	outputreader.Source
+	mu *sync.RWMutex
+}
+
+func (l lockedSource) List(ctx context.Context, yield func(outputreader.Object) error) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.Source.List(ctx, yield)
 }
 
 func dataStoreStore(ds *storage.DataStore, prefix storage.DataReference) store {

@@ -47,9 +47,10 @@ func (r *Report) Message() string {
 		who = "unknown worker"
 	}
 	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(time.RFC3339Nano), timeNote(root.AtSource), root.Failure.Code)
-	if root.Failure.Message != "" {
+	// Tracebacks end in a newline; the tally goes right under the message.
+	if msg := strings.TrimRight(root.Failure.Message, " \t\r\n"); msg != "" {
 		b.WriteString(": ")
-		b.WriteString(root.Failure.Message)
+		b.WriteString(msg)
 	}
 	if tally := r.tally(); tally != "" {
 		b.WriteString("\n")

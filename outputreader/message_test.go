@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"gocloud.dev/blob/memblob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/outputreader"
@@ -89,4 +92,43 @@ func TestRootMessageIsCapped(t *testing.T) {
 	if len(m) > 200 || !strings.HasSuffix(m, "RuntimeError: the end") {
 		t.Fatalf("capped message %d bytes: %q", len(m), m)
 	}
+}
+
+// FuzzRootMessage: whatever the stored message and cap, the root cause's
+// message stays within the cap, is valid UTF-8, is unchanged when it fits,
+// and the UI message carries it.
+func FuzzRootMessage(f *testing.F) {
+	f.Add("RuntimeError: boom\n", 64)
+	f.Add(strings.Repeat("日本語 ", 100)+"\xff tail", 50)
+	f.Add("", 1)
+	f.Fuzz(func(t *testing.T, msg string, max int) {
+		if max <= 0 || max > 1<<14 || len(msg) > 1<<16 {
+			return
+		}
+		b := memblob.OpenBucket(nil)
+		defer b.Close()
+		ctx := context.Background()
+		at := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+		data, err := kferrors.Encode(kferrors.UserError("E", msg, "w", at).Document(1 << 20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.WriteAll(ctx, kferrors.NewKey(at, "w", "0"), data, nil); err != nil {
+			t.Fatal(err)
+		}
+		r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), &outputreader.Options{MessageCap: max})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := r.RootCause.Failure.Message
+		if len(got) > max || !utf8.ValidString(got) || !utf8.ValidString(r.Message()) {
+			t.Fatalf("cap %d: %d bytes, valid %v", max, len(got), utf8.ValidString(got))
+		}
+		if stored := kferrors.ValidUTF8(msg); len(stored) <= max && got != stored {
+			t.Fatalf("fitting message changed: %q → %q", stored, got)
+		}
+		if want := strings.TrimRight(got, " \t\r\n"); !strings.Contains(r.Message(), want) {
+			t.Fatalf("UI message lacks the root message: %q", r.Message())
+		}
+	})
 }

@@ -273,6 +273,7 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 		}
 		next = end
 	}
+	c.docs = slices.Grow(c.docs, len(named)-next)
 	for _, l := range named[next:] {
 		c.docs = append(c.docs, Document{
 			Key:      l.key,
@@ -293,7 +294,7 @@ type collector struct {
 	messageCap int
 	mu         sync.Mutex
 	docs       []Document // messages cleared
-	best       int        // index into docs, -1 before the first
+	best       int        // index into docs of the best so far, if hasBest
 	bestMsg    string
 	hasBest    bool
 	skipped    []Skipped
@@ -374,9 +375,9 @@ func (c *collector) report(skipped []Skipped) *Report {
 	root := c.docs[c.best]
 	root.Failure.Message = c.bestMsg
 	r.RootCause = &root
-	r.Others = make([]Document, 0, len(c.docs)-1)
-	r.Others = append(r.Others, c.docs[:c.best]...)
-	r.Others = append(r.Others, c.docs[c.best+1:]...)
+	// In place: the summaries are the only per-document memory; no copy.
+	r.Others = slices.Delete(c.docs, c.best, c.best+1)
+	c.docs = nil
 	slices.SortStableFunc(r.Others, compare)
 	return r
 }

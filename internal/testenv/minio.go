@@ -295,3 +295,6 @@ func (p *MinIOProcess) DataStoreConfig(bucket string) *storage.Config {
 		}},
 	}
 }
+
+// PID is the server's process id, which is also its process group id.
+func (p *MinIOProcess) PID() int { return p.cmd.Process.Pid }
