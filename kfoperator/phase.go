@@ -41,12 +41,14 @@ func primaryContainer(kind string) string {
 // outputreader.Read over the task's output prefix; it is only looked at when
 // the job is terminal (nil then means no documents).
 //
-// On Succeeded and on Failed: while fewer failed pods have a document than
-// failed, and the grace since the terminal transition has not passed, the
-// phase stays Running with a reason saying so. After that, failed pods
-// without a document get one synthesized from their status, and the
-// earliest failure (outputreader.Less) decides: a recoverable root cause is a
-// retryable failure (its kind, SYSTEM or USER, on the ExecutionError), a
+// On Failed: while fewer failed pods have a document than failed (listed
+// pods, or the job status's count when that is larger), and the grace since
+// the terminal transition has not passed, the phase stays Running with a
+// reason saying so. After that, failed pods without a document get one
+// synthesized from their status. On Succeeded only the documents count
+// (flytekit pods exit 0 after writing one). Then the earliest failure
+// (outputreader.Less) decides: a recoverable root cause is a retryable
+// failure (its kind, SYSTEM or USER, on the ExecutionError), a
 // non-recoverable one a permanent failure. No failure at all: Succeeded is a
 // success, Failed a retryable failure with the operator's reason (upstream's
 // behaviour).
@@ -85,9 +87,16 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	// Which failed pods have a document. The job status counts failed pods
 	// too; it is the only count left when the pods are gone (a clean-pod
 	// policy deleted them) or could not be listed.
+	//
+	// On Succeeded the operator judged the pods that count: a pod that
+	// failed on the way (scaled down, replaced) neither delays the answer
+	// nor gets a document; documents written by the pods still decide.
 	reported := reportedPods(report)
 	var missing []*corev1.Pod
 	listedFailed, have := 0, 0
+	if cond.Type == kubeflowv1.JobSucceeded {
+		pods = nil
+	}
 	for i := range pods {
 		p := &pods[i]
 		if !PodFailed(p) {
@@ -102,7 +111,10 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 			missing = append(missing, p)
 		}
 	}
-	expected := max(listedFailed, job.FailedInStatus())
+	expected := listedFailed
+	if cond.Type == kubeflowv1.JobFailed {
+		expected = max(listedFailed, job.FailedInStatus())
+	}
 	have += min(len(reported), expected-listedFailed)
 	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
 	if have < expected && now.Before(deadline) {

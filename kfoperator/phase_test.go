@@ -2,8 +2,10 @@ package kfoperator
 
 import (
 	"context"
+	"math/rand"
 	"strings"
 	"testing"
+	"testing/quick"
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
@@ -138,6 +140,8 @@ func TestPhaseTerminal(t *testing.T) {
 		"succeeded with a document (flytekit exits 0) is a failure": {cond: kubeflowv1.JobSucceeded, docs: []kferrors.Failure{userErr},
 			phase: pluginsCore.PhasePermanentFailure, code: "RuntimeError", kind: core.ExecutionError_USER, worker: "j-worker-0", ts: userErr.Time},
 		"succeeded without documents is a success": {cond: kubeflowv1.JobSucceeded, phase: pluginsCore.PhaseSuccess},
+		"succeeded with a pod that failed on the way is a success": {cond: kubeflowv1.JobSucceeded, pods: pods3, failed: 1, now: time.Second,
+			phase: pluginsCore.PhaseSuccess},
 		"failed without documents or pods: upstream's retryable failure": {cond: kubeflowv1.JobFailed, failed: 1, now: time.Minute,
 			phase: pluginsCore.PhaseRetryableFailure, code: "DownstreamSystemError", message: []string{"Job failed:", "BackoffLimitExceeded"}},
 		"late documents: wait within the grace (status count)": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer}, failed: 2, now: 10 * time.Second,
@@ -248,5 +252,59 @@ func TestLogPods(t *testing.T) {
 	j.Replicas = map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec{"Master": {Replicas: &one}, "Worker": {Replicas: &one}}
 	if ps := j.LogPods(); len(ps) != 2 || ps[0].Name != "j-master-0" || ps[1].Name != "j-worker-0" {
 		t.Errorf("pytorch log pods %v", ps)
+	}
+}
+
+// TestMergeIsTheMinimum checks Merge against a dumb reference: whatever
+// the read documents and the synthesized failures, the root cause is the
+// least of all of them by outputreader.Less, and the others follow in order.
+func TestMergeIsTheMinimum(t *testing.T) {
+	workers := []string{"j-worker-0", "j-worker-1", "j-worker-1/0", "j-master-0", ""}
+	mk := func(r *rand.Rand) kferrors.Failure {
+		f := kferrors.UserError("E", "m", workers[r.Intn(len(workers))], time.Time{})
+		if r.Intn(5) > 0 {
+			f.Time = at(time.Duration(r.Intn(4)) * 500 * time.Millisecond)
+		}
+		return f
+	}
+	check := func(seed int64) bool {
+		r := rand.New(rand.NewSource(seed))
+		var read, synth []kferrors.Failure
+		for i := r.Intn(4); i > 0; i-- {
+			read = append(read, mk(r))
+		}
+		for i := r.Intn(4); i > 0; i-- {
+			f := mk(r)
+			if f.Time.IsZero() {
+				f.Time = at(time.Second) // Synthesize always dates
+			}
+			synth = append(synth, f)
+		}
+		var report *outputreader.Report
+		if len(read) > 0 {
+			report = readReport(t, read...)
+		} else {
+			report = &outputreader.Report{}
+		}
+		merged := Merge(report, synth)
+		all := []outputreader.Document{}
+		if merged.RootCause != nil {
+			all = append(all, *merged.RootCause)
+		}
+		all = append(all, merged.Others...)
+		if len(all) != len(read)+len(synth) {
+			t.Logf("seed %d: %d documents after merge, want %d", seed, len(all), len(read)+len(synth))
+			return false
+		}
+		for i := 1; i < len(all); i++ {
+			if outputreader.Less(all[i], all[i-1]) {
+				t.Logf("seed %d: document %d (%v) ranks before %d (%v)", seed, i, all[i].Failure, i-1, all[i-1].Failure)
+				return false
+			}
+		}
+		return true
+	}
+	if err := quick.Check(check, &quick.Config{MaxCount: 300}); err != nil {
+		t.Error(err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/logs"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery"
 	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
+	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/io"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/k8s"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/tasklog"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/utils"
@@ -252,8 +253,11 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 		pods   []corev1.Pod
 		report *outputreader.Report
 	)
-	ow := pluginContext.OutputWriter()
+	var ow io.OutputWriter
 	if _, terminal := job.Terminal(); terminal {
+		// Asking for the OutputWriter makes propeller buffer our outputs;
+		// only a terminal job has any.
+		ow = pluginContext.OutputWriter()
 		pods = p.listPods(ctx, job, cfg)
 		readCtx, cancel := context.WithCancel(ctx)
 		if cfg.ReadTimeout.Duration > 0 {
@@ -274,9 +278,8 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 	if err != nil {
 		return phase, err
 	}
-	if phase.Phase() == pluginsCore.PhaseSuccess {
-		// Asking for the OutputWriter made propeller buffer our outputs:
-		// hand it the reader (outputs as upstream, errors as ours).
+	if phase.Phase() == pluginsCore.PhaseSuccess && ow != nil {
+		// Hand propeller the reader (outputs as upstream, errors as ours).
 		r, err := outputreader.NewOutputReader(ctx, pluginContext.DataStore(), ow, 0, readOptions(cfg))
 		if err != nil {
 			return pluginsCore.PhaseInfoUndefined, err
