@@ -1,0 +1,124 @@
+package kfoperator
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.KubeMain(m) }
+
+// TestAPIServerAcceptsEveryBuiltObject sends every job built from
+// testdata/tasks (and the master's Secret, account, Role and binding) to a
+// real kube-apiserver with the Kubeflow CRDs: server-side schema validation
+// must accept them. Templates the builder refuses never reach it.
+func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
+	cfg := testenv.Kube(t)
+	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kfoperator-accept"}}
+	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	i := 0
+	for name, w := range table {
+		tmpl := loadTemplate(t, name)
+		i++
+		opts := testOpts
+		opts.Name = "job" + itoa(int32(i))
+		opts.Namespace = ns.Name
+		var obj client.Object
+		if tmpl.GetType() == TensorflowTaskType {
+			j, err := BuildTFJob(tmpl, fixedPods{tmpl}, opts)
+			if w.err != "" {
+				if err == nil {
+					t.Errorf("%s: built", name)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			obj = j
+		} else {
+			j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, opts)
+			if w.err != "" {
+				if err == nil {
+					t.Errorf("%s: built", name)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			obj = j
+			if IsElastic(j) {
+				for _, o := range MasterObjects(opts.Name, ns.Name, "token-"+opts.Name, nil, nil) {
+					if err := c.Create(ctx, o); err != nil {
+						t.Errorf("%s: the API server refused %T %s: %v", name, o, o.GetName(), err)
+					}
+				}
+			}
+		}
+		if obj == nil {
+			t.Fatalf("%s: nothing built", name)
+		}
+		obj.SetName(opts.Name)
+		obj.SetNamespace(ns.Name)
+		if err := c.Create(ctx, obj); err != nil {
+			t.Errorf("%s: the API server refused the built %T: %v", name, obj, err)
+			continue
+		}
+		// What was stored reads back with the replicas we asked for.
+		back := obj.DeepCopyObject().(client.Object)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), back); err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		j, _ := JobOf(back)
+		for rt, n := range w.replicas {
+			if got := replicas(j.Replicas[rt]); got != n {
+				t.Errorf("%s: stored %s replicas %d, want %d", name, rt, got, n)
+			}
+		}
+	}
+}
+
+// TestAPIServerValidates shows that the acceptance above means something:
+// the same server refuses a job whose pod template breaks the CRD schema.
+func TestAPIServerValidates(t *testing.T) {
+	cfg := testenv.Kube(t)
+	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := loadTemplate(t, "upstream-pytorch-v1")
+	j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Name, j.Namespace = "broken", "default"
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: raw}
+	// An integer field given as text breaks the CRD's schema.
+	_ = unstructured.SetNestedField(u.Object, "many", "spec", "pytorchReplicaSpecs", "Worker", "replicas")
+	err = c.Create(context.Background(), u)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "replicas") {
+		t.Fatalf("create of a job with replicas \"many\": %v, want Invalid", err)
+	}
+}

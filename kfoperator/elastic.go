@@ -1,0 +1,318 @@
+package kfoperator
+
+import (
+	"fmt"
+	"strconv"
+
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Where the agent binary and the job token live inside pods.
+const (
+	// AgentBinaryInImage is the static binary's path in Options.AgentImage;
+	// the image also needs a `cp` (busybox or distroless:debug base), which
+	// the init container runs.
+	AgentBinaryInImage = "/kfelastic"
+	// AgentBinDir is the emptyDir the init container copies it into; it is
+	// mounted at the same path in the primary container.
+	AgentBinDir = "/kfelastic-bin"
+	// AgentBinary is the agent's path in the primary container.
+	AgentBinary = AgentBinDir + "/kfelastic"
+	// TokenDir holds the per-job token Secret (key TokenKey) in the master
+	// and in every worker.
+	TokenDir  = "/etc/kfelastic"
+	TokenKey  = "token"
+	TokenFile = TokenDir + "/" + TokenKey
+	// MasterPort is the port of the kfelastic master, named as the training
+	// operator expects so that it also serves as the job's rendezvous port.
+	MasterPort = kubeflowv1.PyTorchJobDefaultPort
+
+	agentVolume    = "kfelastic-bin"
+	tokenVolume    = "kfelastic-token"
+	initContainer  = "kfelastic-install"
+	defaultBackend = "c10d"
+)
+
+// Names of the per-job objects of an elastic job.
+func TokenSecretName(job string) string   { return job + "-kfelastic" }
+func MasterAccountName(job string) string { return job + "-kfelastic-master" }
+
+// makeElastic turns a built PyTorchJob into an elastic one: ElasticPolicy,
+// gang-scheduling minimum, the agent around the workers' command and a
+// kfelastic master as the Master replica.
+func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) error {
+	min, max := ec.GetMinReplicas(), ec.GetMaxReplicas()
+	switch {
+	case min < 1:
+		return badSpec("elastic config: min_replicas must be at least 1, got %d", min)
+	case max < min:
+		return badSpec("elastic config: max_replicas (%d) is less than min_replicas (%d)", max, min)
+	case ec.GetNprocPerNode() < 1:
+		return badSpec("elastic config: nproc_per_node must be at least 1, got %d", ec.GetNprocPerNode())
+	case ec.GetMaxRestarts() < 0:
+		return badSpec("elastic config: max_restarts must not be negative, got %d", ec.GetMaxRestarts())
+	case opts.AgentImage == "":
+		return badSpec("elastic pytorch task: no kfelastic agent image configured (plugins.kfelastic.agentImage)")
+	case opts.Name == "" || opts.Namespace == "":
+		return badSpec("elastic pytorch task: job name and namespace are needed to address the master")
+	}
+	backend := ec.GetRdzvBackend()
+	if backend == "" {
+		backend = opts.RDZVBackend
+	}
+	if backend == "" {
+		backend = defaultBackend
+	}
+	worker := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker]
+	if n := *worker.Replicas; n < min || n > max {
+		return badSpec("elastic config: %d worker replicas outside [min_replicas, max_replicas] = [%d, %d]", n, min, max)
+	}
+
+	nproc, restarts := ec.GetNprocPerNode(), ec.GetMaxRestarts()
+	rdzvBackend := kubeflowv1.RDZVBackend(backend)
+	host := opts.Name + "-master-0"
+	port := int32(MasterPort)
+	job.Spec.ElasticPolicy = &kubeflowv1.ElasticPolicy{
+		MinReplicas:  &min,
+		MaxReplicas:  &max,
+		RDZVBackend:  &rdzvBackend,
+		RDZVHost:     &host,
+		RDZVPort:     &port,
+		NProcPerNode: &nproc,
+		MaxRestarts:  &restarts,
+	}
+	// Gang scheduling: the master and the minimum number of workers must
+	// start together, or nobody can make progress.
+	gang := min + 1
+	if job.Spec.RunPolicy.SchedulingPolicy == nil {
+		job.Spec.RunPolicy.SchedulingPolicy = &kubeflowv1.SchedulingPolicy{}
+	}
+	job.Spec.RunPolicy.SchedulingPolicy.MinAvailable = &gang
+
+	// The agent's exit codes fit the ExitCode policy (≥128: node-level and
+	// retryable, the operator replaces the pod; 1: user error, final). A
+	// template that asked for Never (the proto default) gets that.
+	if worker.RestartPolicy == kubeflowv1.RestartPolicyNever {
+		worker.RestartPolicy = kubeflowv1.RestartPolicyExitCode
+	}
+	agentArgs := []string{
+		"agent",
+		"--error-prefix", opts.ErrorPrefix,
+		"--nnodes", fmt.Sprintf("%d:%d", min, max),
+		"--nproc-per-node", strconv.Itoa(int(nproc)),
+		"--max-restarts", strconv.Itoa(int(restarts)),
+		"--rdzv-endpoint", fmt.Sprintf("%s:%d", host, port),
+		"--rdzv-id", opts.Name,
+		"--token-file", TokenFile,
+	}
+	if opts.NetworkCheck {
+		agentArgs = append(agentArgs, "--network-check")
+	}
+	if opts.ExcludeStraggler {
+		agentArgs = append(agentArgs, "--exclude-straggler")
+	}
+	if opts.HangTimeoutSec > 0 {
+		agentArgs = append(agentArgs, "--hang-timeout", fmt.Sprintf("%ds", opts.HangTimeoutSec))
+	}
+	if err := injectAgent(&worker.Template.Spec, kubeflowv1.PyTorchJobDefaultContainerName, opts.AgentImage, agentArgs, opts.Name); err != nil {
+		return err
+	}
+	job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster] = masterReplica(job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster], worker, min, max, opts)
+	return nil
+}
+
+// injectAgent adds the init container that installs the agent and wraps the
+// primary container's command: Command+Args become the agent's arguments
+// after "--". A container with no Command relied on the image's entrypoint,
+// which cannot be known here; its Args are run as the command (flytekit's
+// images put pyflyte-execute in Args).
+func injectAgent(spec *corev1.PodSpec, primary, image string, agentArgs []string, job string) error {
+	idx := -1
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == primary {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return badSpec("no container %q to wrap with the agent", primary)
+	}
+	c := &spec.Containers[idx]
+	original := append(append([]string{}, c.Command...), c.Args...)
+	if len(original) == 0 {
+		return badSpec("elastic pytorch task: the container has neither command nor args to run under the agent")
+	}
+	c.Command = []string{AgentBinary}
+	c.Args = append(append(append([]string{}, agentArgs...), "--"), original...)
+	c.VolumeMounts = append(c.VolumeMounts,
+		corev1.VolumeMount{Name: agentVolume, MountPath: AgentBinDir, ReadOnly: true},
+		corev1.VolumeMount{Name: tokenVolume, MountPath: TokenDir, ReadOnly: true},
+	)
+	spec.InitContainers = append(spec.InitContainers, corev1.Container{
+		Name:         initContainer,
+		Image:        image,
+		Command:      []string{"cp", AgentBinaryInImage, AgentBinary},
+		VolumeMounts: []corev1.VolumeMount{{Name: agentVolume, MountPath: AgentBinDir}},
+		Resources:    smallResources(),
+	})
+	spec.Volumes = append(spec.Volumes,
+		corev1.Volume{Name: agentVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		tokenVolumeOf(job),
+	)
+	return nil
+}
+
+func tokenVolumeOf(job string) corev1.Volume {
+	return corev1.Volume{Name: tokenVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: TokenSecretName(job),
+	}}}
+}
+
+// smallResources is what the installer and the master ask for: they copy a
+// file, or keep a few kilobytes of state per node.
+func smallResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("512Mi")},
+	}
+}
+
+// masterReplica is the Master replica of an elastic job: one pod running
+// `kfelastic master` from the agent image, under the job's service account,
+// placed like the workers (node selector, tolerations, pull secrets) and
+// labelled like the task's pods.
+func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, opts Options) *kubeflowv1.ReplicaSpec {
+	meta := *worker.Template.ObjectMeta.DeepCopy()
+	if flyteMaster != nil {
+		meta = *flyteMaster.Template.ObjectMeta.DeepCopy()
+	}
+	args := []string{
+		"master",
+		"--job", opts.Name,
+		"--namespace", opts.Namespace,
+		"--token-file", TokenFile,
+		"--port", strconv.Itoa(MasterPort),
+		"--min-nodes", strconv.Itoa(int(min)),
+		"--max-nodes", strconv.Itoa(int(max)),
+		"--state-prefix", opts.ErrorPrefix,
+	}
+	if opts.OOMFactor > 0 {
+		args = append(args, "--oom-factor", strconv.FormatFloat(opts.OOMFactor, 'g', -1, 64))
+	}
+	if opts.OOMMaxIncrement != "" {
+		args = append(args, "--oom-max-increment", opts.OOMMaxIncrement)
+	}
+	if opts.OOMMaxMemory != "" {
+		args = append(args, "--oom-max-memory", opts.OOMMaxMemory)
+	}
+	if opts.MaxRelaunches > 0 {
+		args = append(args, "--max-relaunches", strconv.Itoa(opts.MaxRelaunches))
+	}
+	c := corev1.Container{
+		Name:      kubeflowv1.PyTorchJobDefaultContainerName,
+		Image:     opts.AgentImage,
+		Command:   []string{AgentBinaryInImage},
+		Args:      args,
+		Ports:     []corev1.ContainerPort{{Name: kubeflowv1.PyTorchJobDefaultPortName, ContainerPort: MasterPort, Protocol: corev1.ProtocolTCP}},
+		Resources: smallResources(),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: tokenVolume, MountPath: TokenDir, ReadOnly: true},
+		},
+	}
+	addErrorPropagationEnv(&c)
+	ws := worker.Template.Spec
+	one := int32(1)
+	return &kubeflowv1.ReplicaSpec{
+		Replicas:      &one,
+		RestartPolicy: kubeflowv1.RestartPolicyOnFailure,
+		Template: corev1.PodTemplateSpec{
+			ObjectMeta: meta,
+			Spec: corev1.PodSpec{
+				Containers:         []corev1.Container{c},
+				Volumes:            []corev1.Volume{tokenVolumeOf(opts.Name)},
+				ServiceAccountName: MasterAccountName(opts.Name),
+				NodeSelector:       ws.NodeSelector,
+				Tolerations:        ws.Tolerations,
+				ImagePullSecrets:   ws.ImagePullSecrets,
+				PriorityClassName:  ws.PriorityClassName,
+				SchedulerName:      ws.SchedulerName,
+			},
+		},
+	}
+}
+
+// MasterObjects are the objects an elastic job's master needs, to be created
+// before the job: the token Secret (token chosen by the caller, so that this
+// stays pure), a service account, and a Role bound to it that allows exactly
+// what carrying out relaunch decisions takes — read and patch this job (to
+// raise a replica template's memory after an OOM) and read and delete its
+// pods (so that the operator recreates them). owner, when set, makes them
+// garbage-collected with the Flyte workflow that owns the job.
+func MasterObjects(job, namespace, token string, owner *metav1.OwnerReference, labels map[string]string) []client.Object {
+	meta := func(name string) metav1.ObjectMeta {
+		m := metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{}}
+		for k, v := range labels {
+			m.Labels[k] = v
+		}
+		m.Labels[kubeflowv1.JobNameLabel] = job
+		if owner != nil {
+			m.OwnerReferences = []metav1.OwnerReference{*owner}
+		}
+		return m
+	}
+	account := MasterAccountName(job)
+	secret := &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{Kind: "Secret", APIVersion: "v1"},
+		ObjectMeta: meta(TokenSecretName(job)),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{TokenKey: []byte(token)},
+	}
+	sa := &corev1.ServiceAccount{
+		TypeMeta:   metav1.TypeMeta{Kind: "ServiceAccount", APIVersion: "v1"},
+		ObjectMeta: meta(account),
+	}
+	role := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{Kind: "Role", APIVersion: rbacv1.SchemeGroupVersion.String()},
+		ObjectMeta: meta(account),
+		Rules: []rbacv1.PolicyRule{
+			{
+				APIGroups:     []string{kubeflowv1.GroupVersion.Group},
+				Resources:     []string{kubeflowv1.PyTorchJobPlural},
+				ResourceNames: []string{job},
+				Verbs:         []string{"get", "patch", "update"},
+			},
+			{
+				// list/watch cannot be narrowed by name; the master filters
+				// by the job-name label.
+				APIGroups: []string{""},
+				Resources: []string{"pods"},
+				Verbs:     []string{"get", "list", "watch", "delete"},
+			},
+		},
+	}
+	binding := &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{Kind: "RoleBinding", APIVersion: rbacv1.SchemeGroupVersion.String()},
+		ObjectMeta: meta(account),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: account},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: account, Namespace: namespace}},
+	}
+	return []client.Object{secret, sa, role, binding}
+}
+
+// IsElastic reports whether a PyTorchJob was built with the agent.
+func IsElastic(job *kubeflowv1.PyTorchJob) bool {
+	w := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker]
+	if w == nil {
+		return false
+	}
+	for _, c := range w.Template.Spec.InitContainers {
+		if c.Name == initContainer {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,214 @@
+package kfoperator
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	flyteerr "github.com/flyteorg/flyte/flyteplugins/go/tasks/errors"
+	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/outputreader"
+)
+
+// PhaseConfig tunes the phase mapping.
+type PhaseConfig struct {
+	// LateDocumentGrace is how long after the job turned terminal the
+	// mapping waits for failed pods' documents before deciding without them.
+	LateDocumentGrace time.Duration
+	// OperatorTimeout: a job the operator has not started this long after
+	// its creation is an error (as upstream's kf-operator timeout).
+	OperatorTimeout time.Duration
+}
+
+// primaryContainer is the container the operator requires in each replica.
+func primaryContainer(kind string) string {
+	if kind == kubeflowv1.TFJobKind {
+		return kubeflowv1.TFJobDefaultContainerName
+	}
+	return kubeflowv1.PyTorchJobDefaultContainerName
+}
+
+// Phase maps a job, its pods and the error documents read for it to a Flyte
+// phase, at time now. It is pure.
+//
+// pods are the job's pods; nil means they could not be listed, and the
+// failed-pod count then comes from the job status. report is the outcome of
+// outputreader.Read over the task's output prefix; it is only looked at when
+// the job is terminal (nil then means no documents).
+//
+// On Failed: while fewer failed pods have a document than failed (listed
+// pods, or the job status's count when that is larger), and the grace since
+// the terminal transition has not passed, the phase stays Running with a
+// reason saying so. After that, failed pods without a document get one
+// synthesized from their status. On Succeeded only the documents count
+// (flytekit pods exit 0 after writing one). Then the earliest failure
+// (outputreader.Less) decides: a recoverable root cause is a retryable
+// failure (its kind, SYSTEM or USER, on the ExecutionError), a
+// non-recoverable one a permanent failure. No failure at all: Succeeded is a
+// success, Failed a retryable failure with the operator's reason (upstream's
+// behaviour).
+func Phase(job Job, pods []corev1.Pod, report *outputreader.Report, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) (pluginsCore.PhaseInfo, error) {
+	info.OccurredAt = &now
+	suspended := job.RunPolicy.Suspend != nil && *job.RunPolicy.Suspend
+	if !suspended && cfg.OperatorTimeout > 0 && job.Status.StartTime == nil && len(job.Status.Conditions) == 0 &&
+		!job.Meta.CreationTimestamp.IsZero() && job.Meta.CreationTimestamp.Add(cfg.OperatorTimeout).Before(now) {
+		return pluginsCore.PhaseInfoUndefined, fmt.Errorf("kubeflow training operator has not updated %s %s/%s since its creation at %s",
+			job.Kind, job.Meta.Namespace, job.Meta.Name, job.Meta.CreationTimestamp.UTC().Format(time.RFC3339))
+	}
+	cond, ok := job.CurrentCondition()
+	if !ok {
+		if len(job.Status.Conditions) > 0 {
+			return pluginsCore.PhaseInfoUndefined, fmt.Errorf("%s %s/%s has no current condition among %d", job.Kind, job.Meta.Namespace, job.Meta.Name, len(job.Status.Conditions))
+		}
+		return pluginsCore.PhaseInfoQueuedWithTaskInfo(pluginsCore.DefaultPhaseVersion, "JobCreated", &info), nil
+	}
+	switch cond.Type {
+	case kubeflowv1.JobCreated:
+		return pluginsCore.PhaseInfoQueuedWithTaskInfo(pluginsCore.DefaultPhaseVersion, "JobCreated", &info), nil
+	case kubeflowv1.JobSuspended:
+		return pluginsCore.PhaseInfoQueuedWithTaskInfo(pluginsCore.DefaultPhaseVersion, "Suspended", &info), nil
+	case kubeflowv1.JobRunning, kubeflowv1.JobRestarting:
+		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion, &info), nil
+	case kubeflowv1.JobSucceeded, kubeflowv1.JobFailed:
+		return terminalPhase(job, cond, pods, report, now, cfg, info), nil
+	}
+	return pluginsCore.PhaseInfoUndefined, nil
+}
+
+func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, report *outputreader.Report, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) pluginsCore.PhaseInfo {
+	if report == nil {
+		report = &outputreader.Report{}
+	}
+	// Which failed pods have a document. The job status counts failed pods
+	// too; it is the only count left when the pods are gone (a clean-pod
+	// policy deleted them) or could not be listed.
+	//
+	// On Succeeded the operator judged the pods that count: a pod that
+	// failed on the way (scaled down, replaced) neither delays the answer
+	// nor gets a document; documents written by the pods still decide.
+	reported := reportedPods(report)
+	var missing []*corev1.Pod
+	listedFailed, have := 0, 0
+	if cond.Type == kubeflowv1.JobSucceeded {
+		pods = nil
+	}
+	for i := range pods {
+		p := &pods[i]
+		if !PodFailed(p) {
+			continue
+		}
+		listedFailed++
+		name := kferrors.SanitizeWorker(p.Name)
+		if _, ok := reported[name]; ok {
+			have++
+			delete(reported, name)
+		} else {
+			missing = append(missing, p)
+		}
+	}
+	expected := listedFailed
+	if cond.Type == kubeflowv1.JobFailed {
+		expected = max(listedFailed, job.FailedInStatus())
+	}
+	have += min(len(reported), expected-listedFailed)
+	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
+	if have < expected && now.Before(deadline) {
+		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported (deciding at %s at the latest)",
+			have, expected, deadline.UTC().Format(time.RFC3339))
+		info.AdditionalReasons = append(info.AdditionalReasons, pluginsCore.ReasonInfo{Reason: msg, OccurredAt: &now})
+		// A new version per arriving document, so propeller records it.
+		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+uint32(have)+1, &info)
+	}
+	var synthesized []kferrors.Failure
+	primary := primaryContainer(job.Kind)
+	for _, p := range missing {
+		if f, ok := Synthesize(p, primary, cond.LastTransitionTime.Time); ok {
+			synthesized = append(synthesized, f)
+		}
+	}
+	merged := Merge(report, synthesized)
+	ee := merged.ExecutionError()
+	if ee == nil {
+		if cond.Type == kubeflowv1.JobSucceeded {
+			return pluginsCore.PhaseInfoSuccess(&info)
+		}
+		details := fmt.Sprintf("Job failed:\n\t%v - %v", cond.Reason, cond.Message)
+		if n := len(report.Skipped); n > 0 {
+			details += fmt.Sprintf("\n\t%d unreadable error documents skipped", n)
+		}
+		return pluginsCore.PhaseInfoRetryableFailure(string(flyteerr.DownstreamSystemError), details, &info)
+	}
+	phase := pluginsCore.PhasePermanentFailure
+	if ee.IsRecoverable {
+		phase = pluginsCore.PhaseRetryableFailure
+	}
+	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
+}
+
+// reportedPods are the pods with a document, as sanitized worker names: a
+// document from the pod itself (flytekit's _F_WN, the pod name) or from one
+// of its local workers ("<pod>/<rank>", sanitized "<pod>.<rank>").
+func reportedPods(r *outputreader.Report) map[string]struct{} {
+	out := map[string]struct{}{}
+	add := func(worker string) {
+		w := kferrors.SanitizeWorker(worker)
+		if i := strings.LastIndexByte(w, '.'); i > 0 && isDigits(w[i+1:]) {
+			w = w[:i]
+		}
+		out[w] = struct{}{}
+	}
+	if r.RootCause != nil {
+		add(r.RootCause.Failure.Worker)
+	}
+	for _, d := range r.Others {
+		add(d.Failure.Worker)
+	}
+	return out
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Merge returns a report with the synthesized failures ranked among the
+// read ones by outputreader.Less; r is not modified.
+func Merge(r *outputreader.Report, synthesized []kferrors.Failure) *outputreader.Report {
+	if len(synthesized) == 0 {
+		return r
+	}
+	all := make([]outputreader.Document, 0, len(r.Others)+len(synthesized)+1)
+	if r.RootCause != nil {
+		all = append(all, *r.RootCause)
+	}
+	all = append(all, r.Others...)
+	for _, f := range synthesized {
+		all = append(all, outputreader.Document{Failure: f, Synthesized: true, At: f.Time, AtSource: outputreader.TimeFromDocument})
+	}
+	slices.SortStableFunc(all, func(a, b outputreader.Document) int {
+		switch {
+		case outputreader.Less(a, b):
+			return -1
+		case outputreader.Less(b, a):
+			return 1
+		}
+		return 0
+	})
+	out := *r
+	root := all[0]
+	out.RootCause = &root
+	out.Others = all[1:]
+	return &out
+}

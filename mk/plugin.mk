@@ -1,0 +1,34 @@
+# The Flyte plugin (plugin/, kfoperator/): benchmark beside upstream's
+# PyTorch plugin, and the flags generator.
+BENCHES += plugin
+
+.PHONY: bench-plugin plugin-pflags
+
+# BuildResource and GetTaskPhase (terminal, 100 pods, 100 documents on MinIO,
+# pods on a real kube-apiserver), ours beside upstream's, in one run.
+bench-plugin: deps
+	$(GO) run ./bench/plugin
+
+# Regenerates plugin/config_flags*.go. flytestdlib's pflags generator is built
+# in a scratch module: its dependencies (x/tools, gogen) are not this module's.
+PFLAGS := $(CACHE)/bin/pflags
+$(PFLAGS):
+	mkdir -p $(CACHE)/src/pflags && cd $(CACHE)/src/pflags && \
+	  printf 'module pflagsbuild\n\ngo 1.26.0\n\nrequire github.com/flyteorg/flyte/flytestdlib v1.16.8\n' > go.mod && \
+	  printf 'package main\n\nimport _ "github.com/flyteorg/flyte/flytestdlib/cli/pflags/api"\n\nfunc main() {}\n' > main.go && \
+	  GONOSUMDB=github.com/flyteorg GOFLAGS=-mod=mod $(GO) build -o $(PFLAGS) github.com/flyteorg/flyte/flytestdlib/cli/pflags
+
+plugin-pflags: $(PFLAGS)
+	cd plugin && PATH=$(CACHE)/bin:$$PATH $(GO) generate ./...
+
+# The real training operator and kwok for plugin/lifecycle_test.go (≈2 min
+# each to build, cached). scripts/deps.sh should call this too (see the
+# report); until it does, `make deps-operator` once.
+OPERATOR_BIN := $(CACHE)/bin/training-operator.v1
+KWOK_BIN := $(CACHE)/bin/kwok
+.PHONY: deps-operator
+deps-operator: $(OPERATOR_BIN) $(KWOK_BIN)
+$(OPERATOR_BIN):
+	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install github.com/kubeflow/training-operator/cmd/training-operator.v1@v1.8.1
+$(KWOK_BIN):
+	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install sigs.k8s.io/kwok/cmd/kwok@v0.8.0
