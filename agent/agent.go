@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,11 @@ type Config struct {
 	DumpTimeout time.Duration
 	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
 	StopGrace time.Duration
+	// WarmSpares starts the next attempt's Python interpreters ahead, with
+	// Preload (comma-separated modules, default "torch") imported, so that a
+	// restart skips the interpreter start and imports (see spare.go).
+	WarmSpares bool
+	Preload    string
 	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
 	// in the command; torchrun's --tee).
 	Tee bool
@@ -210,6 +216,8 @@ type loop struct {
 	rdzvStop  context.CancelFunc
 	watchStop context.CancelFunc
 
+	spares []*worker
+
 	pendingDoc kferrors.Failure
 	docKey     string
 }
@@ -245,6 +253,9 @@ func (l *loop) run(ctx context.Context) error {
 		select {
 		case ev := <-l.events:
 			if we, ok := ev.(WorkerExited); ok {
+				if !l.current(we) {
+					continue // a spare that was never released
+				}
 				l.logExit(we)
 			}
 			actions = l.policy.Step(ev, time.Now())
@@ -346,7 +357,16 @@ func (l *loop) start(a StartGroup) {
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
 	gs.oomBaseline, gs.oomKnown = oomKills()
-	l.group = startGroup(gs, a)
+	l.group = startGroup(gs, a, l.spares)
+	for _, w := range l.spares {
+		if w != nil && !slices.Contains(l.group.workers, w) {
+			w.discard()
+		}
+	}
+	l.spares = nil
+	if l.cfg.WarmSpares {
+		l.startSpares(gs, a)
+	}
 	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
 		"dir", l.group.dir)
 
@@ -404,6 +424,41 @@ func (l *loop) cleanup() {
 	}
 	if l.group != nil {
 		l.group.signal(syscall.SIGKILL)
+	}
+	for _, w := range l.spares {
+		if w != nil {
+			w.discard()
+		}
+	}
+}
+
+// current reports whether an exit event is of a worker of the current group
+// (or of an old group, which the policy ignores by attempt), not of a spare.
+func (l *loop) current(we WorkerExited) bool {
+	if we.from == nil || l.group == nil || we.Attempt != l.group.attempt {
+		return true
+	}
+	return slices.Contains(l.group.workers, we.from)
+}
+
+// startSpares starts the next attempt's warm spares (WarmSpares).
+func (l *loop) startSpares(gs groupStart, a StartGroup) {
+	next := StartGroup{Attempt: a.Attempt + 1, RestartCount: a.RestartCount, Round: a.Round}
+	preload := l.cfg.Preload
+	if preload == "" {
+		preload = "torch"
+	}
+	l.spares = make([]*worker, l.cfg.NProcPerNode)
+	for local := range l.cfg.NProcPerNode {
+		probe := newWorker(gs, next.Attempt, local)
+		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
+			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile})
+		w, err := startSpare(gs, next.Attempt, local, env, preload)
+		if err != nil {
+			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)
+			continue
+		}
+		l.spares[local] = w
 	}
 }
 

@@ -97,6 +97,8 @@ type WorkerExited struct {
 	Exit kferrors.Exit
 	// StartError is set when the process could not be started at all.
 	StartError string
+
+	from *worker // which process; the loop drops events of discarded spares
 }
 
 // Progress: a worker printed a line or touched its progress file at At.

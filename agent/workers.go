@@ -26,13 +26,17 @@ type group struct {
 
 type worker struct {
 	localRank    int
+	attempt      int
 	name         string
+	dir          string
 	cmd          *exec.Cmd
 	pgid         int
 	errorFile    string
 	progressFile string
 	lastOutput   atomic.Int64 // unix ns of the last output line
 	exited       atomic.Bool
+	// release is the write end of a warm spare's env pipe, nil otherwise.
+	releasePipe *os.File
 }
 
 // output is the agent's own stdout/stderr, shared by the workers' tee.
@@ -64,18 +68,28 @@ type groupStart struct {
 	send func(Event) bool
 }
 
-// startGroup starts the workers of sg. A worker that fails to start is
-// reported as a WorkerExited with StartError; the others run on, and the
-// policy stops them.
-func startGroup(gs groupStart, sg StartGroup) *group {
-	g := &group{attempt: sg.Attempt, dir: filepath.Join(gs.runDir, fmt.Sprintf("attempt_%d", sg.Attempt))}
+// startGroup starts the workers of sg, releasing warm spares where there
+// are live ones for this attempt. A worker that fails to start is reported as
+// a WorkerExited with StartError; the others run on, and the policy stops
+// them.
+func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
+	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
 	for local := range gs.workers {
-		w := &worker{localRank: local, name: workerName(gs.pod, local)}
+		env := func(w *worker) []string {
+			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
+				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile})
+		}
+		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
+			w := spares[local]
+			if err := w.release(env(w)); err == nil {
+				g.workers = append(g.workers, w)
+				continue
+			}
+			w.discard()
+		}
+		w := newWorker(gs, sg.Attempt, local)
 		g.workers = append(g.workers, w)
-		dir := filepath.Join(g.dir, fmt.Sprint(local))
-		w.errorFile = filepath.Join(dir, "error.json")
-		w.progressFile = filepath.Join(dir, "progress")
-		if err := w.start(gs, sg, dir); err != nil {
+		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
 			w.exited.Store(true)
 			gs.send(WorkerExited{Attempt: sg.Attempt, LocalRank: local,
 				Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: err.Error()})
@@ -84,13 +98,26 @@ func startGroup(gs groupStart, sg StartGroup) *group {
 	return g
 }
 
-func (w *worker) start(gs groupStart, sg StartGroup, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+func attemptDir(runDir string, attempt int) string {
+	return filepath.Join(runDir, fmt.Sprintf("attempt_%d", attempt))
+}
+
+func newWorker(gs groupStart, attempt, local int) *worker {
+	dir := filepath.Join(attemptDir(gs.runDir, attempt), fmt.Sprint(local))
+	return &worker{localRank: local, attempt: attempt, name: workerName(gs.pod, local), dir: dir,
+		errorFile: filepath.Join(dir, "error.json"), progressFile: filepath.Join(dir, "progress")}
+}
+
+// spawn starts argv with env as this worker: its own process group, output
+// teed line by line to its log files and the agent's output, and a goroutine
+// that turns its end into a WorkerExited event. extra become fds 3, 4, ….
+func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) error {
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return err
 	}
-	w.cmd = exec.Command(gs.command[0], gs.command[1:]...)
-	w.cmd.Env = WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: w.localRank, localWorkers: gs.workers,
-		maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile})
+	w.cmd = exec.Command(argv[0], argv[1:]...)
+	w.cmd.Env = env
+	w.cmd.ExtraFiles = extra
 	// Own process group: a stop signal reaches the worker's children too.
 	// Pdeathsig: the worker dies with the agent even if the agent is SIGKILLed.
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -111,7 +138,7 @@ func (w *worker) start(gs groupStart, sg StartGroup, dir string) error {
 		{"stdout.log", gs.out.stdout, func(f *os.File) { w.cmd.Stdout = f }},
 		{"stderr.log", gs.out.stderr, func(f *os.File) { w.cmd.Stderr = f }},
 	} {
-		logFile, err := os.Create(filepath.Join(dir, s.name))
+		logFile, err := os.Create(filepath.Join(w.dir, s.name))
 		if err != nil {
 			return err
 		}
@@ -142,7 +169,7 @@ func (w *worker) start(gs groupStart, sg StartGroup, dir string) error {
 	}
 	w.pgid = w.cmd.Process.Pid
 	w.lastOutput.Store(time.Now().UnixNano())
-	go w.wait(gs, sg.Attempt, &readers)
+	go w.wait(gs, w.attempt, &readers)
 	return nil
 }
 
@@ -203,7 +230,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 			}
 		}
 	}
-	gs.send(WorkerExited{Attempt: attempt, LocalRank: w.localRank, Exit: e})
+	gs.send(WorkerExited{Attempt: attempt, LocalRank: w.localRank, Exit: e, from: w})
 }
 
 // signal sends sig to every live worker: SIGTERM and SIGKILL to the whole
@@ -231,3 +258,5 @@ func (w *worker) progress() time.Time {
 	}
 	return t
 }
+
+func nowNano() int64 { return time.Now().UnixNano() }

@@ -43,6 +43,8 @@ type agentFlags struct {
 	dumpSignal      string
 	dumpTimeout     time.Duration
 	stopGrace       time.Duration
+	warmSpares      bool
+	preload         string
 }
 
 func init() {
@@ -109,6 +111,8 @@ prefixed with "[default<local rank>]:", to its own output.`,
 	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them (e.g. SIGUSR1)")
 	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal")
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
+	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for `python SCRIPT` workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
+	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -135,7 +139,7 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		Command: command, MaxRestarts: f.maxRestarts, NodeRank: f.nodeRank,
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
-		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		WarmSpares: f.warmSpares, Preload: f.preload, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
 		Pod: podName(),
 	}
 	n, err := parseNProc(f.nprocPerNode)

@@ -4,6 +4,8 @@ benchmark. Run under kfelastic agent or torchrun; it uses env:// only.
 Prints "restart N pid P rank R" once its process group is ready, then
 "step S loss L" per step. Options: --steps N (default 1000000), --sleep SEC
 per step (default 0.01), --env-out DIR writes the env it sees as JSON,
+--mark DIR writes DIR/pid-<restart>-<rank> (its pid) once ready and
+DIR/step-<restart>-<rank> (time.time() of its first step) for benchmarks,
 --raise-at STEP raises RuntimeError on RANK --raise-rank under @record.
 Checkpoint: with --ckpt PATH, rank 0 saves the step every 10 steps and all
 ranks resume from it, so steps continue after a restart.
@@ -19,6 +21,13 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 
+def mark(folder, name, text):
+    tmp = os.path.join(folder, "." + name)
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(folder, name))
+
+
 @record
 def main():
     p = argparse.ArgumentParser()
@@ -28,6 +37,7 @@ def main():
     p.add_argument("--raise-at", type=int, default=-1)
     p.add_argument("--raise-rank", type=int, default=0)
     p.add_argument("--ckpt", default="")
+    p.add_argument("--mark", default="")
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     if a.env_out:
@@ -43,6 +53,9 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} pid {os.getpid()} rank {rank} world {dist.get_world_size()}", flush=True)
     progress = os.environ.get("KFELASTIC_PROGRESS_FILE", "")
+    tag = f"{os.environ['TORCHELASTIC_RESTART_COUNT']}-{rank}"
+    if a.mark:
+        mark(a.mark, "pid-" + tag, str(os.getpid()))
     for step in range(start, a.steps):
         if step == a.raise_at and rank == a.raise_rank:
             raise RuntimeError(f"boom at step {step} on rank {rank}")
@@ -55,6 +68,8 @@ def main():
             prm.grad /= dist.get_world_size()
         opt.step()
         print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if a.mark and step == start:
+            mark(a.mark, "step-" + tag, repr(time.time()))
         if progress:
             with open(progress, "a"):
                 os.utime(progress)
