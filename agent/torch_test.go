@@ -151,7 +151,7 @@ func TestTorchEnvMatchesTorchrun(t *testing.T) {
 	differ := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
 	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED"}
 	for rank := range 2 {
-		a, b := readEnv(t, ours, rank), readEnv(t, theirs, rank)
+		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
 		for _, k := range sortedKeys(a, b) {
 			va, inA := a[k]
 			vb, inB := b[k]
@@ -186,8 +186,12 @@ func cleanEnv() []string {
 	return env
 }
 
-func readEnv(t *testing.T, dir string, rank int) map[string]string {
-	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("env-%d.json", rank)))
+func readEnv(t *testing.T, dir string, restart, rank int) map[string]string {
+	return readJSON(t, filepath.Join(dir, fmt.Sprintf("env-%d-%d.json", restart, rank)))
+}
+
+func readJSON(t *testing.T, path string) map[string]string {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,4 +251,65 @@ func TestTorchTwoAgents(t *testing.T) {
 			t.Errorf("not a 4-worker run to step 19:\n%s", s)
 		}
 	}
+}
+
+// With --warm-spares a restart runs the script in an interpreter started
+// ahead: it must see the same environment a cold worker would (only the
+// per-attempt values differ), the same argv, sys.path[0], __file__ and
+// __name__, and it must resume training.
+func TestTorchWarmSpareRestart(t *testing.T) {
+	needTorch(t)
+	dir, ckpt := t.TempDir(), filepath.Join(t.TempDir(), "ckpt")
+	cfg, out := torchConfig(t, 2, "--steps", "40", "--sleep", "0.02", "--ckpt", ckpt, "--env-out", dir)
+	cfg.MaxRestarts, cfg.WarmSpares, cfg.Env = 1, true, cleanEnv()
+	done := make(chan error, 1)
+	go func() { done <- Run(t.Context(), cfg) }()
+	waitFor(t, out, "[default1]:step 15 ", 20*time.Second)
+	m := regexp.MustCompile(`\[default1\]:restart 0 pid (\d+) `).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no pid of worker 1:\n%s", out)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), "[default1]:step 39 ") {
+		t.Errorf("training did not resume to step 39:\n%s", out)
+	}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT"}
+	for rank := range 2 {
+		cold, warm := readEnv(t, dir, 0, rank), readEnv(t, dir, 1, rank)
+		if warm["TORCHELASTIC_RESTART_COUNT"] != "1" {
+			t.Errorf("rank %d: restart count %q", rank, warm["TORCHELASTIC_RESTART_COUNT"])
+		}
+		for _, k := range sortedKeys(cold, warm) {
+			if !slices.Contains(perAttempt, k) && cold[k] != warm[k] {
+				t.Errorf("rank %d: %s: cold %q, warm spare %q", rank, k, cold[k], warm[k])
+			}
+		}
+		a0, a1 := readArgv(t, dir, 0, rank), readArgv(t, dir, 1, rank)
+		if fmt.Sprint(a0) != fmt.Sprint(a1) {
+			t.Errorf("rank %d: cold %v, warm spare %v", rank, a0, a1)
+		}
+		// The restarted worker ran in a spare that had imported torch.
+		for restart, want := range []string{"False", "True"} {
+			data, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("preloaded-%d-%d", restart, rank)))
+			if string(data) != want {
+				t.Errorf("rank %d restart %d: torch preloaded = %q, want %s", rank, restart, data, want)
+			}
+		}
+	}
+}
+
+func readArgv(t *testing.T, dir string, restart, rank int) map[string]any {
+	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]any{}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -3,7 +3,8 @@ benchmark. Run under kfelastic agent or torchrun; it uses env:// only.
 
 Prints "restart N pid P rank R" once its process group is ready, then
 "step S loss L" per step. Options: --steps N (default 1000000), --sleep SEC
-per step (default 0.01), --env-out DIR writes the env it sees as JSON,
+per step (default 0.01), --env-out DIR writes the env it sees (env-<restart>-<rank>.json) and its
+argv, sys.path[0], __file__ (argv-<restart>-<rank>.json),
 --mark DIR writes DIR/pid-<restart>-<rank> (its pid) once ready and
 DIR/step-<restart>-<rank> (time.time() of its first step) for benchmarks,
 --raise-at STEP raises RuntimeError on RANK --raise-rank under @record.
@@ -15,6 +16,8 @@ import json
 import os
 import sys
 import time
+
+PRELOADED = "torch" in sys.modules  # true in a kfelastic warm spare
 
 import torch
 import torch.distributed as dist
@@ -41,8 +44,13 @@ def main():
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     if a.env_out:
-        with open(os.path.join(a.env_out, f"env-{rank}.json"), "w") as f:
+        tag = f"{os.environ['TORCHELASTIC_RESTART_COUNT']}-{rank}"
+        with open(os.path.join(a.env_out, f"env-{tag}.json"), "w") as f:
             json.dump(dict(os.environ), f, sort_keys=True)
+        with open(os.path.join(a.env_out, f"argv-{tag}.json"), "w") as f:
+            json.dump({"argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__}, f)
+        with open(os.path.join(a.env_out, f"preloaded-{tag}"), "w") as f:
+            f.write(str(PRELOADED))
     dist.init_process_group("gloo", init_method="env://")
     start = 0
     if a.ckpt and os.path.exists(a.ckpt):
