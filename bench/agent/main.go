@@ -35,7 +35,7 @@ var (
 	agentBin = flag.String("agent", "bin/kfelastic", "the kfelastic binary")
 	script   = flag.String("script", "agent/testdata/train/train_steps.py", "training script")
 	kills    = flag.Int("kills", 6, "kill -9 per launcher")
-	starts   = flag.Int("starts", 5, "cold starts per way")
+	starts   = flag.Int("starts", 7, "cold starts per way")
 	settle   = flag.Duration("settle", 3*time.Second, "training time between a restart's first step and the next kill")
 )
 
@@ -86,7 +86,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	bare, err := coldStarts("bare", func(mark string) []*exec.Cmd {
+	bareLaunch := func(mark string) []*exec.Cmd {
 		port := strconv.Itoa(freePort())
 		var cmds []*exec.Cmd
 		for rank := range 2 {
@@ -97,16 +97,23 @@ func run() error {
 			cmds = append(cmds, c)
 		}
 		return cmds
-	})
-	if err != nil {
-		return err
 	}
-	agentCold, err := coldStarts("agent", func(mark string) []*exec.Cmd {
+	agentLaunch := func(mark string) []*exec.Cmd {
 		args := append([]string{"agent", "--nproc-per-node", "2", "--", python}, trainArgs...)
 		return []*exec.Cmd{exec.Command(agentAbs, append(args, "--mark", mark, "--steps", "3")...)}
-	})
-	if err != nil {
-		return err
+	}
+	// Interleaved, so that a change of the machine's load hits both alike.
+	var bare, agentCold []time.Duration
+	for i := range *starts {
+		b, err := coldStart(fmt.Sprintf("bare     cold start %d", i+1), bareLaunch)
+		if err != nil {
+			return err
+		}
+		a, err := coldStart(fmt.Sprintf("agent    cold start %d", i+1), agentLaunch)
+		if err != nil {
+			return err
+		}
+		bare, agentCold = append(bare, b), append(agentCold, a)
 	}
 
 	mp, mo, mt := median(plain), median(ours), median(theirs)
@@ -170,33 +177,30 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (times []time.D
 	return times, rssKiB, nil
 }
 
-// coldStarts times launch → first step, n times.
-func coldStarts(name string, launch func(mark string) []*exec.Cmd) ([]time.Duration, error) {
-	var times []time.Duration
-	for i := range *starts {
-		mark, _ := os.MkdirTemp("", "bench-agent-")
-		cmds := launch(mark)
-		start := time.Now()
-		for _, c := range cmds {
-			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			if err := c.Start(); err != nil {
-				return nil, err
-			}
+// coldStart times launch → first step once.
+func coldStart(name string, launch func(mark string) []*exec.Cmd) (time.Duration, error) {
+	mark, _ := os.MkdirTemp("", "bench-agent-")
+	defer os.RemoveAll(mark)
+	cmds := launch(mark)
+	start := time.Now()
+	for _, c := range cmds {
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.Start(); err != nil {
+			return 0, err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		step, err := firstStep(ctx, mark, 0)
-		cancel()
-		for _, c := range cmds {
-			_ = c.Wait()
-		}
-		os.RemoveAll(mark)
-		if err != nil {
-			return nil, fmt.Errorf("cold start %s: %w", name, err)
-		}
-		times = append(times, step.Sub(start))
-		fmt.Printf("%-8s cold start %d: %v\n", name, i+1, step.Sub(start).Round(time.Millisecond))
 	}
-	return times, nil
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	step, err := firstStep(ctx, mark, 0)
+	cancel()
+	for _, c := range cmds {
+		_ = c.Wait()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	d := step.Sub(start)
+	fmt.Printf("%s: %v\n", name, d.Round(time.Millisecond))
+	return d, nil
 }
 
 // firstStep waits for the step-<gen>-* marks and returns the earliest: one
