@@ -437,3 +437,72 @@ func TestScaleUpInProcess(t *testing.T) {
 }
 
 var _ io.Writer = (*syncBuffer)(nil)
+
+// Torchrun's static backend on two nodes without a master: node rank is the
+// group rank, the workers meet at the given address; ranks follow.
+func TestFixedRendezvousTwoNodes(t *testing.T) {
+	dir := t.TempDir()
+	port := 29999
+	done := make(chan error, 2)
+	outs := make([]*syncBuffer, 2)
+	for rank := range 2 {
+		cfg, out := helperConfig(t, 2, "envdump:"+dir)
+		outs[rank] = out
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = fmt.Sprintf("job-worker-%d", rank), rank, 2, 2
+		cfg.RdzvBackend, cfg.MasterAddr, cfg.MasterPort = "static", "job-worker-0", port
+		go func() { done <- Run(t.Context(), cfg) }()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		if len(files) == 4 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v\n%s\n%s", err, outs[0], outs[1])
+		}
+	}
+	for node := range 2 {
+		for local := range 2 {
+			var env map[string]string
+			data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("job-worker-%d-%d-gws2.json", node, local)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = json.Unmarshal(data, &env)
+			want := map[string]string{"RANK": strconv.Itoa(2*node + local), "GROUP_RANK": strconv.Itoa(node),
+				"LOCAL_RANK": strconv.Itoa(local), "WORLD_SIZE": "4", "MASTER_ADDR": "job-worker-0", "MASTER_PORT": "29999",
+				"_F_WN": fmt.Sprintf("job-worker-%d/%d", node, local), "_F_DES": "Earliest", "ROLE_NAME": "default"}
+			for k, v := range want {
+				if env[k] != v {
+					t.Errorf("node %d local %d: %s=%q, want %q", node, local, k, env[k], v)
+				}
+			}
+		}
+	}
+}
+
+// Config errors are clear and happen before anything starts.
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		mutate func(*Config)
+		want   string
+	}{
+		{func(c *Config) { c.Command = nil }, "no worker command"},
+		{func(c *Config) { c.NProcPerNode = 0 }, "--nproc-per-node"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes = 2, 1 }, "--nnodes"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes = 1, 4 }, "kfelastic master"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes, c.RdzvBackend, c.MasterAddr = 2, 2, "static", "" }, "--master-addr"},
+	} {
+		cfg, _ := helperConfig(t, 1, "ok")
+		tc.mutate(&cfg)
+		err := Run(t.Context(), cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("err = %v, want one mentioning %q", err, tc.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -47,7 +48,11 @@ type agentFlags struct {
 	preload         string
 }
 
-func init() {
+func init() { rootCmd.AddCommand(newAgentCmd(agent.Run)) }
+
+// newAgentCmd is the agent subcommand; run receives the config (agent.Run,
+// or a test's capture).
+func newAgentCmd(run func(context.Context, agent.Config) error) *cobra.Command {
 	var f agentFlags
 	cmd := &cobra.Command{
 		Use:   "agent [flags] -- CMD ARGS...",
@@ -62,7 +67,9 @@ Child exits are observed as events, so --monitor-interval is accepted and ignore
 kfelastic master, which this agent does not talk to yet. --redirects and --tee are
 accepted; the agent always keeps per-worker logs under --log-dir and tees them,
 prefixed with "[default<local rank>]:", to its own output.`,
-		Args: cobra.MinimumNArgs(1),
+		Args:          cobra.MinimumNArgs(1),
+		SilenceUsage:  true,
+		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := applyPETEnv(cmd.Flags()); err != nil {
 				return err
@@ -78,7 +85,7 @@ prefixed with "[default<local rank>]:", to its own output.`,
 				slog.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
 					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
 			}
-			return agent.Run(cmd.Context(), cfg)
+			return run(cmd.Context(), cfg)
 		},
 	}
 	fl := cmd.Flags()
@@ -111,13 +118,14 @@ prefixed with "[default<local rank>]:", to its own output.`,
 	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them (e.g. SIGUSR1)")
 	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal")
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
-	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for `python SCRIPT` workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
+	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // applyPETEnv sets every flag not given on the command line from its PET_*
-// env var (PET_NPROC_PER_NODE for --nproc-per-node), as torchrun does.
+// env var (PET_NPROC_PER_NODE for --nproc-per-node), as torchrun does; an
+// empty value counts as unset.
 func applyPETEnv(fl *pflag.FlagSet) error {
 	var err error
 	fl.VisitAll(func(f *pflag.Flag) {
@@ -125,7 +133,7 @@ func applyPETEnv(fl *pflag.FlagSet) error {
 			return
 		}
 		name := "PET_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok {
+		if v := os.Getenv(name); v != "" {
 			if e := fl.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s=%q: %w", name, v, e)
 			}
