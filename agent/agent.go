@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"gocloud.dev/blob"
+
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -217,6 +219,8 @@ type loop struct {
 	watchStop context.CancelFunc
 
 	spares []*worker
+	// groupStarted is when the current group was started.
+	groupStarted time.Time
 
 	pendingDoc kferrors.Failure
 	docKey     string
@@ -357,6 +361,7 @@ func (l *loop) start(a StartGroup) {
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
 	gs.oomBaseline, gs.oomKnown = oomKills()
+	l.groupStarted = time.Now()
 	l.group = startGroup(gs, a, l.spares)
 	for _, w := range l.spares {
 		if w != nil && !slices.Contains(l.group.workers, w) {
@@ -405,6 +410,10 @@ func (l *loop) write(f kferrors.Failure) string {
 		return ""
 	}
 	defer b.Close()
+	if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
+		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", key, "worker", f.Worker)
+		return key
+	}
 	key, err := kferrors.NewWriter(b, nil).Write(ctx, f)
 	if err != nil {
 		l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
@@ -478,4 +487,38 @@ func (l *loop) logExit(we WorkerExited) {
 		attrs = append(attrs, "start_error", we.StartError)
 	}
 	l.log.Info("worker exited", attrs...)
+}
+
+// workerDocument finds a document the failed worker wrote itself (flytekit
+// with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
+// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
+// are skipped unread; at most 64 others are read. Only a document from the
+// last attempt (timed at or after since) counts: worker names repeat across
+// attempts.
+func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
+	if worker == "" {
+		return "", false
+	}
+	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
+	for read := 0; read < 64; {
+		obj, err := it.Next(ctx)
+		if err != nil {
+			return "", false
+		}
+		if !kferrors.IsDocumentKey(obj.Key) {
+			continue
+		}
+		if _, ours := kferrors.TimeFromKey(obj.Key); ours {
+			continue
+		}
+		read++
+		data, err := b.ReadAll(ctx, obj.Key)
+		if err != nil {
+			continue
+		}
+		if f, err := kferrors.DecodeFailure(data, 1<<20); err == nil && f.Worker == worker && !f.Time.Before(since) {
+			return obj.Key, true
+		}
+	}
+	return "", false
 }

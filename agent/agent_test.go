@@ -36,6 +36,7 @@ import (
 //	torcherr:TYPE      write a torch error file (TYPE: msg, timestamp), exit 1
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
+//	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
 //	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0
 //	sleep              sleep forever (a grandchild)
 const helperEnv = "KFELASTIC_AGENT_HELPER"
@@ -109,6 +110,12 @@ func runHelper(modes string) int {
 		<-ch
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
 		return 0
+	case "flytedoc":
+		// What flytekit does with _F_DES set: its own document, named by uuid.
+		f := kferrors.UserError("ValueError", "flytekit wrote this", os.Getenv("_F_WN"), time.Now())
+		data, _ := kferrors.Encode(f.Document(0))
+		_ = os.WriteFile(filepath.Join(arg, "error-0123456789abcdef0123456789abcdef.pb"), data, 0o644)
+		return 1
 	case "envdump":
 		env := map[string]string{}
 		for _, kv := range os.Environ() {
@@ -504,5 +511,28 @@ func TestConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("err = %v, want one mentioning %q", err, tc.want)
 		}
+	}
+}
+
+// A worker that wrote its own document (flytekit, _F_DES set) is not
+// documented twice; a failure that left none (a peer's or another pod's
+// document does not count) gets the agent's.
+func TestWorkerOwnDocument(t *testing.T) {
+	dir := t.TempDir()
+	cfg, out := helperConfig(t, 1, "flytedoc:"+dir)
+	cfg.ErrorPrefix = "file://" + dir
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Document != "error-0123456789abcdef0123456789abcdef.pb" {
+		t.Fatalf("want flytekit's document reused, got %+v\n%s", ee, out)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "error-*.pb")); len(files) != 1 {
+		t.Errorf("documents %v, want flytekit's only", files)
+	}
+	// Another pod's document in the same prefix does not stand in for ours.
+	cfg2, out2 := helperConfig(t, 1, "exit:5")
+	cfg2.ErrorPrefix, cfg2.Pod = "file://"+dir, "pod-1"
+	ee, _ = runAgent(t, t.Context(), cfg2)
+	if ee == nil || !strings.HasPrefix(ee.Document, "error-") || strings.Contains(ee.Document, "0123456789abcdef0123") {
+		t.Fatalf("want a document of our own, got %+v\n%s", ee, out2)
 	}
 }
