@@ -265,7 +265,7 @@ func (l *loop) run(ctx context.Context) error {
 			actions = l.policy.Step(ev, time.Now())
 		case <-terminated:
 			terminated = nil
-			l.log.Info("agent got SIGTERM", "dump_signal", l.cfg.DumpSignal, "dump_timeout", l.cfg.DumpTimeout)
+			l.log.Info("agent got SIGTERM", "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
 			actions = l.policy.Step(Terminate{}, time.Now())
 		case <-tick:
 			now := time.Now()
@@ -473,9 +473,11 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 
 func (l *loop) logExit(we WorkerExited) {
 	e := we.Exit
-	attrs := []any{"attempt", we.Attempt, "worker", e.Worker, "exit_code", e.ExitCode}
+	attrs := []any{"attempt", we.Attempt, "worker", e.Worker}
 	if e.Signal != 0 {
 		attrs = append(attrs, "signal", e.Signal.String())
+	} else {
+		attrs = append(attrs, "exit_code", e.ExitCode)
 	}
 	if e.TorchError != nil {
 		attrs = append(attrs, "error", firstLine(e.TorchError.Message), "error_time", e.TorchError.Time)
