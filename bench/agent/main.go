@@ -103,17 +103,18 @@ func run() error {
 		return []*exec.Cmd{exec.Command(agentAbs, append(args, "--mark", mark, "--steps", "3")...)}
 	}
 	// Interleaved, so that a change of the machine's load hits both alike.
-	var bare, agentCold []time.Duration
+	var bare, agentCold, bareBegin, agentBegin []time.Duration
 	for i := range *starts {
-		b, err := coldStart(fmt.Sprintf("bare     cold start %d", i+1), bareLaunch)
+		b, bb, err := coldStart(fmt.Sprintf("bare     cold start %d", i+1), bareLaunch)
 		if err != nil {
 			return err
 		}
-		a, err := coldStart(fmt.Sprintf("agent    cold start %d", i+1), agentLaunch)
+		a, ab, err := coldStart(fmt.Sprintf("agent    cold start %d", i+1), agentLaunch)
 		if err != nil {
 			return err
 		}
 		bare, agentCold = append(bare, b), append(agentCold, a)
+		bareBegin, agentBegin = append(bareBegin, bb), append(agentBegin, ab)
 	}
 
 	mp, mo, mt := median(plain), median(ours), median(theirs)
@@ -129,6 +130,9 @@ func run() error {
 	fmt.Printf("%-50s %s\n", "cold start → first step, bare workers:", summary(bare))
 	fmt.Printf("%-50s %s\n", "cold start → first step, under the agent:", summary(agentCold))
 	fmt.Printf("%-50s %+.1f%% (target < 10%%: %s)\n", "agent overhead over bare (medians):", overhead, verdict(overhead < 10))
+	fmt.Printf("%-50s bare %v, agent %v (agent's own share: %v)\n", "launch → script's first line (medians):",
+		median(bareBegin).Round(time.Millisecond), median(agentBegin).Round(time.Millisecond),
+		(median(agentBegin) - median(bareBegin)).Round(time.Millisecond))
 	fmt.Printf("%-50s %.1f MiB (target < 30 MiB: %s)\n", "agent peak RSS (VmHWM, both runs):", float64(rss)/1024, verdict(rss < 30*1024))
 	return nil
 }
@@ -177,8 +181,9 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (times []time.D
 	return times, rssKiB, nil
 }
 
-// coldStart times launch → first step once.
-func coldStart(name string, launch func(mark string) []*exec.Cmd) (time.Duration, error) {
+// coldStart times launch → first step once, and launch → the script's
+// first line (the launcher's own share, without the imports).
+func coldStart(name string, launch func(mark string) []*exec.Cmd) (toStep, toScript time.Duration, err error) {
 	mark, _ := os.MkdirTemp("", "bench-agent-")
 	defer os.RemoveAll(mark)
 	cmds := launch(mark)
@@ -186,44 +191,29 @@ func coldStart(name string, launch func(mark string) []*exec.Cmd) (time.Duration
 	for _, c := range cmds {
 		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := c.Start(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	step, err := firstStep(ctx, mark, 0)
+	begin, _ := earliestMark(mark, "begin-0-*")
 	cancel()
 	for _, c := range cmds {
 		_ = c.Wait()
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", name, err)
+		return 0, 0, fmt.Errorf("%s: %w", name, err)
 	}
-	d := step.Sub(start)
-	fmt.Printf("%s: %v\n", name, d.Round(time.Millisecond))
-	return d, nil
+	toStep, toScript = step.Sub(start), begin.Sub(start)
+	fmt.Printf("%s: %v (script began after %v)\n", name, toStep.Round(time.Millisecond), toScript.Round(time.Millisecond))
+	return toStep, toScript, nil
 }
 
 // firstStep waits for the step-<gen>-* marks and returns the earliest: one
 // step is an all-reduce, so any rank's first step is the group's.
 func firstStep(ctx context.Context, dir string, gen int) (time.Time, error) {
 	for {
-		matches, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("step-%d-*", gen)))
-		var first time.Time
-		for _, m := range matches {
-			data, err := os.ReadFile(m)
-			if err != nil {
-				continue
-			}
-			sec, err := strconv.ParseFloat(strings.TrimSpace(string(data)), 64)
-			if err != nil {
-				continue
-			}
-			t := time.Unix(0, int64(sec*1e9))
-			if first.IsZero() || t.Before(first) {
-				first = t
-			}
-		}
-		if !first.IsZero() {
+		if first, ok := earliestMark(dir, fmt.Sprintf("step-%d-*", gen)); ok {
 			return first, nil
 		}
 		select {
@@ -232,6 +222,28 @@ func firstStep(ctx context.Context, dir string, gen int) (time.Time, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// earliestMark is the earliest time.time() written in the marks matching
+// pattern.
+func earliestMark(dir, pattern string) (time.Time, bool) {
+	matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+	var first time.Time
+	for _, m := range matches {
+		data, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		sec, err := strconv.ParseFloat(strings.TrimSpace(string(data)), 64)
+		if err != nil {
+			continue
+		}
+		t := time.Unix(0, int64(sec*1e9))
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	return first, !first.IsZero()
 }
 
 func readInt(path string) (int64, error) {

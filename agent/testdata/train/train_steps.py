@@ -6,7 +6,8 @@ Prints "restart N pid P rank R" once its process group is ready, then
 per step (default 0.01), --env-out DIR writes the env it sees (env-<restart>-<rank>.json) and its
 argv, sys.path[0], __file__ (argv-<restart>-<rank>.json),
 --mark DIR writes DIR/pid-<restart>-<rank> (its pid) once ready and
-DIR/step-<restart>-<rank> (time.time() of its first step) for benchmarks,
+DIR/step-<restart>-<rank> (time.time() of its first step) and
+DIR/begin-<restart>-<rank> (when the script began) for benchmarks,
 --raise-at STEP raises RuntimeError on RANK --raise-rank under @record.
 Checkpoint: with --ckpt PATH, rank 0 saves the step every 10 steps and all
 ranks resume from it, so steps continue after a restart.
@@ -16,6 +17,8 @@ import json
 import os
 import sys
 import time
+
+BEGIN = time.time()  # the interpreter reached the script (for benchmarks)
 
 PRELOADED = "torch" in sys.modules  # true in a kfelastic warm spare
 
@@ -64,6 +67,7 @@ def main():
     tag = f"{os.environ['TORCHELASTIC_RESTART_COUNT']}-{rank}"
     if a.mark:
         mark(a.mark, "pid-" + tag, str(os.getpid()))
+        mark(a.mark, "begin-" + tag, repr(BEGIN))
     for step in range(start, a.steps):
         if step == a.raise_at and rank == a.raise_rank:
             raise RuntimeError(f"boom at step {step} on rank {rank}")
