@@ -123,6 +123,7 @@ func TestTorchRecordError(t *testing.T) {
 	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) || f.Time.Nanosecond() == 0 {
 		t.Errorf("document time %v: not a sub-second time within the run", f.Time)
 	}
+	t.Logf("agent log:\n%s", regexp.MustCompile(`(?m)^time=.*msg="(worker exited|pod error document)".*$`).FindAllString(out.String(), -1))
 }
 
 // The environment a worker sees under the agent is torchrun's (torch 1.13,
