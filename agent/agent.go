@@ -185,8 +185,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work,
-		events: make(chan Event, 16), out: &output{stdout: cfg.Stdout, stderr: cfg.Stderr}}
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16),
+		out: &output{stdout: cfg.Stdout, stderr: cfg.Stderr}, spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
+	l.spareTimer.Stop()
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
 	} else {
@@ -221,6 +222,12 @@ type loop struct {
 	spares []*worker
 	// groupStarted is when the current group was started.
 	groupStarted time.Time
+	// spareFor is the group whose workers must speak before the next
+	// spares start; spoke carries first output lines, spareTimer the
+	// fallback.
+	spareFor   *spareWait
+	spoke      chan *worker
+	spareTimer *time.Timer
 
 	pendingDoc kferrors.Failure
 	docKey     string
@@ -248,6 +255,7 @@ func (l *loop) run(ctx context.Context) error {
 				return err
 			}
 		}
+		actions = nil
 		timer.Stop()
 		var tick <-chan time.Time
 		if d := l.policy.Deadline(); !d.IsZero() {
@@ -258,18 +266,26 @@ func (l *loop) run(ctx context.Context) error {
 		case ev := <-l.events:
 			if we, ok := ev.(WorkerExited); ok {
 				if !l.current(we) {
-					continue // a spare that was never released
+					break // a spare that was never released
 				}
 				l.logExit(we)
 			}
 			actions = l.policy.Step(ev, time.Now())
+		case w := <-l.spoke:
+			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
+				sw.spoke[w] = true
+				if len(sw.spoke) == l.cfg.NProcPerNode {
+					l.startSparesNow()
+				}
+			}
+		case <-l.spareTimer.C:
+			l.startSparesNow()
 		case <-terminated:
 			terminated = nil
 			l.log.Info("agent got SIGTERM", "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
 			actions = l.policy.Step(Terminate{}, time.Now())
 		case <-tick:
 			now := time.Now()
-			actions = nil
 			if g := l.group; g != nil {
 				for _, w := range g.workers {
 					actions = append(actions, l.policy.Step(Progress{Attempt: g.attempt, LocalRank: w.localRank, At: w.progress()}, now)...)
@@ -360,6 +376,14 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
+	if l.cfg.WarmSpares {
+		gs.spoke = func(w *worker) {
+			select {
+			case l.spoke <- w:
+			case <-l.work.Done():
+			}
+		}
+	}
 	gs.oomBaseline, gs.oomKnown = oomKills()
 	l.groupStarted = time.Now()
 	l.group = startGroup(gs, a, l.spares)
@@ -370,7 +394,11 @@ func (l *loop) start(a StartGroup) {
 	}
 	l.spares = nil
 	if l.cfg.WarmSpares {
-		l.startSpares(gs, a)
+		// The spares wait until every worker has spoken (its imports are
+		// done) or spareDelay passed, so that they do not compete with the
+		// group's own start for CPU.
+		l.spareFor = &spareWait{gs: gs, group: a, spoke: map[*worker]bool{}}
+		l.spareTimer.Reset(spareDelay)
 	}
 	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
 		"dir", l.group.dir)
@@ -448,6 +476,25 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
+}
+
+// spareDelay is the longest the spares wait for the group to speak.
+const spareDelay = 10 * time.Second
+
+type spareWait struct {
+	gs    groupStart
+	group StartGroup
+	spoke map[*worker]bool
+}
+
+func (l *loop) startSparesNow() {
+	sw := l.spareFor
+	l.spareFor = nil
+	l.spareTimer.Stop()
+	if sw == nil || l.policy.Done() || l.group == nil || l.group.attempt != sw.group.Attempt {
+		return
+	}
+	l.startSpares(sw.gs, sw.group)
 }
 
 // startSpares starts the next attempt's warm spares (WarmSpares).

@@ -275,6 +275,7 @@ func TestTorchWarmSpareRestart(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v\n%s", err, out)
 	}
+	t.Logf("%s", regexp.MustCompile(`(?m)^time=.*$`).FindAllString(out.String(), -1))
 	if !strings.Contains(out.String(), "[default1]:step 39 ") {
 		t.Errorf("training did not resume to step 39:\n%s", out)
 	}

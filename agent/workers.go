@@ -37,6 +37,9 @@ type worker struct {
 	exited       atomic.Bool
 	// release is the write end of a warm spare's env pipe, nil otherwise.
 	releasePipe *os.File
+	// active: a worker, not a spare waiting for release; spoken: it has
+	// printed a line since.
+	active, spoken atomic.Bool
 }
 
 // output is the agent's own stdout/stderr, shared by the workers' tee.
@@ -66,6 +69,8 @@ type groupStart struct {
 	// send delivers an event to the loop; it returns false once the loop
 	// is gone.
 	send func(Event) bool
+	// spoke, if set, is called once per worker on its first output line.
+	spoke func(*worker)
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
@@ -156,7 +161,7 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 			defer readers.Done()
 			defer r.Close()
 			defer logFile.Close()
-			w.copyLines(r, logFile, gs.out, s.dst, prefix)
+			w.copyLines(r, logFile, gs.out, s.dst, prefix, gs.spoke)
 		}()
 		defer func() {
 			if w.cmd.Process == nil { // start failed: end the reader
@@ -169,18 +174,22 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 	}
 	w.pgid = w.cmd.Process.Pid
 	w.lastOutput.Store(time.Now().UnixNano())
+	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
 	go w.wait(gs, w.attempt, &readers)
 	return nil
 }
 
 // copyLines tees a worker's output, line by line, to its log file and, with
 // torchrun's "[default<local rank>]:" prefix, to the agent's own output.
-func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *output, dst io.Writer, prefix string) {
+func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *output, dst io.Writer, prefix string, spoke func(*worker)) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
 			w.lastOutput.Store(time.Now().UnixNano())
+			if spoke != nil && w.active.Load() && w.spoken.CompareAndSwap(false, true) {
+				spoke(w)
+			}
 			_, _ = logFile.Write(line)
 			if dst != nil {
 				if line[len(line)-1] != '\n' && err != bufio.ErrBufferFull {
