@@ -36,7 +36,7 @@ var (
 	script   = flag.String("script", "agent/testdata/train/train_steps.py", "training script")
 	kills    = flag.Int("kills", 6, "kill -9 per launcher")
 	starts   = flag.Int("starts", 7, "cold starts per way")
-	settle   = flag.Duration("settle", 3*time.Second, "training time between a restart's first step and the next kill")
+	settle   = flag.Duration("settle", 4*time.Second, "training time between a restart's first step and the next kill")
 )
 
 func main() {
