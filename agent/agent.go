@@ -185,17 +185,15 @@ func Run(ctx context.Context, cfg Config) error {
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16),
-		out: &output{stdout: cfg.Stdout, stderr: cfg.Stderr}, spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
+		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
 	l.spareTimer.Stop()
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
-	} else {
-		l.out.stdout, l.out.stderr = nil, nil
 	}
-	if cfg.MaxNodes == 1 || cfg.MasterAddr != "" {
-		l.addr = cfg.MasterAddr
-	}
+	// Where this node's rank-0 worker hosts the store if it becomes group
+	// rank 0: --master-addr, else the host's FQDN as torchrun does.
+	l.addr = cfg.MasterAddr
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
