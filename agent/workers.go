@@ -35,7 +35,7 @@ type worker struct {
 	progressFile string
 	lastOutput   atomic.Int64 // unix ns of the last output line
 	exited       atomic.Bool
-	// release is the write end of a warm spare's env pipe, nil otherwise.
+	// releasePipe is the write end of a warm spare's env pipe, nil otherwise.
 	releasePipe *os.File
 	// active: a worker, not a spare waiting for release; spoken: it has
 	// printed a line since.
