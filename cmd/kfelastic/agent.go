@@ -149,6 +149,8 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
 		WarmSpares: f.warmSpares, Preload: f.preload, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
 		Pod: podName(),
+		// Key=value lines with millisecond times: restarts are sub-second.
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}
 	n, err := parseNProc(f.nprocPerNode)
 	if err != nil {
