@@ -79,10 +79,10 @@ prefixed with "[default<local rank>]:", to its own output.`,
 				return err
 			}
 			if f.monitorInterval != 0 && cmd.Flags().Changed("monitor-interval") {
-				slog.Info("monitor interval ignored: the agent observes worker exits as events", "monitor_interval", f.monitorInterval)
+				cfg.Logger.Info("monitor interval ignored: the agent observes worker exits as events", "monitor_interval", f.monitorInterval)
 			}
 			if f.networkCheck || f.excludeStrag {
-				slog.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
+				cfg.Logger.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
 					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
 			}
 			return run(cmd.Context(), cfg)
