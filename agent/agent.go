@@ -1,0 +1,571 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"gocloud.dev/blob"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// Config is the agent's configuration: torchrun's flags plus kfelastic's.
+type Config struct {
+	// Command is the worker command line (after "--").
+	Command []string
+	// NProcPerNode is the number of local workers.
+	NProcPerNode int
+	// MinNodes and MaxNodes are --nnodes MIN:MAX.
+	MinNodes, MaxNodes int
+	// MaxRestarts is the budget of restarts after worker failures.
+	MaxRestarts int
+	// NodeRank is the stable node rank; -1 when unknown.
+	NodeRank int
+	// RdzvBackend, RdzvEndpoint, RdzvID are torchrun's rendezvous settings.
+	RdzvBackend, RdzvEndpoint, RdzvID string
+	// MasterAddr and MasterPort are where the workers meet with the static
+	// backend on several nodes (PET_MASTER_ADDR, PET_MASTER_PORT). For one
+	// node, MasterAddr (default: the host's FQDN, as torchrun) is used with a
+	// free port.
+	MasterAddr string
+	MasterPort int
+	// LogDir holds <run id>_<random>/attempt_<n>/<local rank>/{stdout.log,
+	// stderr.log,error.json}; a temporary folder when empty.
+	LogDir string
+	// ErrorPrefix is the URL where the pod's error document goes (file://,
+	// s3://, mem://); when empty the document is only logged.
+	ErrorPrefix string
+	// Pod names the pod in documents and worker names.
+	Pod string
+	// HangTimeout > 0 turns on the hang watchdog.
+	HangTimeout time.Duration
+	// DumpSignal (0 = none) is sent to the workers on SIGTERM, then they get
+	// DumpTimeout before the stop.
+	DumpSignal  syscall.Signal
+	DumpTimeout time.Duration
+	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
+	StopGrace time.Duration
+	// WarmSpares starts the next attempt's Python interpreters ahead, with
+	// Preload (comma-separated modules, default "torch") imported, so that a
+	// restart skips the interpreter start and imports (see spare.go).
+	WarmSpares bool
+	Preload    string
+	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
+	// in the command; torchrun's --tee).
+	Tee bool
+
+	// Rendezvous overrides the one chosen from the settings above (tests, the
+	// local engine).
+	Rendezvous Rendezvous
+	// Stdout, Stderr receive the workers' tee and the rendezvous block;
+	// os.Stdout/os.Stderr when nil.
+	Stdout, Stderr io.Writer
+	// Logger is the agent's own log; slog.Default() when nil.
+	Logger *slog.Logger
+	// Env is the base environment of the workers; os.Environ() when nil.
+	Env []string
+}
+
+// ExitError is how Run reports a failed pod: the root cause and the exit
+// status the process should end with (see ExitCode).
+type ExitError struct {
+	Code    int
+	Failure kferrors.Failure
+	// Document is the key the error document was written under, if any.
+	Document string
+}
+
+func (e *ExitError) Error() string {
+	return fmt.Sprintf("%s: %s (worker %s, exit %d)", e.Failure.Code, firstLine(e.Failure.Message), e.Failure.Worker, e.Code)
+}
+
+// ExitCode is the process exit status for the command.
+func (e *ExitError) ExitCode() int { return e.Code }
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 && len(s)-i < 300 {
+		return s[i+1:] // a traceback's last line names the exception
+	}
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
+
+// ErrMasterRequired is returned for an elastic multi-node job: its
+// rendezvous is the kfelastic master's.
+var ErrMasterRequired = errors.New("elastic multi-node rendezvous needs the kfelastic master (not available yet); use --standalone, --nnodes 1, or --rdzv-backend static with --master-addr/--master-port and a fixed --nnodes")
+
+func (c *Config) validate() error {
+	if len(c.Command) == 0 {
+		return errors.New("no worker command (give it after --)")
+	}
+	if c.NProcPerNode < 1 {
+		return fmt.Errorf("--nproc-per-node %d: want ≥ 1", c.NProcPerNode)
+	}
+	if c.MinNodes < 1 || c.MaxNodes < c.MinNodes {
+		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", c.MinNodes, c.MaxNodes)
+	}
+	if c.MaxRestarts < 0 {
+		return fmt.Errorf("--max-restarts %d: want ≥ 0", c.MaxRestarts)
+	}
+	if c.StopGrace <= 0 {
+		c.StopGrace = 5 * time.Second
+	}
+	if c.Pod == "" {
+		c.Pod, _ = os.Hostname()
+	}
+	if c.RdzvID == "" {
+		c.RdzvID = "none" // torchrun's default --rdzv_id
+	}
+	if c.Stdout == nil {
+		c.Stdout = os.Stdout
+	}
+	if c.Stderr == nil {
+		c.Stderr = os.Stderr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.Rendezvous != nil {
+		return nil
+	}
+	switch {
+	case c.MaxNodes == 1:
+		c.Rendezvous = &Single{RunID: c.RdzvID}
+	case c.RdzvBackend == "static" && c.MinNodes == c.MaxNodes:
+		if c.MasterAddr == "" || c.MasterPort == 0 || c.NodeRank < 0 {
+			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
+		}
+		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
+	default:
+		return ErrMasterRequired
+	}
+	return nil
+}
+
+// Run supervises the workers until they succeed (nil), the pod fails
+// (*ExitError, after its document is written), or ctx ends: the end of ctx
+// is the agent's SIGTERM (preemption), answered with the dump signal, a
+// stop, a Preempted document and an *ExitError with code 143.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log := cfg.Logger
+	if cfg.LogDir == "" {
+		d, err := os.MkdirTemp("", "kfelastic_")
+		if err != nil {
+			return err
+		}
+		cfg.LogDir = d
+	}
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return fmt.Errorf("log dir: %w", err)
+	}
+	runDir, err := os.MkdirTemp(cfg.LogDir, cfg.RdzvID+"_")
+	if err != nil {
+		return fmt.Errorf("log dir: %w", err)
+	}
+	log.Info("agent starting", "pod", cfg.Pod, "nproc_per_node", cfg.NProcPerNode, "nnodes_min", cfg.MinNodes,
+		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
+
+	// The agent keeps working after ctx ends (dump, stop, document).
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
+		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
+	l.spareTimer.Stop()
+	if cfg.Tee {
+		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
+	}
+	// Where this node's rank-0 worker hosts the store if it becomes group
+	// rank 0: --master-addr, else the host's FQDN as torchrun does.
+	l.addr = cfg.MasterAddr
+	if l.addr == "" {
+		l.addr = hostFQDN(ctx)
+	}
+	defer l.cleanup()
+	return l.run(ctx)
+}
+
+// loop is the I/O shell around the Policy: it carries out actions and turns
+// what happens (exits, rendezvous answers, signals, deadlines) into events.
+type loop struct {
+	cfg    Config
+	log    *slog.Logger
+	runDir string
+	addr   string
+	work   context.Context
+	events chan Event
+	out    *output
+
+	policy    *Policy
+	group     *group
+	rdzvStop  context.CancelFunc
+	watchStop context.CancelFunc
+
+	spares []*worker
+	// groupStarted is when the current group was started.
+	groupStarted time.Time
+	// spareFor is the group whose workers must speak before the next
+	// spares start; spoke carries first output lines, spareTimer the
+	// fallback.
+	spareFor   *spareWait
+	spoke      chan *worker
+	spareTimer *time.Timer
+
+	pendingDoc kferrors.Failure
+	docKey     string
+}
+
+func (l *loop) send(ev Event) bool {
+	select {
+	case l.events <- ev:
+		return true
+	case <-l.work.Done():
+		return false
+	}
+}
+
+func (l *loop) run(ctx context.Context) error {
+	l.policy = NewPolicy(PolicyConfig{Pod: l.cfg.Pod, LocalWorkers: l.cfg.NProcPerNode, MaxRestarts: l.cfg.MaxRestarts,
+		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout})
+	actions := l.policy.Start()
+	terminated := ctx.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		for _, a := range actions {
+			if done, err := l.do(a); done {
+				return err
+			}
+		}
+		actions = nil
+		timer.Stop()
+		var tick <-chan time.Time
+		if d := l.policy.Deadline(); !d.IsZero() {
+			timer.Reset(time.Until(d))
+			tick = timer.C
+		}
+		select {
+		case ev := <-l.events:
+			if we, ok := ev.(WorkerExited); ok {
+				if !l.current(we) {
+					break // a spare that was never released
+				}
+				l.logExit(we)
+			}
+			actions = l.policy.Step(ev, time.Now())
+		case w := <-l.spoke:
+			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
+				sw.spoke[w] = true
+				if len(sw.spoke) == l.cfg.NProcPerNode {
+					l.startSparesNow()
+				}
+			}
+		case <-l.spareTimer.C:
+			l.startSparesNow()
+		case <-terminated:
+			terminated = nil
+			l.log.Info("agent got SIGTERM", "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
+			actions = l.policy.Step(Terminate{}, time.Now())
+		case <-tick:
+			now := time.Now()
+			if g := l.group; g != nil {
+				for _, w := range g.workers {
+					actions = append(actions, l.policy.Step(Progress{Attempt: g.attempt, LocalRank: w.localRank, At: w.progress()}, now)...)
+				}
+			}
+			actions = append(actions, l.policy.Step(Tick{}, now)...)
+		}
+	}
+}
+
+// do carries out one action; done is true when the agent is finished.
+func (l *loop) do(a Action) (done bool, err error) {
+	switch a := a.(type) {
+	case JoinRound:
+		l.join()
+	case StartGroup:
+		l.start(a)
+	case SignalGroup:
+		if l.group != nil && l.group.attempt == a.Attempt {
+			l.log.Info("signaling workers", "attempt", a.Attempt, "signal", a.Signal.String())
+			l.group.signal(a.Signal)
+		}
+	case WriteDocument:
+		l.pendingDoc = a.Failure
+		l.docKey = l.write(a.Failure)
+	case Exit:
+		if a.Code == 0 {
+			l.log.Info("workers succeeded", "restart_count", l.policy.RestartCount())
+			return true, nil
+		}
+		f := l.pendingDoc
+		l.log.Error("pod failed", "code", f.Code, "worker", f.Worker, "time", f.Time, "exit_code", a.Code,
+			"restart_count", l.policy.RestartCount())
+		return true, &ExitError{Code: a.Code, Failure: f, Document: l.docKey}
+	}
+	return false, nil
+}
+
+// join asks the rendezvous for the next round in the background; the answer
+// comes back as RoundReady or RendezvousFailed. The membership watch of the
+// previous round ends first.
+func (l *loop) join() {
+	l.stopWatch()
+	ctx, cancel := context.WithCancel(l.work)
+	l.rdzvStop = cancel
+	node := NodeInfo{ID: l.cfg.Pod, Rank: l.cfg.NodeRank, LocalWorldSize: l.cfg.NProcPerNode, Addr: l.addr}
+	go func() {
+		port, err := freePort()
+		if err != nil {
+			l.send(RendezvousFailed{Message: fmt.Sprintf("no free port for the workers' store: %v", err)})
+			return
+		}
+		node.Port = port
+		round, err := l.cfg.Rendezvous.Next(ctx, node)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			l.send(RendezvousFailed{Message: fmt.Sprintf("rendezvous %s: %v", l.cfg.RdzvID, err)})
+		default:
+			l.send(RoundReady{Round: round})
+		}
+	}()
+}
+
+func (l *loop) stopWatch() {
+	if l.watchStop != nil {
+		l.watchStop()
+		l.watchStop = nil
+	}
+}
+
+// start prints torchrun's rendezvous block, starts the group and watches the
+// round's membership.
+func (l *loop) start(a StartGroup) {
+	r := a.Round
+	local := make([]int, l.cfg.NProcPerNode)
+	global := make([]int, l.cfg.NProcPerNode)
+	sizes := make([]int, l.cfg.NProcPerNode)
+	for i := range local {
+		local[i], global[i], sizes[i] = i, r.FirstGlobalRank()+i, r.WorldSize()
+	}
+	l.out.mu.Lock()
+	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+
+		"  restart_count=%d\n  master_addr=%s\n  master_port=%d\n  group_rank=%d\n  group_world_size=%d\n"+
+		"  local_ranks=%s\n  role_ranks=%s\n  global_ranks=%s\n  role_world_sizes=%s\n  global_world_sizes=%s\n\n",
+		RoleName, a.RestartCount, r.MasterAddr, r.MasterPort, r.GroupRank, r.GroupWorldSize,
+		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
+	l.out.mu.Unlock()
+	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
+		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
+	if l.cfg.WarmSpares {
+		gs.spoke = func(w *worker) {
+			select {
+			case l.spoke <- w:
+			case <-l.work.Done():
+			}
+		}
+	}
+	gs.oomBaseline, gs.oomKnown = oomKills()
+	l.groupStarted = time.Now()
+	l.group = startGroup(gs, a, l.spares)
+	for _, w := range l.spares {
+		if w != nil && !slices.Contains(l.group.workers, w) {
+			w.discard()
+		}
+	}
+	l.spares = nil
+	if l.cfg.WarmSpares {
+		// The spares wait until every worker has spoken (its imports are
+		// done) or spareDelay passed, so that they do not compete with the
+		// group's own start for CPU.
+		l.spareFor = &spareWait{gs: gs, group: a, spoke: map[*worker]bool{}}
+		l.spareTimer.Reset(spareDelay)
+	}
+	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
+		"dir", l.group.dir)
+
+	ctx, cancel := context.WithCancel(l.work)
+	l.watchStop = cancel
+	go func() {
+		if err := l.cfg.Rendezvous.Changed(ctx, r.Number); err == nil {
+			l.send(MembershipChanged{Round: r.Number})
+		}
+	}()
+}
+
+// pyList formats ints as Python prints a list: [0, 1].
+func pyList(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprint(x)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// write stores the pod's error document under ErrorPrefix and returns its
+// key; without a prefix, or when the write fails, the document is logged
+// and the agent exits with the same code regardless.
+func (l *loop) write(f kferrors.Failure) string {
+	l.log.Info("pod error document", "code", f.Code, "worker", f.Worker, "time", f.Time, "recoverable", f.Recoverable,
+		"message", firstLine(f.Message))
+	if l.cfg.ErrorPrefix == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+	if err != nil {
+		l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
+		return ""
+	}
+	defer b.Close()
+	if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
+		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", key, "worker", f.Worker)
+		return key
+	}
+	key, err := kferrors.NewWriter(b, nil).Write(ctx, f)
+	if err != nil {
+		l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
+		return ""
+	}
+	l.log.Info("error document written", "prefix", l.cfg.ErrorPrefix, "key", key)
+	return key
+}
+
+// cleanup leaves nothing behind: no rendezvous call, no worker, no process
+// group. The policy only exits once all workers ended, so the SIGKILL is
+// for the paths where Run returns early.
+func (l *loop) cleanup() {
+	l.stopWatch()
+	if l.rdzvStop != nil {
+		l.rdzvStop()
+	}
+	if l.group != nil {
+		l.group.signal(syscall.SIGKILL)
+	}
+	for _, w := range l.spares {
+		if w != nil {
+			w.discard()
+		}
+	}
+}
+
+// current reports whether an exit event is of a worker of the current group
+// (or of an old group, which the policy ignores by attempt), not of a spare.
+func (l *loop) current(we WorkerExited) bool {
+	if we.from == nil || l.group == nil || we.Attempt != l.group.attempt {
+		return true
+	}
+	return slices.Contains(l.group.workers, we.from)
+}
+
+// spareDelay is the longest the spares wait for the group to speak.
+const spareDelay = 10 * time.Second
+
+type spareWait struct {
+	gs    groupStart
+	group StartGroup
+	spoke map[*worker]bool
+}
+
+func (l *loop) startSparesNow() {
+	sw := l.spareFor
+	l.spareFor = nil
+	l.spareTimer.Stop()
+	if sw == nil || l.policy.Done() || l.group == nil || l.group.attempt != sw.group.Attempt {
+		return
+	}
+	l.startSpares(sw.gs, sw.group)
+}
+
+// startSpares starts the next attempt's warm spares (WarmSpares).
+func (l *loop) startSpares(gs groupStart, a StartGroup) {
+	next := StartGroup{Attempt: a.Attempt + 1, RestartCount: a.RestartCount, Round: a.Round}
+	preload := l.cfg.Preload
+	if preload == "" {
+		preload = "torch"
+	}
+	l.spares = make([]*worker, l.cfg.NProcPerNode)
+	for local := range l.cfg.NProcPerNode {
+		probe := newWorker(gs, next.Attempt, local)
+		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
+			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile})
+		w, err := startSpare(gs, next.Attempt, local, env, preload)
+		if err != nil {
+			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)
+			continue
+		}
+		l.spares[local] = w
+	}
+}
+
+func (l *loop) logExit(we WorkerExited) {
+	e := we.Exit
+	attrs := []any{"attempt", we.Attempt, "worker", e.Worker}
+	if e.Signal != 0 {
+		attrs = append(attrs, "signal", e.Signal.String())
+	} else {
+		attrs = append(attrs, "exit_code", e.ExitCode)
+	}
+	if e.TorchError != nil {
+		attrs = append(attrs, "error", firstLine(e.TorchError.Message), "error_time", e.TorchError.Time)
+	}
+	if e.OOM {
+		attrs = append(attrs, "oom", true)
+	}
+	if we.StartError != "" {
+		attrs = append(attrs, "start_error", we.StartError)
+	}
+	l.log.Info("worker exited", attrs...)
+}
+
+// workerDocument finds a document the failed worker wrote itself (flytekit
+// with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
+// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
+// are skipped unread; at most 64 others are read. Only a document from the
+// last attempt (timed at or after since) counts: worker names repeat across
+// attempts.
+func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
+	if worker == "" {
+		return "", false
+	}
+	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
+	for read := 0; read < 64; {
+		obj, err := it.Next(ctx)
+		if err != nil {
+			return "", false
+		}
+		if !kferrors.IsDocumentKey(obj.Key) {
+			continue
+		}
+		if _, ours := kferrors.TimeFromKey(obj.Key); ours {
+			continue
+		}
+		read++
+		data, err := b.ReadAll(ctx, obj.Key)
+		if err != nil {
+			continue
+		}
+		if f, err := kferrors.DecodeFailure(data, 1<<20); err == nil && f.Worker == worker && !f.Time.Before(since) {
+			return obj.Key, true
+		}
+	}
+	return "", false
+}

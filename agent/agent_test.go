@@ -1,0 +1,538 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// helperEnv selects the helper mode of a re-executed test binary. Its value
+// is a ';'-separated list indexed by TORCHELASTIC_RESTART_COUNT (the last one
+// repeats), each a ','-separated list of modes indexed by LOCAL_RANK:
+//
+//	ok                 print a line, exit 0
+//	exit:N             print a line, exit N
+//	exitlater:N        sleep 500ms, exit N
+//	hang               sleep without output
+//	ignoreterm         ignore SIGTERM, sleep without output
+//	signal:NAME        die of signal NAME (via an exec'd shell)
+//	grandchild:FILE    start a sleeping grandchild, write its pid to FILE, exit 1
+//	torcherr:TYPE      write a torch error file (TYPE: msg, timestamp), exit 1
+//	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
+//	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
+//	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
+//	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0
+//	sleep              sleep forever (a grandchild)
+const helperEnv = "KFELASTIC_AGENT_HELPER"
+
+func TestMain(m *testing.M) {
+	if modes, ok := os.LookupEnv(helperEnv); ok {
+		os.Exit(runHelper(modes))
+	}
+	os.Exit(m.Run())
+}
+
+func runHelper(modes string) int {
+	restart, _ := strconv.Atoi(os.Getenv("TORCHELASTIC_RESTART_COUNT"))
+	local, _ := strconv.Atoi(os.Getenv("LOCAL_RANK"))
+	byRestart := strings.Split(modes, ";")
+	byRank := strings.Split(byRestart[min(restart, len(byRestart)-1)], ",")
+	mode, arg, _ := strings.Cut(byRank[min(local, len(byRank)-1)], ":")
+	if mode == "ignoreterm" {
+		signal.Ignore(syscall.SIGTERM) // before the line the test may wait for
+	}
+	fmt.Printf("helper %s rank %s restart %d pid %d\n", mode, os.Getenv("RANK"), restart, os.Getpid())
+	switch mode {
+	case "ok":
+		return 0
+	case "exit":
+		n, _ := strconv.Atoi(arg)
+		fmt.Fprintf(os.Stderr, "exiting with %d\n", n)
+		return n
+	case "signal":
+		// The Go runtime turns SIGSEGV into a panic; a shell exec'd in our
+		// place dies of the signal itself.
+		_ = syscall.Exec("/bin/sh", []string{"sh", "-c", "kill -" + arg + " $$; sleep 10"}, os.Environ())
+		return 99
+	case "exitlater":
+		time.Sleep(500 * time.Millisecond)
+		n, _ := strconv.Atoi(arg)
+		return n
+	case "hang", "sleep":
+		time.Sleep(time.Hour)
+	case "ignoreterm":
+		time.Sleep(time.Hour)
+	case "grandchild":
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), helperEnv+"=sleep")
+		if err := cmd.Start(); err != nil {
+			return 98
+		}
+		_ = os.WriteFile(arg, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+		return 1
+	case "torcherr":
+		// torch's @record format, whole-second timestamp.
+		doc := map[string]any{"message": map[string]any{
+			"message":   arg + ": failed on purpose",
+			"extraInfo": map[string]string{"py_callstack": "Traceback (most recent call last):\n" + arg + ": failed on purpose", "timestamp": strconv.FormatInt(time.Now().Unix(), 10)},
+		}}
+		data, _ := json.Marshal(doc)
+		_ = os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), data, 0o644)
+		return 1
+	case "touch":
+		d, _ := time.ParseDuration(arg)
+		end := time.Now().Add(d)
+		p := os.Getenv(ProgressFileEnv)
+		for time.Now().Before(end) {
+			_ = os.WriteFile(p, nil, 0o644)
+			time.Sleep(100 * time.Millisecond)
+		}
+		return 0
+	case "dump":
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGUSR1)
+		<-ch
+		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
+		return 0
+	case "flytedoc":
+		// What flytekit does with _F_DES set: its own document, named by uuid.
+		f := kferrors.UserError("ValueError", "flytekit wrote this", os.Getenv("_F_WN"), time.Now())
+		data, _ := kferrors.Encode(f.Document(0))
+		_ = os.WriteFile(filepath.Join(arg, "error-0123456789abcdef0123456789abcdef.pb"), data, 0o644)
+		return 1
+	case "envdump":
+		env := map[string]string{}
+		for _, kv := range os.Environ() {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		data, _ := json.Marshal(env)
+		name := fmt.Sprintf("%s-gws%s.json", strings.ReplaceAll(os.Getenv("_F_WN"), "/", "-"), os.Getenv("GROUP_WORLD_SIZE"))
+		_ = os.WriteFile(filepath.Join(arg, name), data, 0o644)
+		for {
+			if _, err := os.Stat(filepath.Join(arg, "stop")); err == nil {
+				return 0
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return 97
+}
+
+// syncBuffer is a goroutine-safe bytes.Buffer for the agent's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// helperConfig runs nproc copies of the test binary in helper modes.
+func helperConfig(t *testing.T, nproc int, modes string) (Config, *syncBuffer) {
+	out := &syncBuffer{}
+	env := append(os.Environ(), helperEnv+"="+modes)
+	return Config{
+		Command: []string{os.Args[0]}, NProcPerNode: nproc, MinNodes: 1, MaxNodes: 1, NodeRank: -1,
+		RdzvID: "test", LogDir: t.TempDir(), Pod: "pod-0", StopGrace: 2 * time.Second, Tee: true,
+		Stdout: out, Stderr: out, Env: env, MasterAddr: "127.0.0.1",
+		Logger: slog.New(slog.NewTextHandler(out, nil)),
+	}, out
+}
+
+func runAgent(t *testing.T, ctx context.Context, cfg Config) (*ExitError, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	err := Run(ctx, cfg)
+	took := time.Since(start)
+	if err == nil {
+		return nil, took
+	}
+	var ee *ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("Run: %v", err)
+	}
+	return ee, took
+}
+
+func TestRunSucceeds(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "ok")
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	for _, want := range []string{"[default0]:helper ok rank 0", "[default1]:helper ok rank 1",
+		"Rendezvous complete for workers. Result:\n  restart_count=0\n  master_addr=127.0.0.1\n",
+		"  group_rank=0\n  group_world_size=1\n  local_ranks=[0, 1]\n  role_ranks=[0, 1]\n  global_ranks=[0, 1]\n  role_world_sizes=[2, 2]\n  global_world_sizes=[2, 2]\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(cfg.LogDir, "test_*", "attempt_1", "1", "stdout.log"))
+	if len(logs) != 1 {
+		t.Fatalf("no stdout.log of worker 1 under %s", cfg.LogDir)
+	}
+	if data, _ := os.ReadFile(logs[0]); !strings.HasPrefix(string(data), "helper ok rank 1") {
+		t.Errorf("stdout.log = %q", data)
+	}
+}
+
+// A failure restarts the group with TORCHELASTIC_RESTART_COUNT=1 (the helper
+// picks its mode by that count) and the run then succeeds.
+func TestRestartWithinBudget(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "exit:3,hang;ok,ok")
+	cfg.MaxRestarts = 1
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	if !strings.Contains(out.String(), "restart_count=1") || !strings.Contains(out.String(), "[default1]:helper ok rank 1 restart 1") {
+		t.Errorf("no restart into restart_count=1:\n%s", out)
+	}
+}
+
+// Budget exhausted after a worker left a torch error file: the pod document
+// carries the exception type, the worker and a time refined below the second.
+func TestBudgetExhaustedWritesDocument(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "hang,torcherr:ValueError")
+	cfg.MaxRestarts = 1
+	dir := t.TempDir()
+	cfg.ErrorPrefix = "file://" + dir
+	start := time.Now()
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Code != 1 {
+		t.Fatalf("want exit 1, got %v\n%s", ee, out)
+	}
+	f := ee.Failure
+	if f.Code != "ValueError" || f.Worker != "pod-0/1" || f.Recoverable {
+		t.Errorf("failure = %+v", f)
+	}
+	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) || f.Time.Nanosecond() == 0 {
+		t.Errorf("time %v not refined within the run", f.Time)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, ee.Document))
+	if err != nil {
+		t.Fatalf("document %q: %v", ee.Document, err)
+	}
+	doc, err := kferrors.Decode(data, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := kferrors.FromDocument(doc)
+	if got.Code != "ValueError" || !got.Time.Equal(f.Time) || got.Worker != "pod-0/1" || !strings.Contains(got.Message, "failed on purpose") {
+		t.Errorf("document = %+v", got)
+	}
+	if n := strings.Count(out.String(), "Rendezvous complete"); n != 2 {
+		t.Errorf("%d rendezvous, want 2 (one restart)", n)
+	}
+}
+
+func TestSignalExitCode(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "signal:SEGV")
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Code != 139 || ee.Failure.Code != "SignalSIGSEGV" || !ee.Failure.Recoverable {
+		t.Fatalf("want SignalSIGSEGV exit 139, got %+v\n%s", ee, out)
+	}
+}
+
+// A worker's grandchild does not survive the worker: no orphans. The exit is
+// seen as an event: the agent is done well within a second of the failure.
+func TestNoOrphans(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cfg, out := helperConfig(t, 1, "grandchild:"+pidFile)
+	ee, took := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Failure.Code != kferrors.CodeNonZeroExit {
+		t.Fatalf("want NonZeroExit, got %+v\n%s", ee, out)
+	}
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(string(data))
+	deadline := time.Now().Add(2 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("grandchild %d still alive after the agent returned", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if took > 3*time.Second {
+		t.Errorf("agent took %v for an immediate failure", took)
+	}
+}
+
+// alive: the process exists and is not a zombie.
+func alive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}
+
+// A worker that ignores SIGTERM is SIGKILLed after the stop grace.
+func TestStopEscalatesToSIGKILL(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "exitlater:2,ignoreterm")
+	cfg.StopGrace = 300 * time.Millisecond
+	ee, took := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Failure.Worker != "pod-0/0" || ee.Failure.Code != kferrors.CodeNonZeroExit {
+		t.Fatalf("want worker 0's NonZeroExit, got %+v\n%s", ee, out)
+	}
+	if !strings.Contains(out.String(), "signal=killed") {
+		t.Errorf("no SIGKILL in the log:\n%s", out)
+	}
+	if took < 800*time.Millisecond || took > 3*time.Second {
+		t.Errorf("took %v, want about the 300ms grace", took)
+	}
+}
+
+func TestHangWatchdog(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "hang,touch:3s")
+	cfg.HangTimeout = 700 * time.Millisecond
+	ee, took := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Code != ExitHang || ee.Failure.Code != kferrors.CodeHang || ee.Failure.Worker != "pod-0/0" {
+		t.Fatalf("want Hang of worker 0, got %+v\n%s", ee, out)
+	}
+	if took > 2500*time.Millisecond {
+		t.Errorf("hang detected after %v, timeout 700ms", took)
+	}
+}
+
+// Touching the progress file counts as progress even without output.
+func TestHangProgressFile(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "touch:1500ms")
+	cfg.HangTimeout = 600 * time.Millisecond
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+}
+
+// SIGTERM to the agent (ctx ends): the dump signal lets workers checkpoint
+// and exit, then a Preempted document, exit 143.
+func TestPreemptedWithDump(t *testing.T) {
+	dumpDir := t.TempDir()
+	cfg, out := helperConfig(t, 2, "dump:"+dumpDir)
+	cfg.DumpSignal, cfg.DumpTimeout = syscall.SIGUSR1, 5*time.Second
+	docs := t.TempDir()
+	cfg.ErrorPrefix = "file://" + docs
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		waitFor(t, out, "[default1]:helper dump", 5*time.Second)
+		waitFor(t, out, "[default0]:helper dump", 5*time.Second)
+		cancel()
+	}()
+	ee, _ := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 143 || ee.Failure.Code != kferrors.CodePreempted || ee.Failure.Worker != "pod-0" {
+		t.Fatalf("want Preempted 143, got %+v\n%s", ee, out)
+	}
+	for _, r := range []string{"0", "1"} {
+		if _, err := os.Stat(filepath.Join(dumpDir, "dumped-"+r)); err != nil {
+			t.Errorf("worker %s did not get the dump signal: %v", r, err)
+		}
+	}
+	if ee.Document == "" {
+		t.Error("no document written")
+	}
+}
+
+func TestPreemptedWithoutDump(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "hang")
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		waitFor(t, out, "[default1]:helper hang", 5*time.Second)
+		cancel()
+	}()
+	ee, took := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 143 || ee.Failure.Code != kferrors.CodePreempted {
+		t.Fatalf("want Preempted 143, got %+v\n%s", ee, out)
+	}
+	if took > 3*time.Second {
+		t.Errorf("took %v", took)
+	}
+}
+
+func waitFor(t *testing.T, out fmt.Stringer, s string, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for !strings.Contains(out.String(), s) {
+		if time.Now().After(deadline) {
+			t.Errorf("no %q in %v", s, d)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Two agents on an in-process rendezvous (1..2 nodes): the first trains
+// alone, the second's arrival is a membership change, and both restart into
+// a 2-node round without spending budget (restart count stays 0).
+func TestScaleUpInProcess(t *testing.T) {
+	dir := t.TempDir()
+	rdzv := NewInProcess("scale", 1, 2, 100*time.Millisecond)
+	run := func(pod string, rank int) (chan error, *syncBuffer) {
+		cfg, out := helperConfig(t, 2, "envdump:"+dir)
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes, cfg.Rendezvous = pod, rank, 1, 2, rdzv
+		done := make(chan error, 1)
+		go func() { done <- Run(t.Context(), cfg) }()
+		return done, out
+	}
+	doneA, outA := run("pod-a", 0)
+	waitFor(t, outA, "[default1]:helper envdump", 5*time.Second)
+	doneB, outB := run("pod-b", 1)
+	waitFor(t, outB, "[default1]:helper envdump", 5*time.Second)
+	waitFor(t, outA, "attempt=2", 5*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		if len(files) >= 6 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	for _, d := range []chan error{doneA, doneB} {
+		if err := <-d; err != nil {
+			t.Fatalf("Run: %v\nA:\n%s\nB:\n%s", err, outA, outB)
+		}
+	}
+	if !strings.Contains(outA.String(), "group_world_size=2") || strings.Contains(outA.String(), "restart_count=1") {
+		t.Errorf("pod-a did not restart into a 2-node round for free:\n%s", outA)
+	}
+	// The env of the 2-node round: 4 distinct global ranks, one master.
+	ranks := map[string]bool{}
+	ports := map[string]bool{}
+	for _, name := range []string{"pod-a-0", "pod-a-1", "pod-b-0", "pod-b-1"} {
+		var env map[string]string
+		data, err := os.ReadFile(filepath.Join(dir, name+"-gws2.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.Unmarshal(data, &env)
+		if env["WORLD_SIZE"] != "4" || env["GROUP_WORLD_SIZE"] != "2" || env["TORCHELASTIC_RESTART_COUNT"] != "0" {
+			t.Errorf("%s: WORLD_SIZE=%s GROUP_WORLD_SIZE=%s RESTART=%s", name, env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"], env["TORCHELASTIC_RESTART_COUNT"])
+		}
+		ranks[env["RANK"]] = true
+		ports[env["MASTER_ADDR"]+":"+env["MASTER_PORT"]] = true
+	}
+	if len(ranks) != 4 || len(ports) != 1 {
+		t.Errorf("ranks %v, masters %v", ranks, ports)
+	}
+}
+
+var _ io.Writer = (*syncBuffer)(nil)
+
+// Torchrun's static backend on two nodes without a master: node rank is the
+// group rank, the workers meet at the given address; ranks follow.
+func TestFixedRendezvousTwoNodes(t *testing.T) {
+	dir := t.TempDir()
+	port := 29999
+	done := make(chan error, 2)
+	outs := make([]*syncBuffer, 2)
+	for rank := range 2 {
+		cfg, out := helperConfig(t, 2, "envdump:"+dir)
+		outs[rank] = out
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = fmt.Sprintf("job-worker-%d", rank), rank, 2, 2
+		cfg.RdzvBackend, cfg.MasterAddr, cfg.MasterPort = "static", "job-worker-0", port
+		go func() { done <- Run(t.Context(), cfg) }()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		if len(files) == 4 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v\n%s\n%s", err, outs[0], outs[1])
+		}
+	}
+	for node := range 2 {
+		for local := range 2 {
+			var env map[string]string
+			data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("job-worker-%d-%d-gws2.json", node, local)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = json.Unmarshal(data, &env)
+			want := map[string]string{"RANK": strconv.Itoa(2*node + local), "GROUP_RANK": strconv.Itoa(node),
+				"LOCAL_RANK": strconv.Itoa(local), "WORLD_SIZE": "4", "MASTER_ADDR": "job-worker-0", "MASTER_PORT": "29999",
+				"_F_WN": fmt.Sprintf("job-worker-%d/%d", node, local), "_F_DES": "Earliest", "ROLE_NAME": "default"}
+			for k, v := range want {
+				if env[k] != v {
+					t.Errorf("node %d local %d: %s=%q, want %q", node, local, k, env[k], v)
+				}
+			}
+		}
+	}
+}
+
+// Config errors are clear and happen before anything starts.
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		mutate func(*Config)
+		want   string
+	}{
+		{func(c *Config) { c.Command = nil }, "no worker command"},
+		{func(c *Config) { c.NProcPerNode = 0 }, "--nproc-per-node"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes = 2, 1 }, "--nnodes"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes = 1, 4 }, "kfelastic master"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes, c.RdzvBackend, c.MasterAddr = 2, 2, "static", "" }, "--master-addr"},
+	} {
+		cfg, _ := helperConfig(t, 1, "ok")
+		tc.mutate(&cfg)
+		err := Run(t.Context(), cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("err = %v, want one mentioning %q", err, tc.want)
+		}
+	}
+}
+
+// A worker that wrote its own document (flytekit, _F_DES set) is not
+// documented twice; a failure that left none (a peer's or another pod's
+// document does not count) gets the agent's.
+func TestWorkerOwnDocument(t *testing.T) {
+	dir := t.TempDir()
+	cfg, out := helperConfig(t, 1, "flytedoc:"+dir)
+	cfg.ErrorPrefix = "file://" + dir
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Document != "error-0123456789abcdef0123456789abcdef.pb" {
+		t.Fatalf("want flytekit's document reused, got %+v\n%s", ee, out)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "error-*.pb")); len(files) != 1 {
+		t.Errorf("documents %v, want flytekit's only", files)
+	}
+	// Another pod's document in the same prefix does not stand in for ours.
+	cfg2, out2 := helperConfig(t, 1, "exit:5")
+	cfg2.ErrorPrefix, cfg2.Pod = "file://"+dir, "pod-1"
+	ee, _ = runAgent(t, t.Context(), cfg2)
+	if ee == nil || !strings.HasPrefix(ee.Document, "error-") || strings.Contains(ee.Document, "0123456789abcdef0123") {
+		t.Fatalf("want a document of our own, got %+v\n%s", ee, out2)
+	}
+}

@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RoleName is torchrun's default role, the only one the agent runs.
+const RoleName = "default"
+
+// ProgressFileEnv names the file a worker may touch to tell the hang
+// watchdog it is alive (besides printing output).
+const ProgressFileEnv = "KFELASTIC_PROGRESS_FILE"
+
+// workerSpec is what varies per worker in its environment.
+type workerSpec struct {
+	group        StartGroup
+	localRank    int
+	localWorkers int
+	maxRestarts  int
+	pod          string
+	errorFile    string
+	progressFile string
+}
+
+// WorkerEnv is base (the agent's own environment) plus torchrun's worker
+// variables (torch 1.13 LocalElasticAgent._start_workers and
+// start_processes), plus the Flyte and kfelastic ones:
+//
+//   - LOCAL_RANK RANK GROUP_RANK ROLE_RANK ROLE_NAME LOCAL_WORLD_SIZE
+//     WORLD_SIZE GROUP_WORLD_SIZE ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT
+//     TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
+//     TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE as torchrun;
+//     USE_AGENT_STORE is False: the agent hosts no store, the rank-0 worker
+//     creates it (as with torchrun's c10d backend);
+//   - NCCL_ASYNC_ERROR_HANDLING defaults to 1, as torchrun;
+//   - OMP_NUM_THREADS=1 when unset and more than one local worker, as
+//     torchrun's run.py does to its own environment;
+//   - PYTHONUNBUFFERED=1 when unset: torchrun runs "python -u", we run any
+//     command, and line-by-line output feeds the hang watchdog and the logs;
+//   - _F_WN=<pod>/<local rank> and _F_DES=Earliest so that flytekit writes
+//     one error document per worker (the long names too, when inherited);
+//   - KFELASTIC_PROGRESS_FILE, the file the hang watchdog watches.
+func WorkerEnv(base []string, w workerSpec) []string {
+	env := map[string]string{}
+	for _, kv := range base {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	r := w.group.Round
+	rank := r.FirstGlobalRank() + w.localRank
+	set := map[string]string{
+		"LOCAL_RANK":                   strconv.Itoa(w.localRank),
+		"RANK":                         strconv.Itoa(rank),
+		"GROUP_RANK":                   strconv.Itoa(r.GroupRank),
+		"ROLE_RANK":                    strconv.Itoa(rank),
+		"ROLE_NAME":                    RoleName,
+		"LOCAL_WORLD_SIZE":             strconv.Itoa(w.localWorkers),
+		"WORLD_SIZE":                   strconv.Itoa(r.WorldSize()),
+		"GROUP_WORLD_SIZE":             strconv.Itoa(r.GroupWorldSize),
+		"ROLE_WORLD_SIZE":              strconv.Itoa(r.WorldSize()),
+		"MASTER_ADDR":                  r.MasterAddr,
+		"MASTER_PORT":                  strconv.Itoa(r.MasterPort),
+		"TORCHELASTIC_RESTART_COUNT":   strconv.Itoa(w.group.RestartCount),
+		"TORCHELASTIC_MAX_RESTARTS":    strconv.Itoa(w.maxRestarts),
+		"TORCHELASTIC_RUN_ID":          r.RunID,
+		"TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_ERROR_FILE":      w.errorFile,
+		"_F_WN":                        workerName(w.pod, w.localRank),
+		"_F_DES":                       "Earliest",
+		ProgressFileEnv:                w.progressFile,
+	}
+	if _, ok := env["FLYTE_INTERNAL_WORKER_NAME"]; ok {
+		set["FLYTE_INTERNAL_WORKER_NAME"] = set["_F_WN"]
+	}
+	if _, ok := env["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"]; ok {
+		set["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"] = "Earliest"
+	}
+	defaults := map[string]string{"NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}
+	if w.localWorkers > 1 {
+		defaults["OMP_NUM_THREADS"] = "1"
+	}
+	for k, v := range defaults {
+		if _, ok := env[k]; !ok {
+			env[k] = v
+		}
+	}
+	for k, v := range set {
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// freePort returns a TCP port free on all interfaces now. Like torchrun's
+// _get_socket_with_port it closes the socket before the worker binds it.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// hostFQDN mirrors Python's socket.getfqdn(socket.gethostname()), which
+// torchrun uses for MASTER_ADDR: the first name of the host's address that
+// contains a dot, else the first name, else the hostname.
+func hostFQDN(ctx context.Context) string {
+	host, err := os.Hostname()
+	if err != nil {
+		return "localhost"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil || len(addrs) == 0 {
+		return host
+	}
+	names, err := net.DefaultResolver.LookupAddr(ctx, addrs[0])
+	if err != nil || len(names) == 0 {
+		return host
+	}
+	for _, n := range names {
+		if n = strings.TrimSuffix(n, "."); strings.Contains(n, ".") {
+			return n
+		}
+	}
+	return strings.TrimSuffix(names[0], ".")
+}

@@ -1,0 +1,448 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// PolicyConfig is what the restart policy needs to know of the agent's flags.
+type PolicyConfig struct {
+	// Pod names the pod in documents that are about the pod as a whole
+	// (Preempted, RendezvousTimeout); worker failures name "<pod>/<local rank>".
+	Pod string
+	// LocalWorkers is nproc-per-node.
+	LocalWorkers int
+	// MaxRestarts is the budget of group restarts caused by worker failures.
+	MaxRestarts int
+	// StopGrace is how long a stopped group gets between SIGTERM and SIGKILL.
+	StopGrace time.Duration
+	// HangTimeout, when > 0, fails a worker that made no progress for so long.
+	HangTimeout time.Duration
+	// DumpSignal, when non-zero, is sent to the workers on SIGTERM to the
+	// agent; they get DumpTimeout to write a checkpoint before the stop.
+	DumpSignal  syscall.Signal
+	DumpTimeout time.Duration
+}
+
+// Policy is the agent's restart policy: a deterministic state machine, fed
+// events and the time they happened, that answers with actions for the I/O
+// loop to carry out. It starts no goroutine and reads no clock, so every
+// scenario (testdata/policy/*.txt) replays exactly.
+//
+// Phases: rendezvous → running → stopping → (rendezvous again | done). A
+// worker failure stops the group and spends budget; a membership change stops
+// it for free; SIGTERM stops it for good with a Preempted document.
+type Policy struct {
+	cfg   PolicyConfig
+	phase phase
+
+	// restarts is the budget spent (TORCHELASTIC_RESTART_COUNT); attempt
+	// counts group starts, including free ones, so that every attempt has its
+	// own error files.
+	restarts int
+	attempt  int
+	round    Round
+
+	alive    []bool
+	progress []time.Time
+	failures []kferrors.Failure
+
+	reason     stopReason
+	terminated time.Time // when SIGTERM arrived, zero if it did not
+	signaled   bool      // whether the current group got a stop signal from us
+	killAt     time.Time // SIGKILL deadline of a stopping group
+	dumpUntil  time.Time // end of the dying-gasp window
+}
+
+type phase int
+
+const (
+	phaseRendezvous phase = iota
+	phaseRunning
+	phaseStopping
+	phaseDone
+)
+
+func (p phase) String() string {
+	return [...]string{"rendezvous", "running", "stopping", "done"}[p]
+}
+
+type stopReason int
+
+const (
+	reasonNone stopReason = iota
+	reasonFailure
+	reasonMembership
+	reasonTerminate
+)
+
+// Event is an input of the Policy.
+type Event interface{ event() }
+
+// RoundReady: the rendezvous completed a round that includes this node.
+type RoundReady struct{ Round Round }
+
+// RendezvousFailed: the rendezvous gave up (join or pending timeout).
+type RendezvousFailed struct{ Message string }
+
+// WorkerExited: a worker process of group attempt Attempt ended.
+type WorkerExited struct {
+	Attempt   int
+	LocalRank int
+	// Exit is what was observed (code, signal, error file, OOM evidence).
+	Exit kferrors.Exit
+	// StartError is set when the process could not be started at all.
+	StartError string
+
+	from *worker // which process; the loop drops events of discarded spares
+}
+
+// Progress: a worker printed a line or touched its progress file at At.
+type Progress struct {
+	Attempt   int
+	LocalRank int
+	At        time.Time
+}
+
+// MembershipChanged: a node waits to join (scale up) or a member left; the
+// current round is outdated.
+type MembershipChanged struct{ Round int }
+
+// Terminate: the agent got SIGTERM (preemption, eviction, node drain).
+type Terminate struct{}
+
+// Tick: a deadline the Policy asked for (Deadline) has come.
+type Tick struct{}
+
+func (RoundReady) event()        {}
+func (RendezvousFailed) event()  {}
+func (WorkerExited) event()      {}
+func (Progress) event()          {}
+func (MembershipChanged) event() {}
+func (Terminate) event()         {}
+func (Tick) event()              {}
+
+// Action is an output of the Policy, carried out by the I/O loop in order.
+type Action interface{ action() }
+
+// JoinRound: ask the rendezvous for the next round (answer: RoundReady).
+type JoinRound struct{}
+
+// StartGroup: start LocalWorkers workers for Round with these counters.
+type StartGroup struct {
+	Attempt      int
+	RestartCount int
+	Round        Round
+}
+
+// SignalGroup: send Signal to every live worker's process group.
+type SignalGroup struct {
+	Attempt int
+	Signal  syscall.Signal
+}
+
+// WriteDocument: write the pod's error document.
+type WriteDocument struct{ Failure kferrors.Failure }
+
+// Exit: the agent is done; exit the process with Code.
+type Exit struct{ Code int }
+
+func (JoinRound) action()     {}
+func (StartGroup) action()    {}
+func (SignalGroup) action()   {}
+func (WriteDocument) action() {}
+func (Exit) action()          {}
+
+// NewPolicy returns a Policy in the rendezvous phase; the loop carries out
+// Start's actions first.
+func NewPolicy(cfg PolicyConfig) *Policy {
+	if cfg.LocalWorkers < 1 {
+		cfg.LocalWorkers = 1
+	}
+	return &Policy{cfg: cfg}
+}
+
+// Start returns the first actions: join the first round.
+func (p *Policy) Start() []Action { return []Action{JoinRound{}} }
+
+// Done reports whether the Policy has returned its Exit action.
+func (p *Policy) Done() bool { return p.phase == phaseDone }
+
+// RestartCount is the budget spent so far.
+func (p *Policy) RestartCount() int { return p.restarts }
+
+// Deadline is the earliest time the Policy wants a Tick (SIGKILL after the
+// stop grace, end of the dump window, a worker's hang deadline); zero if none.
+func (p *Policy) Deadline() time.Time {
+	var d time.Time
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (d.IsZero() || t.Before(d)) {
+			d = t
+		}
+	}
+	switch p.phase {
+	case phaseRunning:
+		if p.cfg.HangTimeout > 0 {
+			for i, ok := range p.alive {
+				if ok {
+					earlier(p.progress[i].Add(p.cfg.HangTimeout))
+				}
+			}
+		}
+	case phaseStopping:
+		if !p.signaled {
+			earlier(p.dumpUntil)
+		} else {
+			earlier(p.killAt)
+		}
+	}
+	return d
+}
+
+// Step feeds one event observed at now and returns the actions to take.
+func (p *Policy) Step(ev Event, now time.Time) []Action {
+	if p.phase == phaseDone {
+		return nil
+	}
+	switch ev := ev.(type) {
+	case RoundReady:
+		return p.roundReady(ev, now)
+	case RendezvousFailed:
+		if p.phase != phaseRendezvous {
+			return nil
+		}
+		f := kferrors.SystemFailure(kferrors.CodeRendezvousTimeout, ev.Message, p.cfg.Pod, now)
+		return p.finish(f)
+	case WorkerExited:
+		return p.workerExited(ev, now)
+	case Progress:
+		if ev.Attempt == p.attempt && p.phase == phaseRunning && ev.LocalRank < len(p.progress) && ev.At.After(p.progress[ev.LocalRank]) {
+			p.progress[ev.LocalRank] = ev.At
+		}
+		return nil
+	case MembershipChanged:
+		if p.phase != phaseRunning || ev.Round != p.round.Number {
+			return nil
+		}
+		return p.stop(reasonMembership, now)
+	case Terminate:
+		return p.terminate(now)
+	case Tick:
+		return p.tick(now)
+	}
+	panic(fmt.Sprintf("agent: unknown event %T", ev))
+}
+
+func (p *Policy) roundReady(ev RoundReady, now time.Time) []Action {
+	if p.phase != phaseRendezvous {
+		return nil
+	}
+	p.round = ev.Round
+	p.attempt++
+	p.phase = phaseRunning
+	p.reason = reasonNone
+	p.signaled = false
+	p.killAt, p.dumpUntil = time.Time{}, time.Time{}
+	p.failures = p.failures[:0]
+	p.alive = make([]bool, p.cfg.LocalWorkers)
+	p.progress = make([]time.Time, p.cfg.LocalWorkers)
+	for i := range p.alive {
+		p.alive[i] = true
+		p.progress[i] = now
+	}
+	return []Action{StartGroup{Attempt: p.attempt, RestartCount: p.restarts, Round: ev.Round}}
+}
+
+func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
+	if ev.Attempt != p.attempt || ev.LocalRank < 0 || ev.LocalRank >= len(p.alive) || !p.alive[ev.LocalRank] {
+		return nil
+	}
+	p.alive[ev.LocalRank] = false
+	e := ev.Exit
+	if e.ObservedAt.IsZero() {
+		e.ObservedAt = now
+	}
+	succeeded := ev.StartError == "" && e.ExitCode == 0 && e.Signal == 0 && e.TorchError == nil && !e.OOM
+	var failed *kferrors.Failure
+	switch {
+	case ev.StartError != "":
+		f := kferrors.UserError("StartFailed", ev.StartError, e.Worker, e.ObservedAt)
+		failed = &f
+	case succeeded:
+	case p.phase == phaseStopping && e.TorchError == nil && !e.OOM:
+		// Ended by our own stop signal, or a secondary failure that left no
+		// error file: not a cause.
+	default:
+		f := kferrors.Classify(e)
+		failed = &f
+	}
+	if failed != nil && p.reason != reasonTerminate {
+		p.failures = append(p.failures, *failed)
+	}
+	switch p.phase {
+	case phaseRunning:
+		if failed != nil {
+			return p.stop(reasonFailure, now)
+		}
+		if p.anyAlive() {
+			return nil // the others are still training; torchrun waits as well
+		}
+		p.phase = phaseDone
+		return []Action{Exit{Code: 0}}
+	case phaseStopping:
+		if p.anyAlive() {
+			return nil
+		}
+		return p.stopped(now)
+	}
+	return nil
+}
+
+func (p *Policy) anyAlive() bool { return slices.Contains(p.alive, true) }
+
+// stop begins stopping the running group for reason.
+func (p *Policy) stop(reason stopReason, now time.Time) []Action {
+	p.phase = phaseStopping
+	p.reason = reason
+	if !p.anyAlive() {
+		return p.stopped(now)
+	}
+	return p.signalStop(now)
+}
+
+func (p *Policy) signalStop(now time.Time) []Action {
+	p.signaled = true
+	p.killAt = now.Add(p.cfg.StopGrace)
+	return []Action{SignalGroup{Attempt: p.attempt, Signal: syscall.SIGTERM}}
+}
+
+func (p *Policy) terminate(now time.Time) []Action {
+	if !p.terminated.IsZero() {
+		return nil
+	}
+	p.terminated = now
+	switch p.phase {
+	case phaseRendezvous:
+		return p.finish(p.preempted())
+	case phaseRunning:
+		p.phase = phaseStopping
+		p.reason = reasonTerminate
+		if !p.anyAlive() {
+			return p.stopped(now)
+		}
+		if p.cfg.DumpSignal != 0 && p.cfg.DumpTimeout > 0 {
+			p.dumpUntil = now.Add(p.cfg.DumpTimeout)
+			return []Action{SignalGroup{Attempt: p.attempt, Signal: p.cfg.DumpSignal}}
+		}
+		return p.signalStop(now)
+	case phaseStopping:
+		// Already stopping: finish the stop, then exit instead of restarting.
+		p.reason = reasonTerminate
+	}
+	return nil
+}
+
+func (p *Policy) tick(now time.Time) []Action {
+	switch p.phase {
+	case phaseRunning:
+		if p.cfg.HangTimeout <= 0 {
+			return nil
+		}
+		var hung []int
+		for i, ok := range p.alive {
+			if ok && !now.Before(p.progress[i].Add(p.cfg.HangTimeout)) {
+				hung = append(hung, i)
+			}
+		}
+		if len(hung) == 0 {
+			return nil
+		}
+		for _, i := range hung {
+			w := workerName(p.cfg.Pod, i)
+			msg := fmt.Sprintf("worker %s made no progress (no output, no touch of its progress file) for %s", w, p.cfg.HangTimeout)
+			p.failures = append(p.failures, kferrors.SystemFailure(kferrors.CodeHang, msg, w, p.progress[i].Add(p.cfg.HangTimeout)))
+		}
+		return p.stop(reasonFailure, now)
+	case phaseStopping:
+		if !p.signaled && !p.dumpUntil.IsZero() && !now.Before(p.dumpUntil) {
+			return p.signalStop(now)
+		}
+		if p.signaled && !p.killAt.IsZero() && !now.Before(p.killAt) {
+			p.killAt = time.Time{}
+			return []Action{SignalGroup{Attempt: p.attempt, Signal: syscall.SIGKILL}}
+		}
+	}
+	return nil
+}
+
+// stopped decides what follows a group whose workers have all ended.
+func (p *Policy) stopped(now time.Time) []Action {
+	p.killAt, p.dumpUntil = time.Time{}, time.Time{}
+	switch p.reason {
+	case reasonTerminate:
+		return p.finish(p.preempted())
+	case reasonMembership:
+		p.phase = phaseRendezvous
+		return []Action{JoinRound{}}
+	}
+	root := RootCause(p.failures)
+	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts {
+		return p.finish(root)
+	}
+	p.restarts++
+	p.phase = phaseRendezvous
+	return []Action{JoinRound{}}
+}
+
+func (p *Policy) preempted() kferrors.Failure {
+	return kferrors.SystemFailure(kferrors.CodePreempted,
+		fmt.Sprintf("pod %s got SIGTERM (preemption, eviction or node drain); workers stopped", p.cfg.Pod),
+		p.cfg.Pod, p.terminated)
+}
+
+func (p *Policy) finish(f kferrors.Failure) []Action {
+	p.phase = phaseDone
+	return []Action{WriteDocument{Failure: f}, Exit{Code: ExitCode(f)}}
+}
+
+// RootCause is the earliest failure: by time (sub-second), then by worker
+// name, so that a peer's secondary "connection closed" error written a
+// second later never wins. A zero time sorts last. failures is not modified.
+func RootCause(failures []kferrors.Failure) kferrors.Failure {
+	if len(failures) == 0 {
+		return kferrors.Failure{}
+	}
+	best := failures[0]
+	for _, f := range failures[1:] {
+		if earlier(f, best) {
+			best = f
+		}
+	}
+	return best
+}
+
+func earlier(a, b kferrors.Failure) bool {
+	switch {
+	case a.Time.IsZero() != b.Time.IsZero():
+		return b.Time.IsZero()
+	case !a.Time.Equal(b.Time):
+		return a.Time.Before(b.Time)
+	}
+	return a.Worker < b.Worker
+}
+
+// NodeLevel reports whether a failure cannot be fixed by restarting the
+// workers on this node: the pod must go (and the operator relaunch it).
+func NodeLevel(f kferrors.Failure) bool {
+	switch f.Code {
+	case kferrors.CodeOOMKilled, kferrors.CodeNodeCheckFailed, kferrors.CodeStraggler:
+		return true
+	}
+	return false
+}
+
+func workerName(pod string, localRank int) string { return fmt.Sprintf("%s/%d", pod, localRank) }

@@ -1,0 +1,317 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// Real torch.distributed workers (Debian's python3-torch, gloo on CPU).
+
+const python = "/usr/bin/python3"
+
+func needTorch(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real torch workers: skipped with -short")
+	}
+	if out, err := exec.Command(python, "-c", "import torch.distributed").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import torch (%v: %s): run scripts/deps.sh apt", python, err, out)
+	}
+}
+
+func trainScript(t *testing.T) string {
+	p, err := filepath.Abs("testdata/train/train_steps.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func torchConfig(t *testing.T, nproc int, args ...string) (Config, *syncBuffer) {
+	out := &syncBuffer{}
+	return Config{
+		Command: append([]string{python, trainScript(t)}, args...), NProcPerNode: nproc, MinNodes: 1, MaxNodes: 1,
+		NodeRank: -1, RdzvID: "torchtest", LogDir: t.TempDir(), Pod: "pod-0", StopGrace: 5 * time.Second, Tee: true,
+		Stdout: out, Stderr: out, MasterAddr: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(out, nil)),
+	}, out
+}
+
+var stepLine = regexp.MustCompile(`\[default(\d)\]:step (\d+) `)
+
+// Seed experiment 5: kill -9 of one worker mid-training; the agent restarts
+// the group in place (restart 1) and steps continue from the checkpoint.
+func TestTorchKillRestarts(t *testing.T) {
+	needTorch(t)
+	ckpt := filepath.Join(t.TempDir(), "ckpt")
+	cfg, out := torchConfig(t, 2, "--steps", "60", "--sleep", "0.02", "--ckpt", ckpt)
+	cfg.MaxRestarts = 2
+	done := make(chan error, 1)
+	go func() { done <- Run(t.Context(), cfg) }()
+	waitFor(t, out, "[default1]:step 20 ", 20*time.Second)
+	m := regexp.MustCompile(`\[default1\]:restart 0 pid (\d+) `).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no pid of worker 1:\n%s", out)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v\n%s", err, out)
+	}
+	s := out.String()
+	before, after, ok := strings.Cut(s, "restart_count=1")
+	if !ok || !strings.Contains(after, "[default1]:restart 1 pid") {
+		t.Fatalf("no restart with TORCHELASTIC_RESTART_COUNT=1:\n%s", s)
+	}
+	var last, first int = -1, -1
+	for _, m := range stepLine.FindAllStringSubmatch(before, -1) {
+		last, _ = strconv.Atoi(m[2])
+	}
+	steps := stepLine.FindAllStringSubmatch(after, -1)
+	if len(steps) == 0 {
+		t.Fatalf("no steps after the restart:\n%s", s)
+	}
+	first, _ = strconv.Atoi(steps[0][2])
+	lastAfter, _ := strconv.Atoi(steps[len(steps)-1][2])
+	if first == 0 || first > last || lastAfter != 59 {
+		t.Errorf("steps before kill up to %d, after restart from %d to %d; want a resume from the checkpoint to 59", last, first, lastAfter)
+	}
+}
+
+// A worker raising inside @record: the pod's document carries its
+// exception, its sub-second time and its name — not the peer's secondary
+// error a moment later.
+func TestTorchRecordError(t *testing.T) {
+	needTorch(t)
+	cfg, out := torchConfig(t, 2, "--steps", "100", "--sleep", "0.02", "--raise-at", "5", "--raise-rank", "1")
+	dir := t.TempDir()
+	cfg.ErrorPrefix = "file://" + dir
+	start := time.Now()
+	err := Run(t.Context(), cfg)
+	ee, ok := err.(*ExitError)
+	if !ok || ee.Code != 1 {
+		t.Fatalf("want *ExitError with code 1, got %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, ee.Document))
+	if err != nil {
+		t.Fatalf("document %q: %v", ee.Document, err)
+	}
+	doc, err := kferrors.Decode(data, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := kferrors.FromDocument(doc)
+	if f.Code != "RuntimeError" || f.Worker != "pod-0/1" || f.Recoverable || !strings.Contains(f.Message, "boom at step 5 on rank 1") {
+		t.Errorf("document = code %q worker %q recoverable %t message %q", f.Code, f.Worker, f.Recoverable, f.Message)
+	}
+	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) || f.Time.Nanosecond() == 0 {
+		t.Errorf("document time %v: not a sub-second time within the run", f.Time)
+	}
+	t.Logf("agent log:\n%s", regexp.MustCompile(`(?m)^time=.*msg="(worker exited|pod error document)".*$`).FindAllString(out.String(), -1))
+}
+
+// The environment a worker sees under the agent is torchrun's (torch 1.13,
+// c10d backend), for one script run under both. Values that legitimately
+// differ are compared by presence only: MASTER_PORT (a free port each run),
+// TORCHELASTIC_ERROR_FILE (each launcher's log folder). Variables only the
+// agent adds: _F_WN, _F_DES (Flyte's per-worker documents),
+// KFELASTIC_PROGRESS_FILE (hang watchdog), PYTHONUNBUFFERED (torchrun runs
+// "python -u" instead).
+func TestTorchEnvMatchesTorchrun(t *testing.T) {
+	needTorch(t)
+	ours, theirs := t.TempDir(), t.TempDir()
+	cfg, out := torchConfig(t, 2, "--steps", "1", "--sleep", "0", "--env-out", ours)
+	cfg.RdzvID, cfg.MasterAddr, cfg.Env = "envcmp", "", cleanEnv()
+	if err := Run(t.Context(), cfg); err != nil {
+		t.Fatalf("agent: %v\n%s", err, out)
+	}
+	port := freeTestPort(t)
+	cmd := exec.CommandContext(t.Context(), python, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+		"--max_restarts=0", "--monitor_interval=1", "--redirects", "2", "--tee", "2", "--rdzv_backend=c10d",
+		"--rdzv_endpoint=127.0.0.1:"+strconv.Itoa(port), "--rdzv_id=envcmp", trainScript(t), "--steps", "1", "--sleep", "0", "--env-out", theirs)
+	cmd.Env = cleanEnv()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("torchrun: %v\n%s", err, b)
+	}
+	differ := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
+	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED"}
+	for rank := range 2 {
+		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
+		for _, k := range sortedKeys(a, b) {
+			va, inA := a[k]
+			vb, inB := b[k]
+			switch {
+			case slices.Contains(oursOnly, k):
+				if !inA || inB {
+					t.Errorf("rank %d: %s: ours %q (%t), torchrun's %q (%t); want ours only", rank, k, va, inA, vb, inB)
+				}
+			case slices.Contains(differ, k):
+				if !inA || !inB {
+					t.Errorf("rank %d: %s: ours %q, torchrun's %q; want both set", rank, k, va, vb)
+				}
+			case va != vb || inA != inB:
+				t.Errorf("rank %d: %s: ours %q (%t), torchrun's %q (%t)", rank, k, va, inA, vb, inB)
+			}
+		}
+	}
+}
+
+// cleanEnv is the test's environment without the variables both launchers
+// set only when unset, so that their defaults are compared.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "NCCL_ASYNC_ERROR_HANDLING":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func readEnv(t *testing.T, dir string, restart, rank int) map[string]string {
+	return readJSON(t, filepath.Join(dir, fmt.Sprintf("env-%d-%d.json", restart, rank)))
+}
+
+func readJSON(t *testing.T, path string) map[string]string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func sortedKeys(ms ...map[string]string) []string {
+	var ks []string
+	for _, m := range ms {
+		for k := range m {
+			if !slices.Contains(ks, k) {
+				ks = append(ks, k)
+			}
+		}
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+func freeTestPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Two agents × two workers, one job: an in-process rendezvous stands in for
+// the master (its own issue); real gloo across both "nodes" on loopback.
+func TestTorchTwoAgents(t *testing.T) {
+	needTorch(t)
+	rdzv := NewInProcess("two", 2, 2, time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		err error
+		out *syncBuffer
+	}
+	results := make(chan result, 2)
+	for i, pod := range []string{"job-worker-0", "job-worker-1"} {
+		cfg, out := torchConfig(t, 2, "--steps", "20", "--sleep", "0.01")
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes, cfg.Rendezvous = pod, i, 2, 2, rdzv
+		go func() { results <- result{Run(ctx, cfg), out} }()
+	}
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("Run: %v\n%s", r.err, r.out)
+		}
+		s := r.out.String()
+		if !strings.Contains(s, "world 4") || !strings.Contains(s, "group_world_size=2") || !strings.Contains(s, "step 19 ") {
+			t.Errorf("not a 4-worker run to step 19:\n%s", s)
+		}
+	}
+}
+
+// With --warm-spares a restart runs the script in an interpreter started
+// ahead: it must see the same environment a cold worker would (only the
+// per-attempt values differ), the same argv, sys.path[0], __file__ and
+// __name__, and it must resume training.
+func TestTorchWarmSpareRestart(t *testing.T) {
+	needTorch(t)
+	dir, ckpt := t.TempDir(), filepath.Join(t.TempDir(), "ckpt")
+	cfg, out := torchConfig(t, 2, "--steps", "40", "--sleep", "0.02", "--ckpt", ckpt, "--env-out", dir)
+	cfg.MaxRestarts, cfg.WarmSpares, cfg.Env = 1, true, cleanEnv()
+	done := make(chan error, 1)
+	go func() { done <- Run(t.Context(), cfg) }()
+	waitFor(t, out, "[default1]:step 15 ", 20*time.Second)
+	m := regexp.MustCompile(`\[default1\]:restart 0 pid (\d+) `).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no pid of worker 1:\n%s", out)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v\n%s", err, out)
+	}
+	t.Logf("%s", regexp.MustCompile(`(?m)^time=.*$`).FindAllString(out.String(), -1))
+	if !strings.Contains(out.String(), "[default1]:step 39 ") {
+		t.Errorf("training did not resume to step 39:\n%s", out)
+	}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT"}
+	for rank := range 2 {
+		cold, warm := readEnv(t, dir, 0, rank), readEnv(t, dir, 1, rank)
+		if warm["TORCHELASTIC_RESTART_COUNT"] != "1" {
+			t.Errorf("rank %d: restart count %q", rank, warm["TORCHELASTIC_RESTART_COUNT"])
+		}
+		for _, k := range sortedKeys(cold, warm) {
+			if !slices.Contains(perAttempt, k) && cold[k] != warm[k] {
+				t.Errorf("rank %d: %s: cold %q, warm spare %q", rank, k, cold[k], warm[k])
+			}
+		}
+		a0, a1 := readArgv(t, dir, 0, rank), readArgv(t, dir, 1, rank)
+		if fmt.Sprint(a0) != fmt.Sprint(a1) {
+			t.Errorf("rank %d: cold %v, warm spare %v", rank, a0, a1)
+		}
+		// The restarted worker ran in a spare that had imported torch.
+		for restart, want := range []string{"False", "True"} {
+			data, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("preloaded-%d-%d", restart, rank)))
+			if string(data) != want {
+				t.Errorf("rank %d restart %d: torch preloaded = %q, want %s", rank, restart, data, want)
+			}
+		}
+	}
+}
+
+func readArgv(t *testing.T, dir string, restart, rank int) map[string]any {
+	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]any{}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

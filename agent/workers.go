@@ -1,0 +1,271 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// group is one attempt's local workers, each the leader of its own process
+// group so that a stop reaches whatever the worker spawned.
+type group struct {
+	attempt int
+	dir     string
+	workers []*worker
+}
+
+type worker struct {
+	localRank    int
+	attempt      int
+	name         string
+	dir          string
+	cmd          *exec.Cmd
+	pgid         int
+	errorFile    string
+	progressFile string
+	lastOutput   atomic.Int64 // unix ns of the last output line
+	exited       atomic.Bool
+	// releasePipe is the write end of a warm spare's env pipe, nil otherwise.
+	releasePipe *os.File
+	// active: a worker, not a spare waiting for release; spoken: it has
+	// printed a line since.
+	active, spoken atomic.Bool
+}
+
+// output is the agent's own stdout/stderr, shared by the workers' tee.
+type output struct {
+	mu             sync.Mutex
+	stdout, stderr io.Writer
+}
+
+func (o *output) line(w io.Writer, prefix string, line []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, _ = io.WriteString(w, prefix)
+	_, _ = w.Write(line)
+}
+
+// groupStart is what startGroup needs besides the StartGroup action.
+type groupStart struct {
+	command     []string
+	baseEnv     []string
+	runDir      string
+	pod         string
+	maxRestarts int
+	workers     int
+	out         *output
+	oomBaseline int64
+	oomKnown    bool
+	// send delivers an event to the loop; it returns false once the loop
+	// is gone.
+	send func(Event) bool
+	// spoke, if set, is called once per worker on its first output line.
+	spoke func(*worker)
+}
+
+// startGroup starts the workers of sg, releasing warm spares where there
+// are live ones for this attempt. A worker that fails to start is reported as
+// a WorkerExited with StartError; the others run on, and the policy stops
+// them.
+func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
+	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
+	for local := range gs.workers {
+		env := func(w *worker) []string {
+			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
+				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile})
+		}
+		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
+			w := spares[local]
+			if err := w.release(env(w)); err == nil {
+				g.workers = append(g.workers, w)
+				continue
+			}
+			w.discard()
+		}
+		w := newWorker(gs, sg.Attempt, local)
+		g.workers = append(g.workers, w)
+		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
+			w.exited.Store(true)
+			gs.send(WorkerExited{Attempt: sg.Attempt, LocalRank: local,
+				Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: err.Error()})
+		}
+	}
+	return g
+}
+
+func attemptDir(runDir string, attempt int) string {
+	return filepath.Join(runDir, fmt.Sprintf("attempt_%d", attempt))
+}
+
+func newWorker(gs groupStart, attempt, local int) *worker {
+	dir := filepath.Join(attemptDir(gs.runDir, attempt), fmt.Sprint(local))
+	return &worker{localRank: local, attempt: attempt, name: workerName(gs.pod, local), dir: dir,
+		errorFile: filepath.Join(dir, "error.json"), progressFile: filepath.Join(dir, "progress")}
+}
+
+// spawn starts argv with env as this worker: its own process group, output
+// teed line by line to its log files and the agent's output, and a goroutine
+// that turns its end into a WorkerExited event. extra become fds 3, 4, ….
+func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) error {
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+		return err
+	}
+	w.cmd = exec.Command(argv[0], argv[1:]...)
+	w.cmd.Env = env
+	w.cmd.ExtraFiles = extra
+	// Own process group: a stop signal reaches the worker's children too.
+	// Pdeathsig: the worker dies with the agent even if the agent is SIGKILLed.
+	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	prefix := fmt.Sprintf("[%s%d]:", RoleName, w.localRank)
+	var readers sync.WaitGroup
+	var closeAfterStart []*os.File
+	// The parent's write ends close once the child has them (or start failed).
+	defer func() {
+		for _, f := range closeAfterStart {
+			f.Close()
+		}
+	}()
+	for _, s := range []struct {
+		name string
+		dst  io.Writer
+		set  func(*os.File)
+	}{
+		{"stdout.log", gs.out.stdout, func(f *os.File) { w.cmd.Stdout = f }},
+		{"stderr.log", gs.out.stderr, func(f *os.File) { w.cmd.Stderr = f }},
+	} {
+		logFile, err := os.Create(filepath.Join(w.dir, s.name))
+		if err != nil {
+			return err
+		}
+		// An *os.File pipe (not an io.Writer) so that Wait returns when the
+		// worker exits, even if a grandchild still holds the pipe open.
+		r, pw, err := os.Pipe()
+		if err != nil {
+			logFile.Close()
+			return err
+		}
+		s.set(pw)
+		closeAfterStart = append(closeAfterStart, pw)
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			defer r.Close()
+			defer logFile.Close()
+			w.copyLines(r, logFile, gs.out, s.dst, prefix, gs.spoke)
+		}()
+		defer func() {
+			if w.cmd.Process == nil { // start failed: end the reader
+				r.Close()
+			}
+		}()
+	}
+	if err := w.cmd.Start(); err != nil {
+		return err
+	}
+	w.pgid = w.cmd.Process.Pid
+	w.lastOutput.Store(time.Now().UnixNano())
+	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
+	go w.wait(gs, w.attempt, &readers)
+	return nil
+}
+
+// copyLines tees a worker's output, line by line, to its log file and, with
+// torchrun's "[default<local rank>]:" prefix, to the agent's own output.
+func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *output, dst io.Writer, prefix string, spoke func(*worker)) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			w.lastOutput.Store(time.Now().UnixNano())
+			if spoke != nil && w.active.Load() && w.spoken.CompareAndSwap(false, true) {
+				spoke(w)
+			}
+			_, _ = logFile.Write(line)
+			if dst != nil {
+				if line[len(line)-1] != '\n' && err != bufio.ErrBufferFull {
+					line = append(line, '\n')
+				}
+				out.line(dst, prefix, line)
+			}
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return
+		}
+	}
+}
+
+// wait turns the worker's end into a WorkerExited event, with what the
+// classifier needs: exit code or signal, the torch error file, flytekit's
+// recoverable marker and OOM evidence.
+func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
+	_ = w.cmd.Wait()
+	at := time.Now()
+	w.exited.Store(true)
+	// The group's leader is gone: whatever it left in its group is an orphan.
+	_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
+	// Let the last lines (a traceback) reach the log before the event, but
+	// never wait long: a grandchild may hold the pipe.
+	done := make(chan struct{})
+	go func() { readers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(100 * time.Millisecond):
+	}
+	e := kferrors.Exit{Worker: w.name, ObservedAt: at}
+	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		e.Signal = ws.Signal()
+	} else {
+		e.ExitCode = w.cmd.ProcessState.ExitCode()
+	}
+	if e.Signal != 0 || e.ExitCode != 0 {
+		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
+		if err == nil {
+			e.TorchError = te
+		}
+		e.RecoverableMarker = recoverable
+		if e.Signal == syscall.SIGKILL && gs.oomKnown {
+			if n, ok := oomKills(); ok && n > gs.oomBaseline {
+				e.OOM = true
+			}
+		}
+	}
+	gs.send(WorkerExited{Attempt: attempt, LocalRank: w.localRank, Exit: e, from: w})
+}
+
+// signal sends sig to every live worker: SIGTERM and SIGKILL to the whole
+// process group, other signals (the dump signal) to the worker alone so that
+// its helpers (data loader processes) are not killed by a default action.
+func (g *group) signal(sig syscall.Signal) {
+	for _, w := range g.workers {
+		if w.cmd == nil || w.cmd.Process == nil || w.exited.Load() {
+			continue
+		}
+		if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
+			_ = syscall.Kill(-w.pgid, sig)
+		} else {
+			_ = syscall.Kill(w.cmd.Process.Pid, sig)
+		}
+	}
+}
+
+// progress is the latest sign of life of a worker: its last output line or
+// the modification time of its progress file.
+func (w *worker) progress() time.Time {
+	t := time.Unix(0, w.lastOutput.Load())
+	if fi, err := os.Stat(w.progressFile); err == nil && fi.ModTime().After(t) {
+		t = fi.ModTime()
+	}
+	return t
+}
+
+func nowNano() int64 { return time.Now().UnixNano() }

@@ -1,0 +1,312 @@
+// Command agent-bench measures the agent against torchrun on this machine,
+// with the same training script (agent/testdata/train/train_steps.py):
+//
+//   - recovery: time from kill -9 of a worker to the first training step of
+//     the restarted group (the step's own time.time(), written by the
+//     script), median over -kills kills, under `kfelastic agent` (plain and
+//     with --warm-spares) and under torchrun (c10d rendezvous,
+//     --monitor_interval 1);
+//   - cold start: launcher start → first step, under the agent and with the
+//     two workers started bare (env set by hand), median over -starts runs;
+//   - the agent's peak RSS (VmHWM).
+//
+// Run it with `make bench-agent`; it needs bin/kfelastic and /usr/bin/python3
+// with torch (scripts/deps.sh).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const python = "/usr/bin/python3"
+
+var (
+	agentBin = flag.String("agent", "bin/kfelastic", "the kfelastic binary")
+	script   = flag.String("script", "agent/testdata/train/train_steps.py", "training script")
+	kills    = flag.Int("kills", 6, "kill -9 per launcher")
+	starts   = flag.Int("starts", 7, "cold starts per way")
+	settle   = flag.Duration("settle", 4*time.Second, "training time between a restart's first step and the next kill")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	for _, p := range []string{*agentBin, *script, python} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%v (build with make build; install torch with scripts/deps.sh apt)", err)
+		}
+	}
+	scriptAbs, _ := filepath.Abs(*script)
+	agentAbs, _ := filepath.Abs(*agentBin)
+	trainArgs := []string{scriptAbs, "--sleep", "0.05"}
+
+	fmt.Printf("bench-agent: %d kills per launcher, %d cold starts per way, 2 workers (gloo, CPU), %d CPUs\n",
+		*kills, *starts, numCPU())
+
+	agentRun := func(flags ...string) func(mark string) *exec.Cmd {
+		return func(mark string) *exec.Cmd {
+			args := append([]string{"agent", "--nproc-per-node", "2", "--max-restarts", "100"}, flags...)
+			args = append(append(args, "--", python), trainArgs...)
+			return exec.Command(agentAbs, append(args, "--mark", mark)...)
+		}
+	}
+	plain, rss, err := recovery("agent", agentRun())
+	if err != nil {
+		return err
+	}
+	ours, rssWarm, err := recovery("agent-ws", agentRun("--warm-spares"))
+	if err != nil {
+		return err
+	}
+	rss = max(rss, rssWarm)
+	theirs, _, err := recovery("torchrun", func(mark string) *exec.Cmd {
+		port := freePort()
+		args := []string{"-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--max_restarts=100",
+			"--monitor_interval=1", "--redirects", "2", "--tee", "2", "--rdzv_backend=c10d",
+			"--rdzv_endpoint=127.0.0.1:" + strconv.Itoa(port), "--rdzv_id=bench"}
+		return exec.Command(python, append(append(args, trainArgs...), "--mark", mark)...)
+	})
+	if err != nil {
+		return err
+	}
+	bareLaunch := func(mark string) []*exec.Cmd {
+		port := strconv.Itoa(freePort())
+		var cmds []*exec.Cmd
+		for rank := range 2 {
+			c := exec.Command(python, append(append([]string{"-u"}, trainArgs...), "--mark", mark, "--steps", "3")...)
+			c.Env = append(os.Environ(), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port, "RANK="+strconv.Itoa(rank),
+				"LOCAL_RANK="+strconv.Itoa(rank), "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "TORCHELASTIC_RESTART_COUNT=0",
+				"OMP_NUM_THREADS=1")
+			cmds = append(cmds, c)
+		}
+		return cmds
+	}
+	agentLaunch := func(mark string) []*exec.Cmd {
+		args := append([]string{"agent", "--nproc-per-node", "2", "--", python}, trainArgs...)
+		return []*exec.Cmd{exec.Command(agentAbs, append(args, "--mark", mark, "--steps", "3")...)}
+	}
+	// Interleaved, so that a change of the machine's load hits both alike.
+	var bare, agentCold, bareBegin, agentBegin []time.Duration
+	for i := range *starts {
+		b, bb, err := coldStart(fmt.Sprintf("bare     cold start %d", i+1), bareLaunch)
+		if err != nil {
+			return err
+		}
+		a, ab, err := coldStart(fmt.Sprintf("agent    cold start %d", i+1), agentLaunch)
+		if err != nil {
+			return err
+		}
+		bare, agentCold = append(bare, b), append(agentCold, a)
+		bareBegin, agentBegin = append(bareBegin, bb), append(agentBegin, ab)
+	}
+
+	mp, mo, mt := median(plain), median(ours), median(theirs)
+	mb, ma := median(bare), median(agentCold)
+	ratio := mt.Seconds() / mo.Seconds()
+	overhead := 100 * (ma.Seconds() - mb.Seconds()) / mb.Seconds()
+	fmt.Println()
+	fmt.Printf("%-50s %s\n", "kill -9 → first step, agent:", summary(plain))
+	fmt.Printf("%-50s %s\n", "kill -9 → first step, agent --warm-spares:", summary(ours))
+	fmt.Printf("%-50s %s\n", "kill -9 → first step, torchrun (c10d, mi=1):", summary(theirs))
+	fmt.Printf("%-50s %.2fx faster\n", "ratio torchrun/agent (medians):", mt.Seconds()/mp.Seconds())
+	fmt.Printf("%-50s %.2fx faster (target ≥ 2x: %s)\n", "ratio torchrun/agent --warm-spares (medians):", ratio, verdict(ratio >= 2))
+	fmt.Printf("%-50s %s\n", "cold start → first step, bare workers:", summary(bare))
+	fmt.Printf("%-50s %s\n", "cold start → first step, under the agent:", summary(agentCold))
+	fmt.Printf("%-50s %+.1f%% (target < 10%%: %s)\n", "agent overhead over bare (medians):", overhead, verdict(overhead < 10))
+	fmt.Printf("%-50s bare %v, agent %v (agent's own share: %v)\n", "launch → script's first line (medians):",
+		median(bareBegin).Round(time.Millisecond), median(agentBegin).Round(time.Millisecond),
+		(median(agentBegin) - median(bareBegin)).Round(time.Millisecond))
+	fmt.Printf("%-50s %.1f MiB (target < 30 MiB: %s)\n", "agent peak RSS (VmHWM, both runs):", float64(rss)/1024, verdict(rss < 30*1024))
+	return nil
+}
+
+// recovery starts a launcher, waits for training, then kill -9's worker 1
+// of each generation and times the first step of the next one.
+func recovery(name string, launcher func(mark string) *exec.Cmd) (times []time.Duration, rssKiB int64, err error) {
+	mark, _ := os.MkdirTemp("", "bench-agent-")
+	defer os.RemoveAll(mark)
+	cmd := launcher(mark)
+	logf, _ := os.Create(filepath.Join(os.TempDir(), "bench-agent-"+name+".log"))
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, 0, err
+	}
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*kills+2)*30*time.Second)
+	defer cancel()
+	if _, err := firstStep(ctx, mark, 0); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
+	}
+	for gen := range *kills {
+		time.Sleep(*settle)
+		pid, err := readInt(filepath.Join(mark, fmt.Sprintf("pid-%d-1", gen)))
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", name, err)
+		}
+		killed := time.Now()
+		if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
+			return nil, 0, fmt.Errorf("%s: kill %d: %w", name, pid, err)
+		}
+		step, err := firstStep(ctx, mark, gen+1)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: restart %d: %w (log: %s)", name, gen+1, err, logf.Name())
+		}
+		d := step.Sub(killed)
+		times = append(times, d)
+		fmt.Printf("%-8s kill %d: %v\n", name, gen+1, d.Round(time.Millisecond))
+	}
+	rssKiB = vmHWM(cmd.Process.Pid)
+	return times, rssKiB, nil
+}
+
+// coldStart times launch → first step once, and launch → the script's
+// first line (the launcher's own share, without the imports).
+func coldStart(name string, launch func(mark string) []*exec.Cmd) (toStep, toScript time.Duration, err error) {
+	mark, _ := os.MkdirTemp("", "bench-agent-")
+	defer os.RemoveAll(mark)
+	cmds := launch(mark)
+	start := time.Now()
+	for _, c := range cmds {
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.Start(); err != nil {
+			return 0, 0, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	step, err := firstStep(ctx, mark, 0)
+	begin, _ := earliestMark(mark, "begin-0-*")
+	cancel()
+	for _, c := range cmds {
+		_ = c.Wait()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", name, err)
+	}
+	toStep, toScript = step.Sub(start), begin.Sub(start)
+	fmt.Printf("%s: %v (script began after %v)\n", name, toStep.Round(time.Millisecond), toScript.Round(time.Millisecond))
+	return toStep, toScript, nil
+}
+
+// firstStep waits for the step-<gen>-* marks and returns the earliest: one
+// step is an all-reduce, so any rank's first step is the group's.
+func firstStep(ctx context.Context, dir string, gen int) (time.Time, error) {
+	for {
+		if first, ok := earliestMark(dir, fmt.Sprintf("step-%d-*", gen)); ok {
+			return first, nil
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("no first step of generation %d: %w", gen, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// earliestMark is the earliest time.time() written in the marks matching
+// pattern.
+func earliestMark(dir, pattern string) (time.Time, bool) {
+	matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+	var first time.Time
+	for _, m := range matches {
+		data, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		sec, err := strconv.ParseFloat(strings.TrimSpace(string(data)), 64)
+		if err != nil {
+			continue
+		}
+		t := time.Unix(0, int64(sec*1e9))
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	return first, !first.IsZero()
+}
+
+func readInt(path string) (int64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(path)
+		if err == nil {
+			return strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		}
+		if time.Now().After(deadline) {
+			return 0, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func vmHWM(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func summary(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("median %v (min %v, max %v, n=%d)", median(ds).Round(time.Millisecond),
+		s[0].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
+}

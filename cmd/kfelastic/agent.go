@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/kfelastic/kfelastic/agent"
+)
+
+// agentFlags are torchrun's flags (both spellings, as torchrun's argparse
+// accepts them) plus kfelastic's own.
+type agentFlags struct {
+	nprocPerNode    string
+	nnodes          string
+	maxRestarts     int
+	rdzvEndpoint    string
+	rdzvID          string
+	rdzvBackend     string
+	rdzvConf        string
+	nodeRank        int
+	masterAddr      string
+	masterPort      int
+	logDir          string
+	standalone      bool
+	monitorInterval float64
+	redirects       string
+	tee             string
+	startMethod     string
+	networkCheck    bool
+	excludeStrag    bool
+	errorPrefix     string
+	hangTimeout     time.Duration
+	dumpSignal      string
+	dumpTimeout     time.Duration
+	stopGrace       time.Duration
+	warmSpares      bool
+	preload         string
+}
+
+func init() { rootCmd.AddCommand(newAgentCmd(agent.Run)) }
+
+// newAgentCmd is the agent subcommand; run receives the config (agent.Run,
+// or a test's capture).
+func newAgentCmd(run func(context.Context, agent.Config) error) *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   "agent [flags] -- CMD ARGS...",
+		Short: "Supervise the local training workers, as torchrun does",
+		Long: `agent replaces torchrun in a training pod: it starts --nproc-per-node workers with
+torchrun's environment, restarts them on failure within --max-restarts, and writes the
+pod's error document to --error-prefix when it gives up. Flags default to the PET_* env
+vars the Kubeflow training operator injects (flags win).
+
+Child exits are observed as events, so --monitor-interval is accepted and ignored.
+--network-check and --exclude-straggler are accepted; they are carried out by the
+kfelastic master, which this agent does not talk to yet. --redirects and --tee are
+accepted; the agent always keeps per-worker logs under --log-dir and tees them,
+prefixed with "[default<local rank>]:", to its own output.`,
+		Args:          cobra.MinimumNArgs(1),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyPETEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			cfg, err := f.config(args)
+			if err != nil {
+				return err
+			}
+			if f.monitorInterval != 0 && cmd.Flags().Changed("monitor-interval") {
+				cfg.Logger.Info("monitor interval ignored: the agent observes worker exits as events", "monitor_interval", f.monitorInterval)
+			}
+			if f.networkCheck || f.excludeStrag {
+				cfg.Logger.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
+					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
+			}
+			return run(cmd.Context(), cfg)
+		},
+	}
+	fl := cmd.Flags()
+	// Flags end at the worker command, as with torchrun: its own flags are its.
+	fl.SetInterspersed(false)
+	// torchrun accepts --nproc_per_node and --nproc-per-node alike.
+	fl.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+	})
+	fl.StringVar(&f.nprocPerNode, "nproc-per-node", "1", "workers per node: a number, or auto/cpu (one per CPU)")
+	fl.StringVar(&f.nnodes, "nnodes", "1:1", "number of nodes, N or MIN:MAX")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts of the local group after worker failures before the pod fails")
+	fl.StringVar(&f.rdzvEndpoint, "rdzv-endpoint", "", "rendezvous endpoint host:port (the kfelastic master)")
+	fl.StringVar(&f.rdzvID, "rdzv-id", "none", "job id shared by the nodes (TORCHELASTIC_RUN_ID)")
+	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "static", "rendezvous backend: static, c10d, kfelastic")
+	fl.StringVar(&f.rdzvConf, "rdzv-conf", "", "accepted for torchrun compatibility; ignored")
+	fl.IntVar(&f.nodeRank, "node-rank", -1, "stable rank of this node (-1: assigned by the rendezvous)")
+	fl.StringVar(&f.masterAddr, "master-addr", "", "with --rdzv-backend static on several nodes: where the workers meet")
+	fl.IntVar(&f.masterPort, "master-port", 0, "with --rdzv-backend static on several nodes: the store's port")
+	fl.StringVar(&f.logDir, "log-dir", "", "folder for per-worker logs and error files (default: a temporary folder)")
+	fl.BoolVar(&f.standalone, "standalone", false, "single-node job with a local rendezvous")
+	fl.Float64Var(&f.monitorInterval, "monitor-interval", 5, "accepted and ignored: exits are events")
+	fl.StringVar(&f.redirects, "redirects", "0", "accepted for torchrun compatibility (logs are always kept)")
+	fl.StringVar(&f.tee, "tee", "0", "accepted for torchrun compatibility (output is always teed)")
+	fl.StringVar(&f.startMethod, "start-method", "spawn", "accepted for torchrun compatibility; workers are always exec'd")
+	fl.BoolVar(&f.networkCheck, "network-check", false, "run the node health check before training (needs the master)")
+	fl.BoolVar(&f.excludeStrag, "exclude-straggler", false, "exit with a Straggler document when the check finds this node slow (needs the master)")
+	fl.StringVar(&f.errorPrefix, "error-prefix", os.Getenv("KFELASTIC_ERROR_PREFIX"), "URL of the output prefix for the pod's error document (file://, s3://, mem://)")
+	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "fail a worker without output or progress-file touch for this long (0: off)")
+	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them (e.g. SIGUSR1)")
+	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal")
+	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
+	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
+	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
+	return cmd
+}
+
+// applyPETEnv sets every flag not given on the command line from its PET_*
+// env var (PET_NPROC_PER_NODE for --nproc-per-node), as torchrun does; an
+// empty value counts as unset.
+func applyPETEnv(fl *pflag.FlagSet) error {
+	var err error
+	fl.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || err != nil {
+			return
+		}
+		name := "PET_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := os.Getenv(name); v != "" {
+			if e := fl.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func (f *agentFlags) config(command []string) (agent.Config, error) {
+	cfg := agent.Config{
+		Command: command, MaxRestarts: f.maxRestarts, NodeRank: f.nodeRank,
+		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
+		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
+		WarmSpares: f.warmSpares, Preload: f.preload, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		Pod: podName(),
+		// Key=value lines with millisecond times: restarts are sub-second.
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	}
+	n, err := parseNProc(f.nprocPerNode)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.NProcPerNode = n
+	if cfg.MinNodes, cfg.MaxNodes, err = parseNNodes(f.nnodes); err != nil {
+		return cfg, err
+	}
+	if f.standalone {
+		cfg.MinNodes, cfg.MaxNodes = 1, 1
+	}
+	if f.dumpSignal != "" {
+		if cfg.DumpSignal, err = parseSignal(f.dumpSignal); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// podName is the pod's name as Flyte's plugin injects it (_F_WN, long name
+// FLYTE_INTERNAL_WORKER_NAME), else POD_NAME, else the hostname (which is
+// the pod name on Kubernetes).
+func podName() string {
+	for _, k := range []string{"_F_WN", "FLYTE_INTERNAL_WORKER_NAME", "POD_NAME"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+func parseNProc(s string) (int, error) {
+	switch s {
+	case "auto", "cpu":
+		return runtime.NumCPU(), nil
+	case "gpu":
+		return 0, fmt.Errorf("--nproc-per-node gpu: no GPUs are supported by this agent")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--nproc-per-node %q: want a number ≥ 1, auto or cpu", s)
+	}
+	return n, nil
+}
+
+func parseNNodes(s string) (minNodes, maxNodes int, err error) {
+	lo, hi, found := strings.Cut(s, ":")
+	if minNodes, err = strconv.Atoi(lo); err == nil {
+		maxNodes = minNodes
+		if found {
+			maxNodes, err = strconv.Atoi(hi)
+		}
+	}
+	if err != nil || minNodes < 1 || maxNodes < minNodes {
+		return 0, 0, fmt.Errorf("--nnodes %q: want N or MIN:MAX with 1 ≤ MIN ≤ MAX", s)
+	}
+	return minNodes, maxNodes, nil
+}
+
+func parseSignal(s string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
+		return syscall.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, fmt.Errorf("--dump-signal %q: unknown signal", s)
+}
