@@ -15,7 +15,7 @@ import (
 	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.KubeMain(m) }
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestAPIServerAcceptsEveryBuiltObject sends every job built from
 // testdata/tasks (and the master's Secret, account, Role and binding) to a

@@ -34,7 +34,7 @@ import (
 func TestMain(m *testing.M) {
 	// The informers' logs are not this test's business.
 	ctrllog.SetLogger(logr.Discard())
-	testenv.KubeMain(m)
+	testenv.Main(m)
 }
 
 // setup is flytepropeller's SetupContext for a plugin manager. Propeller

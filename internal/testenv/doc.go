@@ -1,5 +1,6 @@
 // Package testenv starts the real servers tests run against: a MinIO S3
-// server (minio.go) and, later, a kube-apiserver with the Kubeflow CRDs.
+// server (minio.go) and a kube-apiserver + etcd with the Kubeflow CRDs
+// (kube.go: Kube(t), StartKube for benchmarks).
 //
 // Binaries come from scripts/deps.sh, under $KFELASTIC_CACHE (default
 // ~/.cache/kfelastic). Under `go test -short` the helpers skip the test;

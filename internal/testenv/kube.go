@@ -24,21 +24,6 @@ var kube struct {
 	inMain  bool
 }
 
-// KubeMain runs the tests of a package that uses Kube (and maybe MinIO) and
-// stops every server afterwards: one kube-apiserver + etcd per test process.
-// Call it from TestMain: func TestMain(m *testing.M) { testenv.KubeMain(m) }.
-func KubeMain(m *testing.M) {
-	kube.Lock()
-	kube.inMain = true
-	kube.Unlock()
-	code := m.Run()
-	StopKube()
-	if shared.p != nil {
-		shared.p.Stop()
-	}
-	os.Exit(code)
-}
-
 // StopKube stops the API server if one was started; idempotent.
 func StopKube() {
 	kube.Lock()

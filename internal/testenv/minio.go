@@ -239,9 +239,15 @@ func MinIO(t testing.TB) *MinIOServer {
 	}
 }
 
-// Main runs the tests and then stops every server this package started.
+// Main runs the tests and then stops every server this package started (one
+// MinIO and one kube-apiserver + etcd per test process at most). Call it from
+// TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
 func Main(m *testing.M) {
+	kube.Lock()
+	kube.inMain = true
+	kube.Unlock()
 	code := m.Run()
+	StopKube()
 	if shared.p != nil {
 		shared.p.Stop()
 	}
