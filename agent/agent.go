@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -229,6 +230,9 @@ type loop struct {
 
 	pendingDoc kferrors.Failure
 	docKey     string
+	// superseding is the background move of documents that a group start
+	// made stale (kferrors.Supersede); cleanup waits for it.
+	superseding sync.WaitGroup
 }
 
 func (l *loop) send(ev Event) bool {
@@ -384,6 +388,7 @@ func (l *loop) start(a StartGroup) {
 	}
 	gs.oomBaseline, gs.oomKnown = oomKills()
 	l.groupStarted = time.Now()
+	l.supersede(l.groupStarted)
 	l.group = startGroup(gs, a, l.spares)
 	for _, w := range l.spares {
 		if w != nil && !slices.Contains(l.group.workers, w) {
@@ -449,6 +454,36 @@ func (l *loop) write(f kferrors.Failure) string {
 	return key
 }
 
+// supersede moves this pod's documents dated before a group start out of the
+// reader's way (kferrors.Supersede): the start is their recovery. It runs
+// beside the group so that a restart is not delayed by storage; it touches
+// only documents dated before the start, the write path only later ones.
+func (l *loop) supersede(start time.Time) {
+	if l.cfg.ErrorPrefix == "" {
+		return
+	}
+	l.superseding.Add(1)
+	go func() {
+		defer l.superseding.Done()
+		ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
+		defer cancel()
+		b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+		if err != nil {
+			l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
+			return
+		}
+		defer b.Close()
+		moved, err := kferrors.Supersede(ctx, b, l.cfg.Pod, start)
+		if err != nil {
+			l.log.Error("cannot supersede recovered error documents", "prefix", l.cfg.ErrorPrefix, "err", err)
+		}
+		if len(moved) > 0 {
+			l.log.Info("recovered error documents superseded", "count", len(moved), "to", kferrors.SupersededPrefix,
+				"keys", moved)
+		}
+	}()
+}
+
 // cleanup leaves nothing behind: no rendezvous call, no worker, no process
 // group. The policy only exits once all workers ended, so the SIGKILL is
 // for the paths where Run returns early.
@@ -465,6 +500,7 @@ func (l *loop) cleanup() {
 			w.discard()
 		}
 	}
+	l.superseding.Wait()
 }
 
 // current reports whether an exit event is of a worker of the current group

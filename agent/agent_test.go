@@ -536,3 +536,23 @@ func TestWorkerOwnDocument(t *testing.T) {
 		t.Fatalf("want a document of our own, got %+v\n%s", ee, out2)
 	}
 }
+
+// A failure the agent recovered from no longer decides the task: flytekit's
+// document of the failed attempt moves to superseded/ when the next group
+// starts, so a job that then succeeds is not reported failed (and a
+// recovered early failure cannot beat a later real root cause).
+func TestRecoveredFailureSuperseded(t *testing.T) {
+	dir := t.TempDir()
+	cfg, out := helperConfig(t, 2, "flytedoc:"+dir+",hang;ok,ok")
+	cfg.ErrorPrefix = "file://" + dir
+	cfg.MaxRestarts = 1
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "error*.pb")); len(files) != 0 {
+		t.Errorf("documents of a recovered failure still decide the task: %v\n%s", files, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "superseded", "error-0123456789abcdef0123456789abcdef.pb")); err != nil {
+		t.Errorf("the recovered failure's document was lost: %v\n%s", err, out)
+	}
+}

@@ -311,3 +311,65 @@ func TestOpenPrefixErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestSupersedeMovesOnlyThePodsEarlierDocuments(t *testing.T) {
+	ctx := context.Background()
+	for name, open := range map[string]func() (*blob.Bucket, error){
+		"mem":  func() (*blob.Bucket, error) { return memblob.OpenBucket(nil), nil },
+		"file": func() (*blob.Bucket, error) { return kferrors.OpenPrefix(ctx, "file://"+t.TempDir(), true) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			w := kferrors.NewWriter(b, nil)
+			put := func(worker string, at time.Time) string {
+				k, err := w.Write(ctx, kferrors.UserError("RuntimeError", "boom", worker, at))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return k
+			}
+			restart := t0.Add(10 * time.Second)
+			// flytekit's naming: no time in the key, the document must be opened.
+			flytekitKey := "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb"
+			data, _ := kferrors.Encode(kferrors.UserError("USER:Recoverable", "x", "job-worker-1/0", t0).Document(0))
+			b.WriteAll(ctx, flytekitKey, data, nil)
+			mine := []string{put("job-worker-1/0", t0), put("job-worker-1", t0.Add(time.Second)), flytekitKey}
+			kept := []string{
+				put("job-worker-1/1", restart.Add(time.Second)), // after the restart: the new group's
+				put("job-worker-10/0", t0),                      // another pod whose name extends ours
+				put("job-worker-2/0", t0),                       // another pod
+			}
+			b.WriteAll(ctx, "error-corrupt.pb", []byte{0xff}, nil)
+			kept = append(kept, "error-corrupt.pb")
+
+			moved, err := kferrors.Supersede(ctx, b, "job-worker-1", restart)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(moved) != len(mine) {
+				t.Fatalf("moved %v, want %v", moved, mine)
+			}
+			for _, k := range mine {
+				if ok, _ := b.Exists(ctx, k); ok {
+					t.Errorf("%s still decides the outcome", k)
+				}
+				if ok, _ := b.Exists(ctx, kferrors.SupersededPrefix+k); !ok {
+					t.Errorf("%s was lost, not kept under %s", k, kferrors.SupersededPrefix)
+				}
+			}
+			for _, k := range kept {
+				if ok, _ := b.Exists(ctx, k); !ok {
+					t.Errorf("%s was moved but is not an earlier failure of the pod", k)
+				}
+			}
+			// Idempotent: a second call finds nothing more to move.
+			if again, err := kferrors.Supersede(ctx, b, "job-worker-1", restart); err != nil || len(again) != 0 {
+				t.Fatalf("second call: %v %v", again, err)
+			}
+		})
+	}
+}

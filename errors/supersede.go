@@ -1,0 +1,105 @@
+package errors
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"gocloud.dev/blob"
+	"gocloud.dev/gcerrors"
+)
+
+// SupersededPrefix is where documents of failures that were recovered from
+// are kept. Readers list only error*.pb directly under the output prefix
+// (ours and upstream's alike), so a document moved here no longer decides a
+// task's outcome, yet nothing is lost.
+const SupersededPrefix = "superseded/"
+
+// Supersede moves the documents of pod — worker pod or "<pod>/<local rank>"
+// — dated before `before` to superseded/<key>, and returns the keys moved.
+//
+// The agent calls it whenever it starts a group: a group that starts is the
+// recovery of every earlier failure of its pod (a worker restarted in place,
+// or, since the training operator recreates a pod under the same name, the
+// previous incarnation of a preempted or OOM-killed pod). Without it a job
+// that recovered and then succeeded would still be reported failed, and a
+// recovered early failure would win "earliest" over the real root cause.
+//
+// The copy is written (IfNotExist) before the original is deleted, so a
+// crash in between leaves two copies, never none. Documents it cannot read
+// or decode are left in place for the reader to report.
+func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time) ([]string, error) {
+	if pod == "" {
+		return nil, nil
+	}
+	keyWorker := SanitizeWorker(pod)
+	var candidates []string
+	it := b.List(&blob.ListOptions{Prefix: KeyPrefix, Delimiter: "/"})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list error documents: %w", err)
+		}
+		if obj.IsDir || !IsDocumentKey(obj.Key) {
+			continue
+		}
+		// Our own names carry time and sanitized worker: skip the
+		// documents that cannot match without reading them.
+		if t, ok := TimeFromKey(obj.Key); ok {
+			if !t.Before(before) || !keyNamesWorkerOf(obj.Key, keyWorker) {
+				continue
+			}
+		}
+		candidates = append(candidates, obj.Key)
+	}
+	var moved []string
+	for _, key := range candidates {
+		data, err := b.ReadAll(ctx, key)
+		if err != nil {
+			continue // vanished or unreadable: left for the reader
+		}
+		f, err := DecodeFailure(data, DefaultMaxDocumentBytes)
+		if err != nil || !ofPod(f.Worker, pod) || f.Time.IsZero() || !f.Time.Before(before) {
+			continue
+		}
+		err = b.WriteAll(ctx, SupersededPrefix+key, data, &blob.WriterOptions{ContentType: "application/octet-stream", IfNotExist: true})
+		if err != nil && gcerrors.Code(err) != gcerrors.FailedPrecondition {
+			return moved, fmt.Errorf("keep superseded document %s: %w", key, err)
+		}
+		if err := b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			return moved, fmt.Errorf("remove superseded document %s: %w", key, err)
+		}
+		moved = append(moved, key)
+	}
+	return moved, nil
+}
+
+// ofPod reports whether worker is pod itself or one of its workers.
+func ofPod(worker, pod string) bool {
+	return worker == pod || strings.HasPrefix(worker, pod+"/")
+}
+
+// keyNamesWorkerOf reports whether one of our keys may name a worker of the
+// pod whose sanitized name is keyWorker (a candidate filter: the document's
+// own worker decides).
+func keyNamesWorkerOf(key, keyWorker string) bool {
+	rest := strings.TrimSuffix(key, KeySuffix)
+	const head = len(KeyPrefix) + 1 + tsDigits + 1
+	if len(rest) <= head {
+		return false
+	}
+	rest = rest[head:]
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return false
+	}
+	w := rest[:i]
+	// "<pod>/<rank>" is sanitized to "<pod>.<rank>", cut at 64 bytes like
+	// the pod's own name, so a long pod still matches itself.
+	return w == keyWorker || strings.HasPrefix(w, keyWorker+".")
+}
