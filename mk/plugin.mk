@@ -21,14 +21,8 @@ $(PFLAGS):
 plugin-pflags: $(PFLAGS)
 	cd plugin && PATH=$(CACHE)/bin:$$PATH $(GO) generate ./...
 
-# The real training operator and kwok for plugin/lifecycle_test.go (≈2 min
-# each to build, cached). scripts/deps.sh should call this too (see the
-# report); until it does, `make deps-operator` once.
-OPERATOR_BIN := $(CACHE)/bin/training-operator.v1
-KWOK_BIN := $(CACHE)/bin/kwok
+# The real training operator and kwok for plugin/lifecycle_test.go are
+# built (once, cached) by scripts/deps.sh k8s, which `make test` runs.
 .PHONY: deps-operator
-deps-operator: $(OPERATOR_BIN) $(KWOK_BIN)
-$(OPERATOR_BIN):
-	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install github.com/kubeflow/training-operator/cmd/training-operator.v1@v1.8.1
-$(KWOK_BIN):
-	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install sigs.k8s.io/kwok/cmd/kwok@v0.8.0
+deps-operator:
+	scripts/deps.sh k8s

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/io"
@@ -13,6 +12,10 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
+
+// TimeLayout is how failure times are shown: RFC 3339 with all nine
+// fractional digits, so that times line up and sub-second order is visible.
+const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 
 // Codes of the ExecutionErrors made when there is no root cause; they are
 // upstream's codes for the same situations, so propeller-side handling does
@@ -46,7 +49,7 @@ func (r *Report) Message() string {
 	if who == "" {
 		who = "unknown worker"
 	}
-	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(time.RFC3339Nano), timeNote(root.AtSource), root.Failure.Code)
+	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(root.AtSource), root.Failure.Code)
 	// Tracebacks end in a newline; the tally goes right under the message.
 	if msg := strings.TrimRight(root.Failure.Message, " \t\r\n"); msg != "" {
 		b.WriteString(": ")

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -107,21 +108,26 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	phase := waitPhase(ctx, t, e, tctx, job, func(p pluginsCore.PhaseInfo) bool { return p.Phase() == pluginsCore.PhaseRunning })
 	t.Logf("running: %v", phase)
 
-	worker := &corev1.Pod{}
-	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "lifecycle-worker-1"}, worker); err != nil {
-		t.Fatal(err)
-	}
 	oomAt := time.Now().UTC().Truncate(time.Second)
-	worker.Status.Phase = corev1.PodFailed
-	for i := range worker.Status.ContainerStatuses {
-		cs := &worker.Status.ContainerStatuses[i]
-		if cs.Name == "pytorch" {
-			cs.Ready, cs.Started = false, ptr(false)
-			cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137,
-				StartedAt: metav1.NewTime(oomAt.Add(-time.Minute)), FinishedAt: metav1.NewTime(oomAt)}}
+	// kwok patches the same pod's status concurrently: re-read and retry on a
+	// conflict, as a controller would.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		worker := &corev1.Pod{}
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "lifecycle-worker-1"}, worker); err != nil {
+			return err
 		}
-	}
-	if err := e.c.Status().Update(ctx, worker); err != nil {
+		worker.Status.Phase = corev1.PodFailed
+		for i := range worker.Status.ContainerStatuses {
+			cs := &worker.Status.ContainerStatuses[i]
+			if cs.Name == "pytorch" {
+				cs.Ready, cs.Started = false, ptr(false)
+				cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137,
+					StartedAt: metav1.NewTime(oomAt.Add(-time.Minute)), FinishedAt: metav1.NewTime(oomAt)}}
+			}
+		}
+		return e.c.Status().Update(ctx, worker)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	// A peer's secondary failure, written a second later.

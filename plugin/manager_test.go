@@ -29,6 +29,7 @@ import (
 	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
+	"github.com/kfelastic/kfelastic/outputreader"
 )
 
 func TestMain(m *testing.M) {
@@ -257,7 +258,7 @@ func TestPluginManager(t *testing.T) {
 		e.setStatus(t, job, kubeflowv1.JobFailed, past.Add(2*time.Second), 2)
 		p := e.handle(t, tctx)
 		checkErr(t, p, pluginsCore.PhasePermanentFailure, "RuntimeError", core.ExecutionError_USER, root.Worker, root.Time,
-			"[job-user-error-worker-3, "+root.Time.Format(time.RFC3339Nano)+"] RuntimeError: index out of range", "1× DistBackendError")
+			"[job-user-error-worker-3, "+root.Time.Format(outputreader.TimeLayout)+"] RuntimeError: index out of range", "1× DistBackendError")
 		if len(p.Info().Logs) != 0 {
 			// No log plugin is configured in tests; links are covered by
 			// kfoperator's LogPods.

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# make demo (interim, until the local engine lands): a real distributed
-# failure, read back as the Flyte UI would show it.
+# make demo: an elastic job on this machine with an injected failure, read
+# back as the Flyte UI would show it. Real processes throughout: the agent
+# (kfelastic agent, the torchrun drop-in) supervises real torch.distributed
+# workers (gloo, /usr/bin/python3).
 #
-# Three real torch.distributed workers (gloo, /usr/bin/python3) train; rank 1
-# raises ValueError, and its peers fail a moment later with "Connection closed
-# by peer". Each worker's torch error file becomes one error document
-# (kfelastic errors put, the peers' first, so write order does not help), and
-# `kfelastic errors` picks the root cause: rank 1's exception, by time.
+#   pod demo-worker-0: 3 workers; rank 1 raises ValueError at step 3, its peers
+#     then fail with secondary "Connection closed by peer" errors. The agent
+#     restarts the group once (restart_count=1), the failure repeats, the
+#     budget is spent: it writes the pod's error document (the earliest
+#     failure, at sub-second precision) and exits 1.
+#   pod demo-worker-1: a healthy worker the operator tears down once the job
+#     failed (SIGTERM): its agent writes a Preempted document, later in time.
+#
+# `kfelastic errors` then lists every document and names the root cause.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,33 +22,28 @@ BIN=${BIN:-bin/kfelastic}
 "$PY" -c 'import torch.distributed' 2>/dev/null || { echo "demo: $PY has no torch: run scripts/deps.sh apt" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/kfelastic-demo.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
-}
+out="file://$work/outputs"
+pid1=
+cleanup() { [[ -z $pid1 ]] || kill -TERM "$pid1" 2>/dev/null || true; }
 trap cleanup EXIT
 
-port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-echo "== 3 torch.distributed workers (gloo), rank 1 fails at step 3; logs in $work"
-for r in 0 1 2; do
-  mkdir -p "$work/w$r"
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 LOCAL_RANK=0 OMP_NUM_THREADS=1 \
-    TORCHELASTIC_ERROR_FILE="$work/w$r/error.json" \
-    setsid "$PY" testdata/train/allreduce_fail.py >"$work/w$r/log" 2>&1 &
-  pids+=($!)
-done
-codes=()
-for r in 0 1 2; do
-  rc=0; wait "${pids[$r]}" || rc=$?
-  codes+=("$rc")
-  echo "   demo-worker-$r exited with $rc: $(tail -n1 "$work/w$r/log" | cut -c1-100)"
-done
+echo "== pod demo-worker-1: one healthy worker (logs: $work/pod1.log)"
+POD_NAME=demo-worker-1 "$BIN" agent --nproc-per-node 1 --rdzv-id demo-1 --error-prefix "$out" \
+  --log-dir "$work/logs1" -- "$PY" agent/testdata/train/train_steps.py --sleep 0.05 >"$work/pod1.log" 2>&1 &
+pid1=$!
 
-out="file://$work/outputs"
-echo "== each failed worker's error document, peers first"
-for r in 2 0 1; do
-  [[ ${codes[$r]} != 0 ]] || continue
-  "$BIN" errors put --worker "demo-worker-$r" --from-torch-error "$work/w$r/error.json" --exit-code "${codes[$r]}" "$out" >/dev/null
-done
+echo "== pod demo-worker-0: 3 workers, --max-restarts 1, rank 1 fails at step 3 (logs: $work/pod0.log)"
+rc=0
+POD_NAME=demo-worker-0 FAIL_RANK=1 FAIL_STEP=3 "$BIN" agent --nproc-per-node 3 --max-restarts 1 --rdzv-id demo-0 \
+  --error-prefix "$out" --log-dir "$work/logs0" -- "$PY" testdata/train/allreduce_fail.py >"$work/pod0.log" 2>&1 || rc=$?
+grep -E "restart_count=|Connection closed|ValueError: loss" "$work/pod0.log" | sed 's/^/   /' | head -12
+echo "   demo-worker-0's agent exited with $rc"
+
+echo "== the job failed: the operator stops demo-worker-1 (SIGTERM)"
+kill -TERM "$pid1"
+rc1=0; wait "$pid1" || rc1=$?
+pid1=
+echo "   demo-worker-1's agent exited with $rc1"
+
 echo "== kfelastic errors $out"
 "$BIN" errors "$out"

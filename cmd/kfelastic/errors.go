@@ -103,7 +103,7 @@ func rows(r *outputreader.Report) []outputreader.Document {
 }
 
 func timeText(d outputreader.Document) string {
-	t := d.Time().UTC().Format(time.RFC3339Nano)
+	t := d.Time().UTC().Format(outputreader.TimeLayout)
 	switch d.AtSource {
 	case outputreader.TimeFromModified:
 		t += " (upload time)"

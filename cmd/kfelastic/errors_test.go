@@ -34,10 +34,10 @@ func TestErrorsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(out.String(), "\n")
-	if !strings.HasPrefix(lines[0], "   TIME") || !strings.HasPrefix(lines[1], "*  2026-11-21T10:00:01Z") || !strings.HasSuffix(lines[1], rootKey) {
+	if !strings.HasPrefix(lines[0], "   TIME") || !strings.HasPrefix(lines[1], "*  2026-11-21T10:00:01.000000000Z") || !strings.HasSuffix(lines[1], rootKey) {
 		t.Fatalf("table:\n%s", out.String())
 	}
-	for _, want := range []string{"error-0badc0de.pb: corrupt error document", "[job-worker-1, 2026-11-21T10:00:01Z] ValueError: bad shape", "Also failed: 1 other worker (1× DistNetworkError)."} {
+	for _, want := range []string{"error-0badc0de.pb: corrupt error document", "[job-worker-1, 2026-11-21T10:00:01.000000000Z] ValueError: bad shape", "Also failed: 1 other worker (1× DistNetworkError)."} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("missing %q in\n%s", want, out.String())
 		}
