@@ -54,7 +54,7 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	kwok := filepath.Join(testenv.CacheDir(), "bin", "kwok")
 	for _, b := range []string{operator, kwok} {
 		if _, err := os.Stat(b); err != nil {
-			t.Fatalf("%s is missing: run make deps-operator (mk/plugin.mk): %v", b, err)
+			t.Fatalf("%s is missing: run scripts/deps.sh k8s: %v", b, err)
 		}
 	}
 	// kwok's own stage files (node ready; pod Pending → Running; deletion),
@@ -65,7 +65,7 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	}
 	stages := filepath.Join(modCache, "sigs.k8s.io", "kwok@v0.8.0", "kustomize", "stage")
 	if _, err := os.Stat(stages); err != nil {
-		t.Fatalf("kwok stage files missing (run make deps-operator): %v", err)
+		t.Fatalf("kwok stage files missing (run scripts/deps.sh k8s): %v", err)
 	}
 	e := newManagerEnv(t, "flyte-lifecycle", "pytorch")
 	e.cfg.LateDocumentGrace.Duration = 3 * time.Second
