@@ -233,15 +233,7 @@ func TestBudgetExhaustedWritesDocument(t *testing.T) {
 	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) || f.Time.Nanosecond() == 0 {
 		t.Errorf("time %v not refined within the run", f.Time)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, ee.Document))
-	if err != nil {
-		t.Fatalf("document %q: %v", ee.Document, err)
-	}
-	doc, err := kferrors.Decode(data, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := kferrors.FromDocument(doc)
+	got := readDocument(t, dir, ee.Document)
 	if got.Code != "ValueError" || !got.Time.Equal(f.Time) || got.Worker != "pod-0/1" || !strings.Contains(got.Message, "failed on purpose") {
 		t.Errorf("document = %+v", got)
 	}
@@ -555,4 +547,18 @@ func TestRecoveredFailureSuperseded(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "superseded", "error-0123456789abcdef0123456789abcdef.pb")); err != nil {
 		t.Errorf("the recovered failure's document was lost: %v\n%s", err, out)
 	}
+}
+
+// readDocument decodes the error document the agent wrote under dir.
+func readDocument(t *testing.T, dir, key string) kferrors.Failure {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, key))
+	if err != nil {
+		t.Fatalf("document %q: %v", key, err)
+	}
+	f, err := kferrors.DecodeFailure(data, 0)
+	if err != nil {
+		t.Fatalf("document %q: %v", key, err)
+	}
+	return f
 }

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // Real torch.distributed workers (Debian's python3-torch, gloo on CPU).
@@ -108,15 +106,7 @@ func TestTorchRecordError(t *testing.T) {
 	if !ok || ee.Code != 1 {
 		t.Fatalf("want *ExitError with code 1, got %v\n%s", err, out)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, ee.Document))
-	if err != nil {
-		t.Fatalf("document %q: %v", ee.Document, err)
-	}
-	doc, err := kferrors.Decode(data, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, _ := kferrors.FromDocument(doc)
+	f := readDocument(t, dir, ee.Document)
 	if f.Code != "RuntimeError" || f.Worker != "pod-0/1" || f.Recoverable || !strings.Contains(f.Message, "boom at step 5 on rank 1") {
 		t.Errorf("document = code %q worker %q recoverable %t message %q", f.Code, f.Worker, f.Recoverable, f.Message)
 	}

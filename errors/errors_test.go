@@ -373,3 +373,18 @@ func TestSupersedeMovesOnlyThePodsEarlierDocuments(t *testing.T) {
 		})
 	}
 }
+
+func TestWorkerFromKey(t *testing.T) {
+	for key, want := range map[string]string{
+		kferrors.NewKey(t0, "job-worker-1/0", "ab12"): "job-worker-1.0",
+		kferrors.NewKey(t0, "../../x", "r"):           "_._.x",
+		"error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb":   "",
+		kferrors.LegacyKey:                            "",
+		"error-1795255201000000000-.pb":               "",
+		"error-1795255201000000000-nodash.pb":         "",
+	} {
+		if got := kferrors.WorkerFromKey(key); got != want {
+			t.Errorf("WorkerFromKey(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

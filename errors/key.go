@@ -81,3 +81,24 @@ func TimeFromKey(key string) (time.Time, bool) {
 	}
 	return time.Unix(0, ns).UTC(), true
 }
+
+// WorkerFromKey returns the sanitized worker element of one of our keys
+// (error-<ns>-<worker>-<random>.pb; see SanitizeWorker), or "" for keys named
+// otherwise. Workers may contain dashes (pod names do): the random part is
+// the last dash-separated element.
+func WorkerFromKey(key string) string {
+	if _, ok := TimeFromKey(key); !ok {
+		return ""
+	}
+	rest := strings.TrimSuffix(key, KeySuffix)
+	const head = len(KeyPrefix) + 1 + tsDigits + 1 // "error-" + ns + "-"
+	if len(rest) <= head {
+		return ""
+	}
+	rest = rest[head:]
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return ""
+	}
+	return rest[:i]
+}

@@ -86,20 +86,9 @@ func ofPod(worker, pod string) bool {
 
 // keyNamesWorkerOf reports whether one of our keys may name a worker of the
 // pod whose sanitized name is keyWorker (a candidate filter: the document's
-// own worker decides).
+// own worker decides). "<pod>/<rank>" is sanitized to "<pod>.<rank>", cut at
+// 64 bytes like the pod's own name, so a long pod still matches itself.
 func keyNamesWorkerOf(key, keyWorker string) bool {
-	rest := strings.TrimSuffix(key, KeySuffix)
-	const head = len(KeyPrefix) + 1 + tsDigits + 1
-	if len(rest) <= head {
-		return false
-	}
-	rest = rest[head:]
-	i := strings.LastIndexByte(rest, '-')
-	if i < 0 {
-		return false
-	}
-	w := rest[:i]
-	// "<pod>/<rank>" is sanitized to "<pod>.<rank>", cut at 64 bytes like
-	// the pod's own name, so a long pod still matches itself.
+	w := WorkerFromKey(key)
 	return w == keyWorker || strings.HasPrefix(w, keyWorker+".")
 }

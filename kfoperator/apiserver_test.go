@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
@@ -34,7 +35,7 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 	}
 	i := 0
 	for name, w := range table {
-		tmpl := loadTemplate(t, name)
+		tmpl := flytetest.LoadTemplate(t, name)
 		i++
 		opts := testOpts
 		opts.Name = "job" + itoa(int32(i))
@@ -104,7 +105,7 @@ func TestAPIServerValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := loadTemplate(t, "upstream-pytorch-v1")
+	tmpl := flytetest.LoadTemplate(t, "upstream-pytorch-v1")
 	j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, testOpts)
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,6 @@
 package kfoperator
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,10 +10,11 @@ import (
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/flytek8s"
 	flyteerrs "github.com/flyteorg/flyte/flytestdlib/errors"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
-	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kfelastic/kfelastic/internal/flytetest"
 )
 
 // fixedPods renders the template's container the simple way: name
@@ -40,19 +39,6 @@ func (f fixedPods) PodTemplate(res *core.Resources) (corev1.PodTemplateSpec, str
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"flyte": "yes"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{ctr}, RestartPolicy: corev1.RestartPolicyNever},
 	}, "primary", nil
-}
-
-func loadTemplate(t testing.TB, name string) *core.TaskTemplate {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "testdata", "tasks", name+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tmpl core.TaskTemplate
-	if err := protojson.Unmarshal(data, &tmpl); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return &tmpl
 }
 
 var testOpts = Options{
@@ -166,16 +152,14 @@ var table = map[string]want{
 }
 
 func TestBuildTable(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join("..", "testdata", "tasks", "*.json"))
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".json")
+	for _, name := range flytetest.TemplateNames(t, "") {
 		if _, ok := table[name]; !ok {
 			t.Errorf("testdata/tasks/%s.json has no expectation in the table", name)
 		}
 	}
 	for name, w := range table {
 		t.Run(name, func(t *testing.T) {
-			tmpl := loadTemplate(t, name)
+			tmpl := flytetest.LoadTemplate(t, name)
 			specs, rp, ep, err := build(tmpl)
 			if w.err != "" {
 				if err == nil {
@@ -326,7 +310,7 @@ func keys[K comparable, V any](m map[K]V) []K {
 }
 
 func TestBuildRefusesMissingPieces(t *testing.T) {
-	tmpl := loadTemplate(t, "upstream-pytorch-v1-elastic")
+	tmpl := flytetest.LoadTemplate(t, "upstream-pytorch-v1-elastic")
 	for name, opts := range map[string]Options{
 		"no agent image": {Name: "j", Namespace: "n"},
 		"no name":        {AgentImage: "img"},
@@ -335,12 +319,12 @@ func TestBuildRefusesMissingPieces(t *testing.T) {
 			t.Errorf("%s: built an elastic job", name)
 		}
 	}
-	noCustom := loadTemplate(t, "upstream-pytorch-v0")
+	noCustom := flytetest.LoadTemplate(t, "upstream-pytorch-v0")
 	noCustom.Custom = nil
 	if _, err := BuildPyTorchJob(noCustom, fixedPods{noCustom}, testOpts); err == nil || !strings.Contains(err.Error(), "no custom field") {
 		t.Errorf("template without custom: %v", err)
 	}
-	tf := loadTemplate(t, "upstream-tensorflow-v0")
+	tf := flytetest.LoadTemplate(t, "upstream-tensorflow-v0")
 	if _, err := BuildPyTorchJob(tf, fixedPods{tf}, testOpts); err == nil {
 		t.Errorf("a tensorflow template built a PyTorchJob")
 	}

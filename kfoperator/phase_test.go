@@ -132,7 +132,7 @@ func TestPhaseTerminal(t *testing.T) {
 	for name, c := range map[string]tc{
 		"user error wins over the peer's secondary failure": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer, userErr}, failed: 2, now: 0,
 			phase: pluginsCore.PhasePermanentFailure, code: "RuntimeError", kind: core.ExecutionError_USER, worker: "j-worker-0", ts: userErr.Time,
-			message: []string{"[j-worker-0, 2026-11-21T10:00:00.1Z] RuntimeError: CUDA out of bounds", "Also failed: 1 other worker (1× DistBackendError)"}},
+			message: []string{"[j-worker-0, 2026-11-21T10:00:00.100000000Z] RuntimeError: CUDA out of bounds", "Also failed: 1 other worker (1× DistBackendError)"}},
 		"recoverable system root cause is system-retryable": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{userErr, oomAgent}, failed: 2,
 			phase: pluginsCore.PhaseRetryableFailure, code: "OOMKilled", kind: core.ExecutionError_SYSTEM, worker: "j-worker-1/0", ts: oomAgent.Time},
 		"recoverable user root cause is retryable": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{recoverable, peer}, failed: 2,
@@ -150,7 +150,7 @@ func TestPhaseTerminal(t *testing.T) {
 			phase: pluginsCore.PhaseRunning, message: []string{"waiting for error documents: 2 of 3 failed pods have reported"}},
 		"after the grace, the OOMKilled pod's synthesized document is the root cause": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer, userErr}, pods: pods3, now: 30 * time.Second,
 			phase: pluginsCore.PhaseRetryableFailure, code: "OOMKilled", kind: core.ExecutionError_SYSTEM, worker: "j-worker-2", ts: at(20 * time.Millisecond),
-			message: []string{"[j-worker-2, 2026-11-21T10:00:00.02Z] OOMKilled: pod j-worker-2", "Also failed: 2 other workers"}},
+			message: []string{"[j-worker-2, 2026-11-21T10:00:00.020000000Z] OOMKilled: pod j-worker-2", "Also failed: 2 other workers"}},
 		"pods deleted after the job ended: the status count still waits": {cond: kubeflowv1.JobFailed, docs: []kferrors.Failure{peer}, pods: []corev1.Pod{}, failed: 2, now: time.Second,
 			phase: pluginsCore.PhaseRunning, message: []string{"1 of 2 failed pods have reported"}},
 		"two ranks of one pod are one pod": {cond: kubeflowv1.JobFailed, failed: 2, now: time.Second,

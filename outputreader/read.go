@@ -277,7 +277,7 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	for _, l := range named[next:] {
 		c.docs = append(c.docs, Document{
 			Key:      l.key,
-			Failure:  kferrors.Failure{Worker: workerFromKey(l.key), Time: l.nameTime},
+			Failure:  kferrors.Failure{Worker: kferrors.WorkerFromKey(l.key), Time: l.nameTime},
 			Modified: l.modified,
 			At:       l.nameTime,
 			AtSource: TimeFromName,
@@ -380,20 +380,4 @@ func (c *collector) report(skipped []Skipped) *Report {
 	c.docs = nil
 	slices.SortStableFunc(r.Others, compare)
 	return r
-}
-
-// workerFromKey returns the sanitized worker of an error-<ns>-<worker>-<rand>.pb
-// key; the random part is the last dash-separated element, and workers may
-// contain dashes themselves (pod names do).
-func workerFromKey(key string) string {
-	rest := strings.TrimSuffix(key, kferrors.KeySuffix)
-	const head = len(kferrors.KeyPrefix) + 1 + 19 + 1 // "error-" + ns + "-"
-	if len(rest) <= head {
-		return ""
-	}
-	rest = rest[head:]
-	if i := strings.LastIndexByte(rest, '-'); i >= 0 {
-		return rest[:i]
-	}
-	return rest
 }

@@ -9,7 +9,7 @@ import (
 
 func BenchmarkBuildResource(b *testing.B) {
 	ctx := context.Background()
-	tmpl := loadTemplate(b, "upstream-pytorch-v1")
+	tmpl := flytetest.LoadTemplate(b, "upstream-pytorch-v1")
 	tctx := flytetest.Task{Template: tmpl, Name: "bench", Namespace: "ns", Prefix: "s3://bucket/m", Store: memStore(b)}.Context(ctx)
 	p := New("pytorch", testConfig(), nil)
 	for b.Loop() {
@@ -21,7 +21,7 @@ func BenchmarkBuildResource(b *testing.B) {
 
 func BenchmarkBuildResourceUpstream(b *testing.B) {
 	ctx := context.Background()
-	tmpl := loadTemplate(b, "upstream-pytorch-v1")
+	tmpl := flytetest.LoadTemplate(b, "upstream-pytorch-v1")
 	tctx := flytetest.Task{Template: tmpl, Name: "bench", Namespace: "ns", Prefix: "s3://bucket/m", Store: memStore(b)}.Context(ctx)
 	p := upstreamPlugin(b, "pytorch")
 	for b.Loop() {

@@ -2,19 +2,15 @@ package plugin
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/k8s"
 	_ "github.com/flyteorg/flyte/flyteplugins/go/tasks/plugins/k8s/kfoperators/pytorch"    // upstream, to compare with
 	_ "github.com/flyteorg/flyte/flyteplugins/go/tasks/plugins/k8s/kfoperators/tensorflow" // upstream, to compare with
 	"github.com/flyteorg/flyte/flytestdlib/storage"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
-	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,19 +18,6 @@ import (
 	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
-
-func loadTemplate(t testing.TB, name string) *core.TaskTemplate {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "testdata", "tasks", name+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tmpl core.TaskTemplate
-	if err := protojson.Unmarshal(data, &tmpl); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return &tmpl
-}
 
 func memStore(t testing.TB) *storage.DataStore {
 	t.Helper()
@@ -89,15 +72,13 @@ func stripErrorEnv(specs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec) {
 // the elastic policy and on the workers' count, image and resources.
 func TestBuildResourceMatchesUpstream(t *testing.T) {
 	ctx := context.Background()
-	files, _ := filepath.Glob(filepath.Join("..", "testdata", "tasks", "*.json"))
 	compared := 0
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".json")
+	for _, name := range flytetest.TemplateNames(t, "") {
 		if strings.HasPrefix(name, "bad-") {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
-			tmpl := loadTemplate(t, name)
+			tmpl := flytetest.LoadTemplate(t, name)
 			tctx := flytetest.Task{Template: tmpl, Name: "job-" + name, Namespace: "ns", Prefix: "s3://bucket/metadata/" + storage.DataReference(name), Store: memStore(t)}.Context(ctx)
 			ours := New(tmpl.GetType(), testConfig(), nil)
 			// buildJob: BuildResource without creating the elastic master's
@@ -155,10 +136,8 @@ func TestBuildResourceMatchesUpstream(t *testing.T) {
 
 func TestBuildResourceRefusesBadTemplates(t *testing.T) {
 	ctx := context.Background()
-	files, _ := filepath.Glob(filepath.Join("..", "testdata", "tasks", "bad-*.json"))
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".json")
-		tmpl := loadTemplate(t, name)
+	for _, name := range flytetest.TemplateNames(t, "bad-") {
+		tmpl := flytetest.LoadTemplate(t, name)
 		tctx := flytetest.Task{Template: tmpl, Name: "j", Namespace: "ns", Prefix: "s3://b/m", Store: memStore(t)}.Context(ctx)
 		if _, err := New(tmpl.GetType(), testConfig(), nil).BuildResource(ctx, tctx); err == nil || !strings.Contains(err.Error(), "BadTaskSpecification") {
 			t.Errorf("%s: %v, want a BadTaskSpecification error", name, err)

@@ -132,7 +132,7 @@ func ptr[T any](v T) *T { return &v }
 func (e *managerEnv) launch(t *testing.T, name, template string) (*flytetest.Context, *kubeflowv1.PyTorchJob) {
 	t.Helper()
 	ctx := context.Background()
-	tctx := flytetest.Task{Template: loadTemplate(t, template), Name: name, Namespace: e.ns, Owner: e.owner,
+	tctx := flytetest.Task{Template: flytetest.LoadTemplate(t, template), Name: name, Namespace: e.ns, Owner: e.owner,
 		Labels: map[string]string{"execution-id": name}, Prefix: storage.DataReference("s3://bucket/metadata/" + name), Store: e.store}.Context(ctx)
 	tr, err := e.mgr.Handle(ctx, tctx)
 	if err != nil {
@@ -348,7 +348,7 @@ func TestPluginManagerTFJob(t *testing.T) {
 	e := newManagerEnv(t, "flyte-manager-tf", "tensorflow")
 	ctx := context.Background()
 	past := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
-	tctx := flytetest.Task{Template: loadTemplate(t, "tensorflow-v1-ps"), Name: "tf-oom", Namespace: e.ns, Owner: e.owner,
+	tctx := flytetest.Task{Template: flytetest.LoadTemplate(t, "tensorflow-v1-ps"), Name: "tf-oom", Namespace: e.ns, Owner: e.owner,
 		Prefix: "s3://bucket/metadata/tf-oom", Store: e.store}.Context(ctx)
 	if p := e.handle(t, tctx); p.Phase() != pluginsCore.PhaseQueued {
 		t.Fatalf("launch: %v", p)

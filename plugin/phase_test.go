@@ -45,7 +45,7 @@ func TestLogLinks(t *testing.T) {
 			return j
 		}, "j-master-0 j-worker-0 j-worker-1"},
 	} {
-		tmpl := loadTemplate(t, c.template)
+		tmpl := flytetest.LoadTemplate(t, c.template)
 		tctx := flytetest.Task{Template: tmpl, Name: "j", Namespace: "ns", Prefix: "s3://b/m", Store: memStore(t)}.Context(ctx)
 		obj := c.job(tctx)
 		obj.SetName("j")
