@@ -377,7 +377,7 @@ func TestSupersedeMovesOnlyThePodsEarlierDocuments(t *testing.T) {
 func TestWorkerFromKey(t *testing.T) {
 	for key, want := range map[string]string{
 		kferrors.NewKey(t0, "job-worker-1/0", "ab12"): "job-worker-1.0",
-		kferrors.NewKey(t0, "../../x", "r"):           "_._.x",
+		kferrors.NewKey(t0, "../../x", "r"):           "_._._x",
 		"error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb":   "",
 		kferrors.LegacyKey:                            "",
 		"error-1795255201000000000-.pb":               "",
