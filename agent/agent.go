@@ -73,6 +73,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
+	// TokenFile holds the per-job token the master requires on every call
+	// (DESIGN.md §5); the plugin mounts it from the job's Secret. Kept for
+	// the master's rendezvous client; the rendezvous backends here need none.
+	TokenFile string
 }
 
 // ExitError is how Run reports a failed pod: the root cause and the exit

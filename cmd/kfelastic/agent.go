@@ -46,6 +46,7 @@ type agentFlags struct {
 	stopGrace       time.Duration
 	warmSpares      bool
 	preload         string
+	tokenFile       string
 }
 
 func init() { rootCmd.AddCommand(newAgentCmd(agent.Run)) }
@@ -120,6 +121,7 @@ prefixed with "[default<local rank>]:", to its own output.`,
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
 	return cmd
 }
 
@@ -147,7 +149,7 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		Command: command, MaxRestarts: f.maxRestarts, NodeRank: f.nodeRank,
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
-		WarmSpares: f.warmSpares, Preload: f.preload, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
 		Pod: podName(),
 		// Key=value lines with millisecond times: restarts are sub-second.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),

@@ -2,11 +2,18 @@ package main
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
 func parseAgent(t *testing.T, env map[string]string, args ...string) (agent.Config, error) {
@@ -78,4 +85,49 @@ func TestExitCodeOfAgentError(t *testing.T) {
 	if got := exitCode(&agent.ExitError{Code: 143}); got != 143 {
 		t.Errorf("exitCode = %d", got)
 	}
+}
+
+// The seam between the plugin and the agent: the command kfoperator wraps an
+// elastic task's workers with parses as the agent's own flags, with the
+// training operator's PET_* variables set as it sets them.
+func TestAgentParsesThePluginsWrapping(t *testing.T) {
+	custom, _ := structpb.NewStruct(map[string]any{
+		"workerReplicas": map[string]any{"replicas": 2},
+		"elasticConfig":  map[string]any{"minReplicas": 2, "maxReplicas": 4, "nprocPerNode": 2, "maxRestarts": 3},
+	})
+	container := &core.Container{Image: "trainer:1", Args: []string{"pyflyte-execute", "--task-module", "train"}}
+	tmpl := &core.TaskTemplate{Type: "pytorch", TaskTypeVersion: 1, Custom: custom, Target: &core.TaskTemplate_Container{Container: container}}
+	job, err := kfoperator.BuildPyTorchJob(tmpl, singleContainer{container}, kfoperator.Options{
+		Name: "f3a-n0-0", Namespace: "ns", ErrorPrefix: "s3://flyte/metadata/f3a/n0/data/0", AgentImage: "kfelastic:test",
+		NetworkCheck: true, ExcludeStraggler: true, HangTimeoutSec: 900,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec.Containers[0]
+	if len(w.Command) != 1 || len(w.Args) == 0 || w.Args[0] != "agent" {
+		t.Fatalf("worker is not wrapped with the agent: %q %q", w.Command, w.Args)
+	}
+	c, err := parseAgent(t, map[string]string{"PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3",
+		"PET_RDZV_ID": "f3a-n0-0", "_F_WN": "f3a-n0-0-worker-1"}, w.Args[1:]...)
+	if err != nil {
+		t.Fatalf("the agent refuses the plugin's command %q: %v", w.Args, err)
+	}
+	if c.MinNodes != 2 || c.MaxNodes != 4 || c.NProcPerNode != 2 || c.MaxRestarts != 3 || c.RdzvID != "f3a-n0-0" ||
+		c.ErrorPrefix != "s3://flyte/metadata/f3a/n0/data/0" || c.TokenFile != kfoperator.TokenFile ||
+		c.HangTimeout != 15*time.Minute || c.Pod != "f3a-n0-0-worker-1" {
+		t.Errorf("config = %+v", c)
+	}
+	if got := strings.Join(c.Command, " "); got != "pyflyte-execute --task-module train" {
+		t.Errorf("worker command = %q", got)
+	}
+}
+
+// singleContainer renders every replica from the task's container as is.
+type singleContainer struct{ c *core.Container }
+
+func (p singleContainer) PodTemplate(*core.Resources) (corev1.PodTemplateSpec, string, error) {
+	return corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{
+		{Name: "pytorch", Image: p.c.GetImage(), Args: p.c.GetArgs()},
+	}}}, "pytorch", nil
 }
