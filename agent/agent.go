@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -59,6 +60,13 @@ type Config struct {
 	// restart skips the interpreter start and imports (see spare.go).
 	WarmSpares bool
 	Preload    string
+	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
+	// default the agent of group rank 0 listens on the round's MASTER_PORT
+	// and forwards to the rank-0 worker's store on a private port, so that
+	// no worker meets torch's one-second retry of a refused store connection
+	// (see storeproxy.go). The visible difference from torchrun is global
+	// rank 0's MASTER_PORT, which is that private port.
+	NoStoreProxy bool
 	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
 	// in the command; torchrun's --tee).
 	Tee bool
@@ -275,6 +283,9 @@ func (l *loop) run(ctx context.Context) error {
 					break // a spare that was never released
 				}
 				l.logExit(we)
+				if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
+					g.stopProxy() // the store is gone with rank 0
+				}
 			}
 			actions = l.policy.Step(ev, time.Now())
 		case w := <-l.spoke:
@@ -391,9 +402,17 @@ func (l *loop) start(a StartGroup) {
 		}
 	}
 	gs.oomBaseline, gs.oomKnown = oomKills()
+	if l.group != nil {
+		l.group.stopProxy() // frees the port if the new round reuses it
+	}
+	var proxy *storeProxy
+	if !l.cfg.NoStoreProxy && r.GroupRank == 0 {
+		proxy, gs.storePort = l.startProxy(r)
+	}
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
 	l.group = startGroup(gs, a, l.spares)
+	l.group.proxy = proxy
 	for _, w := range l.spares {
 		if w != nil && !slices.Contains(l.group.workers, w) {
 			w.discard()
@@ -417,6 +436,28 @@ func (l *loop) start(a StartGroup) {
 			l.send(MembershipChanged{Round: r.Number})
 		}
 	}()
+}
+
+// startProxy starts the group's store proxy on the round's MASTER_PORT and
+// returns it with the private port for rank 0's store. If either port is
+// unavailable the group runs without a proxy (rank 0 binds MASTER_PORT, as
+// under torchrun) and only pays torch's connect retry.
+func (l *loop) startProxy(r Round) (*storeProxy, int) {
+	// The private port stays reserved until the proxy listens, so the two
+	// differ; like freePort it is closed before rank 0 binds it.
+	hold, err := net.Listen("tcp", ":0")
+	if err == nil {
+		port := hold.Addr().(*net.TCPAddr).Port
+		var p *storeProxy
+		p, err = startStoreProxy(r.MasterPort, port, l.log)
+		hold.Close()
+		if err == nil {
+			l.log.Info("store proxy started", "port", r.MasterPort, "rank0_port", port)
+			return p, port
+		}
+	}
+	l.log.Warn("no store proxy: rank 0 hosts the store on MASTER_PORT", "port", r.MasterPort, "err", err)
+	return nil, 0
 }
 
 // pyList formats ints as Python prints a list: [0, 1].
@@ -498,6 +539,7 @@ func (l *loop) cleanup() {
 	}
 	if l.group != nil {
 		l.group.signal(syscall.SIGKILL)
+		l.group.stopProxy()
 	}
 	for _, w := range l.spares {
 		if w != nil {

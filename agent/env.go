@@ -26,6 +26,9 @@ type workerSpec struct {
 	pod          string
 	errorFile    string
 	progressFile string
+	// storePort, when not 0, is global rank 0's MASTER_PORT: the private
+	// port its store binds behind the agent's store proxy (storeproxy.go).
+	storePort int
 }
 
 // WorkerEnv is base (the agent's own environment) plus torchrun's worker
@@ -37,7 +40,10 @@ type workerSpec struct {
 //     TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
 //     TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE as torchrun;
 //     USE_AGENT_STORE is False: the agent hosts no store, the rank-0 worker
-//     creates it (as with torchrun's c10d backend);
+//     creates it (as with torchrun's c10d backend); with the store proxy
+//     (the default) global rank 0's MASTER_PORT is a private port and the
+//     round's MASTER_PORT is the proxy's, where torchrun gives all ranks
+//     the same port;
 //   - NCCL_ASYNC_ERROR_HANDLING defaults to 1, as torchrun;
 //   - OMP_NUM_THREADS=1 when unset and more than one local worker, as
 //     torchrun's run.py does to its own environment;
@@ -75,6 +81,9 @@ func WorkerEnv(base []string, w workerSpec) []string {
 		"_F_WN":                        workerName(w.pod, w.localRank),
 		"_F_DES":                       "Earliest",
 		ProgressFileEnv:                w.progressFile,
+	}
+	if rank == 0 && w.storePort != 0 {
+		set["MASTER_PORT"] = strconv.Itoa(w.storePort)
 	}
 	if _, ok := env["FLYTE_INTERNAL_WORKER_NAME"]; ok {
 		set["FLYTE_INTERNAL_WORKER_NAME"] = set["_F_WN"]

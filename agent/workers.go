@@ -22,6 +22,26 @@ type group struct {
 	attempt int
 	dir     string
 	workers []*worker
+	// proxy is the store proxy of this group (group rank 0 only), stopped
+	// when the group ends.
+	proxy *storeProxy
+}
+
+// stopProxy stops the group's store proxy, if any; idempotent.
+func (g *group) stopProxy() {
+	if g.proxy != nil {
+		g.proxy.Stop()
+	}
+}
+
+// ended reports whether every worker of the group has exited.
+func (g *group) ended() bool {
+	for _, w := range g.workers {
+		if !w.exited.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 type worker struct {
@@ -63,6 +83,9 @@ type groupStart struct {
 	pod         string
 	maxRestarts int
 	workers     int
+	// storePort is global rank 0's MASTER_PORT behind the store proxy; 0
+	// without the proxy.
+	storePort   int
 	out         *output
 	oomBaseline int64
 	oomKnown    bool
@@ -82,7 +105,8 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
 	for local := range gs.workers {
 		env := func(w *worker) []string {
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
-				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile})
+				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
+				storePort: gs.storePort})
 		}
 		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
 			w := spares[local]

@@ -47,6 +47,7 @@ type agentFlags struct {
 	warmSpares      bool
 	preload         string
 	tokenFile       string
+	storeProxy      bool
 }
 
 func init() { rootCmd.AddCommand(newAgentCmd(agent.Run)) }
@@ -67,7 +68,14 @@ Child exits are observed as events, so --monitor-interval is accepted and ignore
 --network-check and --exclude-straggler are accepted; they are carried out by the
 kfelastic master, which this agent does not talk to yet. --redirects and --tee are
 accepted; the agent always keeps per-worker logs under --log-dir and tees them,
-prefixed with "[default<local rank>]:", to its own output.`,
+prefixed with "[default<local rank>]:", to its own output.
+
+On the node of group rank 0 the agent itself listens on MASTER_PORT (--store-proxy,
+on by default) and forwards the workers' store connections to the rank-0 worker's
+store on a private port: torch 1.13 retries a refused store connection only after
+a whole second, which a worker that starts before rank 0 has bound its port would
+otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
+workers the same one. --store-proxy=false restores that.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -122,6 +130,7 @@ prefixed with "[default<local rank>]:", to its own output.`,
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
+	fl.BoolVar(&f.storeProxy, "store-proxy", true, "on the node of group rank 0, accept the workers' store connections on MASTER_PORT at once and forward them to rank 0's store on a private port, so that no worker waits out torch's 1 s retry of a refused connect; rank 0's MASTER_PORT then differs from the others' (torchrun gives all the same)")
 	return cmd
 }
 
@@ -149,7 +158,8 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		Command: command, MaxRestarts: f.maxRestarts, NodeRank: f.nodeRank,
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
-		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, NoStoreProxy: !f.storeProxy,
+		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
 		Pod: podName(),
 		// Key=value lines with millisecond times: restarts are sub-second.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),

@@ -39,7 +39,7 @@ func TestAgentFlagsTorchrunSpellings(t *testing.T) {
 	}
 	if c.NProcPerNode != 2 || c.MinNodes != 2 || c.MaxNodes != 4 || c.MaxRestarts != 3 || c.RdzvID != "job1" ||
 		c.NodeRank != 3 || c.HangTimeout != 90*time.Second || c.DumpSignal != syscall.SIGUSR1 || !c.WarmSpares ||
-		c.Pod != "job-worker-3" {
+		c.Pod != "job-worker-3" || c.NoStoreProxy {
 		t.Errorf("config = %+v", c)
 	}
 	if len(c.Command) != 4 || c.Command[3] != "0.1" {
@@ -62,6 +62,17 @@ func TestAgentPETEnv(t *testing.T) {
 	}
 	if c.ErrorPrefix != "file:///out" {
 		t.Errorf("error prefix %q, want KFELASTIC_ERROR_PREFIX's", c.ErrorPrefix)
+	}
+}
+
+// The store proxy is on unless --store-proxy=false.
+func TestAgentStoreProxyFlag(t *testing.T) {
+	c, err := parseAgent(t, nil, "--store-proxy=false", "--", "python3", "train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.NoStoreProxy {
+		t.Error("--store-proxy=false: proxy still on")
 	}
 }
 
