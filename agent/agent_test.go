@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -38,6 +40,8 @@ import (
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
 //	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0
+//	store:DUR          rank 0: after DUR (its imports) serve WORLD_SIZE-1 line echoes on MASTER_PORT, as
+//	                   the store would; others: connect once to MASTER_PORT (a refusal exits 4), get the echo
 //	sleep              sleep forever (a grandchild)
 const helperEnv = "KFELASTIC_AGENT_HELPER"
 
@@ -116,6 +120,8 @@ func runHelper(modes string) int {
 		data, _ := kferrors.Encode(f.Document(0))
 		_ = os.WriteFile(filepath.Join(arg, "error-0123456789abcdef0123456789abcdef.pb"), data, 0o644)
 		return 1
+	case "store":
+		return storeHelper(arg)
 	case "envdump":
 		env := map[string]string{}
 		for _, kv := range os.Environ() {
@@ -133,6 +139,46 @@ func runHelper(modes string) int {
 		}
 	}
 	return 97
+}
+
+func storeHelper(delay string) int {
+	port := os.Getenv("MASTER_PORT")
+	fmt.Printf("master_port %s\n", port)
+	if os.Getenv("RANK") == "0" {
+		d, _ := time.ParseDuration(delay)
+		time.Sleep(d)
+		ln, err := net.Listen("tcp", ":"+port)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "store:", err)
+			return 3
+		}
+		ws, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+		for range ws - 1 {
+			c, err := ln.Accept()
+			if err != nil {
+				return 3
+			}
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			_, _ = io.WriteString(c, line)
+			c.Close()
+		}
+		return 0
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort(os.Getenv("MASTER_ADDR"), port))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "store refused:", err)
+		return 4
+	}
+	defer c.Close()
+	want := "rank " + os.Getenv("RANK") + "\n"
+	_, _ = io.WriteString(c, want)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != want {
+		fmt.Fprintf(os.Stderr, "store answered %q, %v\n", line, err)
+		return 5
+	}
+	fmt.Println("store answered")
+	return 0
 }
 
 // syncBuffer is a goroutine-safe bytes.Buffer for the agent's output.
@@ -417,6 +463,7 @@ func TestScaleUpInProcess(t *testing.T) {
 	// The env of the 2-node round: 4 distinct global ranks, one master.
 	ranks := map[string]bool{}
 	ports := map[string]bool{}
+	var rank0 string
 	for _, name := range []string{"pod-a-0", "pod-a-1", "pod-b-0", "pod-b-1"} {
 		var env map[string]string
 		data, err := os.ReadFile(filepath.Join(dir, name+"-gws2.json"))
@@ -428,10 +475,15 @@ func TestScaleUpInProcess(t *testing.T) {
 			t.Errorf("%s: WORLD_SIZE=%s GROUP_WORLD_SIZE=%s RESTART=%s", name, env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"], env["TORCHELASTIC_RESTART_COUNT"])
 		}
 		ranks[env["RANK"]] = true
-		ports[env["MASTER_ADDR"]+":"+env["MASTER_PORT"]] = true
+		if env["RANK"] == "0" {
+			rank0 = env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]
+		} else {
+			ports[env["MASTER_ADDR"]+":"+env["MASTER_PORT"]] = true
+		}
 	}
-	if len(ranks) != 4 || len(ports) != 1 {
-		t.Errorf("ranks %v, masters %v", ranks, ports)
+	// Global rank 0's store has a private port behind pod-a's store proxy.
+	if len(ranks) != 4 || len(ports) != 1 || ports[rank0] || !strings.HasPrefix(rank0, "127.0.0.1:") {
+		t.Errorf("ranks %v, masters %v, rank 0's %s", ranks, ports, rank0)
 	}
 }
 
@@ -476,6 +528,14 @@ func TestFixedRendezvousTwoNodes(t *testing.T) {
 			want := map[string]string{"RANK": strconv.Itoa(2*node + local), "GROUP_RANK": strconv.Itoa(node),
 				"LOCAL_RANK": strconv.Itoa(local), "WORLD_SIZE": "4", "MASTER_ADDR": "job-worker-0", "MASTER_PORT": "29999",
 				"_F_WN": fmt.Sprintf("job-worker-%d/%d", node, local), "_F_DES": "Earliest", "ROLE_NAME": "default"}
+			if node == 0 && local == 0 {
+				// Global rank 0's store binds a private port behind node 0's
+				// store proxy, which listens on the operator's port.
+				if env["MASTER_PORT"] == "" || env["MASTER_PORT"] == "29999" {
+					t.Errorf("rank 0: MASTER_PORT=%q, want its private store port", env["MASTER_PORT"])
+				}
+				delete(want, "MASTER_PORT")
+			}
 			for k, v := range want {
 				if env[k] != v {
 					t.Errorf("node %d local %d: %s=%q, want %q", node, local, k, env[k], v)

@@ -119,7 +119,10 @@ func TestTorchRecordError(t *testing.T) {
 // The environment a worker sees under the agent is torchrun's (torch 1.13,
 // c10d backend), for one script run under both. Values that legitimately
 // differ are compared by presence only: MASTER_PORT (a free port each run),
-// TORCHELASTIC_ERROR_FILE (each launcher's log folder). Variables only the
+// TORCHELASTIC_ERROR_FILE (each launcher's log folder). One difference is by
+// design and checked: torchrun gives every rank the same MASTER_PORT, while
+// under the agent's store proxy (the default) rank 0's is its store's private
+// port and the others' is the proxy's. Variables only the
 // agent adds: _F_WN, _F_DES (Flyte's per-worker documents),
 // KFELASTIC_PROGRESS_FILE (hang watchdog), PYTHONUNBUFFERED (torchrun runs
 // "python -u" instead).
@@ -138,6 +141,12 @@ func TestTorchEnvMatchesTorchrun(t *testing.T) {
 	cmd.Env = cleanEnv()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("torchrun: %v\n%s", err, b)
+	}
+	if a0, a1 := readEnv(t, ours, 0, 0)["MASTER_PORT"], readEnv(t, ours, 0, 1)["MASTER_PORT"]; a0 == a1 {
+		t.Errorf("ours: rank 0 and rank 1 both have MASTER_PORT %s; want rank 0's private store port", a0)
+	}
+	if b0, b1 := readEnv(t, theirs, 0, 0)["MASTER_PORT"], readEnv(t, theirs, 0, 1)["MASTER_PORT"]; b0 != b1 {
+		t.Errorf("torchrun: MASTER_PORT %s for rank 0, %s for rank 1; want the same", b0, b1)
 	}
 	differ := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
 	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED"}

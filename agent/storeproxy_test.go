@@ -1,0 +1,301 @@
+package agent
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// echoServer stands in for rank 0's store: it echoes each connection until
+// EOF, then closes it. close stops it and waits for its goroutines.
+type echoServer struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startEcho(t *testing.T, port int) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echoServer{ln: ln}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.mu.Lock()
+			e.conns = append(e.conns, c)
+			e.mu.Unlock()
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return e
+}
+
+func (e *echoServer) close() {
+	e.ln.Close()
+	e.mu.Lock()
+	for _, c := range e.conns {
+		c.Close()
+	}
+	e.mu.Unlock()
+	e.wg.Wait()
+}
+
+// testProxy starts a proxy on a loopback port in front of a backend port that
+// nothing listens on yet.
+func testProxy(t *testing.T) (p *storeProxy, backend int) {
+	t.Helper()
+	backend = freeTestPort(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newStoreProxy(ln, backend, slog.New(slog.DiscardHandler)), backend
+}
+
+// noLeak fails the test if the goroutine count does not come back to base.
+func noLeak(t *testing.T, base int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func stopWithin(t *testing.T, p *storeProxy, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { p.Stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("Stop did not return within %v", d)
+	}
+}
+
+// Clients connect before the store exists and are accepted at once; what
+// they sent waits and reaches the store when it starts; bytes flow both
+// ways; a client's close ends its connection to the store.
+func TestStoreProxyHoldsUntilStoreStarts(t *testing.T) {
+	base := runtime.NumGoroutine()
+	p, backend := testProxy(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", p.Port())
+	const clients = 5
+	conns := make([]net.Conn, clients)
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			t.Fatalf("client %d refused before the store exists: %v", i, err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "hello %d\n", i)
+		conns[i] = c
+	}
+	time.Sleep(150 * time.Millisecond) // the store is still importing torch
+	started := time.Now()
+	echo := startEcho(t, backend)
+	for i, c := range conns {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		r := bufio.NewReader(c)
+		line, err := r.ReadString('\n')
+		if err != nil || line != fmt.Sprintf("hello %d\n", i) {
+			t.Fatalf("client %d: read %q, %v", i, line, err)
+		}
+		if i == 0 {
+			if d := time.Since(started); d > 200*time.Millisecond {
+				t.Errorf("first reply %v after the store started; want within a few poll steps", d)
+			}
+		}
+		fmt.Fprintf(c, "again %d\n", i)
+		if line, err = r.ReadString('\n'); err != nil || line != fmt.Sprintf("again %d\n", i) {
+			t.Fatalf("client %d: read %q, %v", i, line, err)
+		}
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	// Closed clients leave nothing open in the proxy.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		p.mu.Lock()
+		n := len(p.conns)
+		p.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open after the clients closed", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopWithin(t, p, time.Second)
+	echo.close()
+	noLeak(t, base)
+}
+
+// A client that half-closes still gets the whole answer: the proxy passes
+// the EOF on and keeps the other direction open.
+func TestStoreProxyHalfClose(t *testing.T) {
+	p, backend := testProxy(t)
+	defer p.Stop()
+	echo := startEcho(t, backend)
+	defer echo.close()
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", p.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := strings.Repeat("x", 1<<20)
+	go func() {
+		_, _ = io.WriteString(c, msg)
+		_ = c.(*net.TCPConn).CloseWrite()
+	}()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != len(msg) {
+		t.Fatalf("read %d bytes, %v; want %d and EOF", len(got), err, len(msg))
+	}
+}
+
+// Stop closes spliced connections and held ones (a store that never came
+// up), refuses new ones, is idempotent, and leaves no goroutine behind.
+func TestStoreProxyStopClosesConnections(t *testing.T) {
+	base := runtime.NumGoroutine()
+	up, backend := testProxy(t)
+	echo := startEcho(t, backend)
+	never, _ := testProxy(t)
+
+	spliced, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", up.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spliced.Close()
+	fmt.Fprintln(spliced, "ping")
+	_ = spliced.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(spliced)
+	if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("read %q, %v", line, err)
+	}
+	var held []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", never.Port()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	time.Sleep(50 * time.Millisecond) // held, polling the absent store
+
+	stopWithin(t, up, time.Second)
+	if n, err := r.ReadString('\n'); err == nil {
+		t.Errorf("spliced connection still open after Stop (read %q)", n)
+	}
+	stopWithin(t, never, time.Second)
+	for i, c := range held {
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("held connection %d: read %d, %v; want EOF from the stopped proxy", i, n, err)
+		}
+	}
+	stopWithin(t, up, time.Second) // again: no-op
+	if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", up.Port())); err == nil {
+		c.Close()
+		t.Error("stopped proxy still accepts")
+	}
+	echo.close()
+	noLeak(t, base)
+}
+
+// A store that goes away after it was up: new clients are closed rather than
+// held, as a refused connection would fail them without the proxy.
+func TestStoreProxyStoreGone(t *testing.T) {
+	p, backend := testProxy(t)
+	defer p.Stop()
+	echo := startEcho(t, backend)
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", p.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintln(c, "ping")
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("read %q, %v", line, err)
+	}
+	echo.close()
+	c2, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", p.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetDeadline(time.Now().Add(2 * time.Second))
+	if n, err := c2.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("read %d, %v; want EOF once the store is gone", n, err)
+	}
+}
+
+var masterPortLine = regexp.MustCompile(`\[default(\d)\]:master_port (\d+)`)
+
+// Under the agent, workers that reach the store before rank 0 has bound its
+// port are accepted and answered (they connect once, as torch does before
+// its 1 s retry); rank 0 alone gets a private MASTER_PORT; the proxy is gone
+// with the group. Without the proxy the same workers are refused.
+func TestStoreProxyUnderAgent(t *testing.T) {
+	cfg, out := helperConfig(t, 3, "store:300ms")
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("with the proxy: %v\n%s", ee, out)
+	}
+	s := out.String()
+	if strings.Count(s, "store answered") != 2 {
+		t.Errorf("want ranks 1 and 2 answered:\n%s", s)
+	}
+	m := regexp.MustCompile(`master_port=(\d+)`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("no rendezvous block:\n%s", s)
+	}
+	ports := map[string]string{}
+	for _, pm := range masterPortLine.FindAllStringSubmatch(s, -1) {
+		ports[pm[1]] = pm[2]
+	}
+	if ports["1"] != m[1] || ports["2"] != m[1] || ports["0"] == "" || ports["0"] == m[1] {
+		t.Errorf("MASTER_PORT by local rank %v, round's %s: want rank 0's private, the others the round's", ports, m[1])
+	}
+	if ln, err := net.Listen("tcp", ":"+m[1]); err != nil {
+		t.Errorf("round's port %s still taken after Run: %v", m[1], err)
+	} else {
+		ln.Close()
+	}
+
+	cfg, out = helperConfig(t, 3, "store:300ms")
+	cfg.NoStoreProxy = true
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || !strings.Contains(out.String(), "store refused") {
+		t.Errorf("without the proxy: want a refused worker and a failed pod, got %v\n%s", ee, out)
+	}
+}
