@@ -19,4 +19,18 @@
 // (torchrun's static backend) and InProcess (several agents in one process,
 // for tests and the local engine) implement it here, the master's gRPC
 // client will too.
+//
+// Store proxy (default; Config.NoStoreProxy, --store-proxy=false, turns it
+// off): torchrun's workers meet at a TCPStore that the global rank-0 worker
+// hosts on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=False), and it binds the
+// port only after importing torch. torch 1.13's store client answers a
+// refused connect() by sleeping a whole second before it tries again, so a
+// rank that is ready first makes the group's first step ~1 s late; after a
+// kill -9 that is most of a restart. The agent of group rank 0 therefore
+// listens on the round's MASTER_PORT itself, accepts at once, and forwards
+// each connection, once rank 0's store accepts, to that store on a private
+// port (storeproxy.go). The one visible difference from torchrun: global rank
+// 0's MASTER_PORT is the private port; torchrun gives every rank the same.
+// With the static backend on several nodes the proxy listens on the
+// operator's PET_MASTER_PORT on the node of group rank 0.
 package agent

@@ -22,8 +22,9 @@ import (
 // line with the environment, or EOF (discarded: exit 0). A spare that is not
 // global rank 0 waits until the rank-0 store accepts connections before it
 // runs the script: torch 1.13's store client retries a refused connection
-// only after a whole second, which a cold worker rarely meets (it spends
-// ≈ 0.8 s importing torch) and a released spare always would.
+// only after a whole second, which a released spare would always meet. With
+// the store proxy (the default) the proxy accepts at once and this wait ends
+// at its first try; it matters with --store-proxy=false.
 const spareBoot = `import os, sys, json, importlib
 fd = int(os.environ.pop("KFELASTIC_SPARE_FD"))
 for m in os.environ.pop("KFELASTIC_SPARE_PRELOAD", "").split(","):
