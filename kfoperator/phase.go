@@ -13,6 +13,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 // PhaseConfig tunes the phase mapping.
@@ -132,7 +133,7 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 		}
 	}
 	merged := Merge(report, synthesized)
-	ee := merged.ExecutionError()
+	ee := flyteio.ExecutionError(merged)
 	if ee == nil {
 		if cond.Type == kubeflowv1.JobSucceeded {
 			return pluginsCore.PhaseInfoSuccess(&info)

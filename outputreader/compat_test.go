@@ -16,6 +16,7 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 // minioDataStore is flytestdlib's DataStore on a fresh MinIO bucket: the
@@ -53,7 +54,7 @@ func TestAgreesWithUpstreamEarliestReader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ours, err := outputreader.NewOutputReader(ctx, ds, paths, 0, nil)
+	ours, err := flyteio.NewOutputReader(ctx, ds, paths, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,11 +83,11 @@ func TestAgreesWithUpstreamEarliestReader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := outputreader.Read(ctx, outputreader.NewDataStoreSource(ds, prefix), nil)
+		r, err := outputreader.Read(ctx, flyteio.NewDataStoreSource(ds, prefix), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := r.ExecutionError()
+		got := flyteio.ExecutionError(r)
 		if got.Code != want.Code || got.Worker != want.Worker || !got.Timestamp.AsTime().Equal(want.Timestamp.AsTime()) ||
 			got.Kind != want.Kind || got.IsRecoverable != want.IsRecoverable || r.RootCause.Failure.Message != want.Message {
 			t.Fatalf("round %d: ours %+v, upstream %+v", round, got, want)
@@ -109,7 +110,7 @@ func TestAgreesWithUpstreamEarliestReader(t *testing.T) {
 	if err != nil || up.Code != "OldError" {
 		t.Fatalf("upstream: %+v %v", up, err)
 	}
-	r, err := outputreader.Read(ctx, outputreader.NewDataStoreSource(ds, prefix), nil)
+	r, err := outputreader.Read(ctx, flyteio.NewDataStoreSource(ds, prefix), nil)
 	if err != nil || r.RootCause.Failure.Code == "OldError" {
 		t.Fatalf("ours picked the untimed legacy document: %+v %v", r.RootCause, err)
 	}
@@ -124,12 +125,12 @@ func TestOutputReaderWithoutDocuments(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := storage.DataReference("s3://flyte/metadata/n0/attempt-0")
-	reader, err := outputreader.NewOutputReader(ctx, ds, ioutils.NewReadOnlyOutputFilePaths(ctx, ds, prefix), 0, nil)
+	reader, err := flyteio.NewOutputReader(ctx, ds, ioutils.NewReadOnlyOutputFilePaths(ctx, ds, prefix), 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ee, err := reader.ReadError(ctx)
-	if err != nil || ee.Code != outputreader.CodeNoDocuments || !ee.IsRecoverable {
+	if err != nil || ee.Code != flyteio.CodeNoDocuments || !ee.IsRecoverable {
 		t.Fatalf("%+v %v", ee, err)
 	}
 	if isErr, err := reader.IsError(ctx); isErr || err != nil {
@@ -137,7 +138,7 @@ func TestOutputReaderWithoutDocuments(t *testing.T) {
 	}
 	putRaw(t, ds, prefix, "error-abc.pb", []byte("junk"))
 	ee, err = reader.ReadError(ctx)
-	if err != nil || ee.Code != outputreader.CodeUnreadableDocuments || !ee.IsRecoverable {
+	if err != nil || ee.Code != flyteio.CodeUnreadableDocuments || !ee.IsRecoverable {
 		t.Fatalf("%+v %v", ee, err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 func TestMain(m *testing.M) {
@@ -138,7 +139,7 @@ func dataStoreStore(ds *storage.DataStore, prefix storage.DataReference) store {
 				t.Fatalf("put %s: %v", key, err)
 			}
 		},
-		src: outputreader.NewDataStoreSource(ds, prefix),
+		src: flyteio.NewDataStoreSource(ds, prefix),
 	}
 }
 
@@ -182,7 +183,7 @@ func TestConformance(t *testing.T) {
 				s.put(t, "outputs.pb", []byte("not an error document"))
 				s.put(t, "errors/error-nested.pb", []byte("nested: not ours"))
 				r := read(t, s)
-				if r.RootCause != nil || len(r.Others) != 0 || len(r.Skipped) != 0 || r.Message() != "" || r.ExecutionError() != nil {
+				if r.RootCause != nil || len(r.Others) != 0 || len(r.Skipped) != 0 || r.Message() != "" || flyteio.ExecutionError(r) != nil {
 					t.Fatalf("want the empty report, got %+v", r)
 				}
 				if ok, err := outputreader.HasDocuments(context.Background(), s.src); ok || err != nil {
@@ -209,7 +210,7 @@ func TestConformance(t *testing.T) {
 				if r.Workers() != 3 {
 					t.Fatalf("workers %d", r.Workers())
 				}
-				ee := r.ExecutionError()
+				ee := flyteio.ExecutionError(r)
 				if ee == nil || ee.IsRecoverable || ee.Code != "RuntimeError" || ee.Kind != core.ExecutionError_USER || ee.Worker != "job-worker-1" || !ee.Timestamp.AsTime().Equal(t0) {
 					t.Fatalf("execution error: %+v", ee)
 				}
@@ -363,10 +364,10 @@ func TestConformance(t *testing.T) {
 				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(2*time.Second)))
 				oom := kferrors.SystemFailure(kferrors.CodeOOMKilled, "pod job-worker-1 OOMKilled (exit 137)", "job-worker-1", t0.Add(time.Second))
 				r := read(t, s, oom)
-				if !r.RootCause.Synthesized || r.RootCause.Failure.Code != kferrors.CodeOOMKilled || !r.ExecutionError().IsRecoverable {
+				if !r.RootCause.Synthesized || r.RootCause.Failure.Code != kferrors.CodeOOMKilled || !flyteio.ExecutionError(r).IsRecoverable {
 					t.Fatalf("root cause %+v", r.RootCause)
 				}
-				if r.ExecutionError().Kind != core.ExecutionError_SYSTEM {
+				if flyteio.ExecutionError(r).Kind != core.ExecutionError_SYSTEM {
 					t.Fatal("kind")
 				}
 			})

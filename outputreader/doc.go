@@ -5,13 +5,13 @@
 //
 // The usage loop:
 //
-//	src := outputreader.NewBucketSource(bucket)              // or NewDataStoreSource(store, prefix)
+//	src := outputreader.NewBucketSource(bucket)              // or flyteio.NewDataStoreSource(store, prefix)
 //	report, err := outputreader.Read(ctx, src, nil, synthesized...)
 //	// or, while late documents may still land:
 //	report, err = outputreader.WaitFor(ctx, src, nil, failedPods, graceDeadline, synthesized...)
 //	if report.RootCause == nil { /* no documents: a distinct outcome */ }
 //	ui := report.Message()                                   // root cause + tally
-//	ee := report.ExecutionError()                            // for flyteplugins
+//	ee := flyteio.ExecutionError(report)                      // for flyteplugins
 //
 // What it reads. Documents live directly under the output prefix: our
 // error-<19-digit ns>-<worker>-<rand>.pb, flytekit's error-<uuid hex>.pb and

@@ -28,7 +28,7 @@ func ExampleRead() {
 		panic(err)
 	}
 	fmt.Println(report.Message())
-	fmt.Println("recoverable:", report.ExecutionError().IsRecoverable)
+	fmt.Println("recoverable:", report.IsRecoverable())
 	// Output:
 	// [job-worker-1, 2026-11-21T10:00:01.250000000Z] ValueError: loss is NaN at step 812
 	// Also failed: 2 other workers (2× torch.distributed.DistNetworkError). Earliest failure shown.

@@ -6,10 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
-	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/io"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -20,12 +16,7 @@ const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 // Codes of the ExecutionErrors made when there is no root cause; they are
 // upstream's codes for the same situations, so propeller-side handling does
 // not change.
-const (
-	// CodeNoDocuments: no error document at all under the prefix.
-	CodeNoDocuments = "ErrorFileNotFound"
-	// CodeUnreadableDocuments: documents exist, none could be used.
-	CodeUnreadableDocuments = "ErrorFileBadFormat"
-)
+const ()
 
 // Message is the Flyte UI message of DESIGN.md §3: the root cause headed by
 // its worker and time, then one line tallying the other failures, e.g.
@@ -134,42 +125,7 @@ func plural(n int, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-// ExecutionError is the root cause as flyteplugins reports a task failure:
-// Code, Message (= Message()), Kind (the origin, USER or SYSTEM), Timestamp
-// and Worker of the root cause; IsRecoverable follows its kind. It is nil
-// when there is no root cause.
-func (r *Report) ExecutionError() *io.ExecutionError {
-	if r.RootCause == nil {
-		return nil
-	}
-	root := r.RootCause
-	return &io.ExecutionError{
-		ExecutionError: &core.ExecutionError{
-			Code:      root.Failure.Code,
-			Message:   r.Message(),
-			Kind:      root.Failure.Origin,
-			Timestamp: timestamppb.New(root.Time()),
-			Worker:    root.Failure.Worker,
-		},
-		IsRecoverable: root.Failure.Recoverable,
-	}
-}
-
-// noRootCause is the ExecutionError for a Report without a root cause:
-// recoverable and of SYSTEM origin, as upstream reports a missing error file.
-func (r *Report) noRootCause(prefix string) io.ExecutionError {
-	code, msg := CodeNoDocuments, fmt.Sprintf("no error documents under %s", prefix)
-	if len(r.Skipped) > 0 {
-		code = CodeUnreadableDocuments
-		var keys []string
-		for _, s := range r.Skipped {
-			keys = append(keys, fmt.Sprintf("%s (%v)", s.Key, s.Err))
-		}
-		msg = fmt.Sprintf("%s under %s, none usable: %s", plural(len(r.Skipped), "error document", "error documents"), prefix, strings.Join(keys, "; "))
-		msg = kferrors.CapMessage(msg, kferrors.DefaultMessageCap)
-	}
-	return io.ExecutionError{
-		ExecutionError: &core.ExecutionError{Code: code, Message: msg, Kind: core.ExecutionError_SYSTEM},
-		IsRecoverable:  true,
-	}
+// IsRecoverable follows the root cause's kind; false without a root cause.
+func (r *Report) IsRecoverable() bool {
+	return r.RootCause != nil && r.RootCause.Failure.Recoverable
 }

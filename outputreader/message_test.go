@@ -11,6 +11,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 func TestMessageGolden(t *testing.T) {
@@ -70,12 +71,12 @@ func TestExecutionErrorFollowsRootKind(t *testing.T) {
 		}(),
 	} {
 		r := outputreader.Report{RootCause: &outputreader.Document{Failure: f, At: at}}
-		ee := r.ExecutionError()
+		ee := flyteio.ExecutionError(&r)
 		if ee.IsRecoverable != f.Recoverable || ee.Kind != f.Origin || ee.Code != f.Code || ee.Message != r.Message() {
 			t.Errorf("%s: %+v", f.Code, ee)
 		}
 	}
-	if (&outputreader.Report{}).ExecutionError() != nil {
+	if flyteio.ExecutionError(&outputreader.Report{}) != nil {
 		t.Fatal("no root cause must give nil")
 	}
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 // Plugin is the k8s.Plugin of one task type, "pytorch" or "tensorflow".
@@ -263,7 +264,7 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 		if cfg.ReadTimeout.Duration > 0 {
 			readCtx, cancel = context.WithTimeout(ctx, cfg.ReadTimeout.Duration)
 		}
-		src := outputreader.NewDataStoreSource(pluginContext.DataStore(), ow.GetOutputPrefixPath())
+		src := flyteio.NewDataStoreSource(pluginContext.DataStore(), ow.GetOutputPrefixPath())
 		report, err = outputreader.Read(readCtx, src, readOptions(cfg))
 		cancel()
 		if err != nil {
@@ -280,7 +281,7 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 	}
 	if phase.Phase() == pluginsCore.PhaseSuccess && ow != nil {
 		// Hand propeller the reader (outputs as upstream, errors as ours).
-		r, err := outputreader.NewOutputReader(ctx, pluginContext.DataStore(), ow, 0, readOptions(cfg))
+		r, err := flyteio.NewOutputReader(ctx, pluginContext.DataStore(), ow, 0, readOptions(cfg))
 		if err != nil {
 			return pluginsCore.PhaseInfoUndefined, err
 		}

@@ -47,6 +47,7 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
+	"github.com/kfelastic/kfelastic/outputreader/flyteio"
 )
 
 func main() {
@@ -206,7 +207,7 @@ func child(ctx context.Context, raw string) error {
 		res.Worker, res.Code, res.Time, res.Message = ee.Worker, ee.Code, ee.Timestamp.AsTime(), ee.Message
 	case "ours-datastore":
 		// The same calls on our OutputReader, then the Report (for the check).
-		ours, err := outputreader.NewOutputReader(ctx, ds, paths, 0, nil)
+		ours, err := flyteio.NewOutputReader(ctx, ds, paths, 0, nil)
 		if err != nil {
 			return err
 		}

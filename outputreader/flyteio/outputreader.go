@@ -1,4 +1,4 @@
-package outputreader
+package flyteio
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/io"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/ioutils"
 	"github.com/flyteorg/flyte/flytestdlib/storage"
+
+	"github.com/kfelastic/kfelastic/outputreader"
 )
 
 // OutputReader implements flyteplugins' io.OutputReader. Errors come from
@@ -16,8 +18,8 @@ import (
 // their size limits are upstream's ioutils.RemoteFileOutputReader, embedded.
 type OutputReader struct {
 	ioutils.RemoteFileOutputReader
-	src    Source
-	opts   *Options
+	src    outputreader.Source
+	opts   *outputreader.Options
 	prefix storage.DataReference
 }
 
@@ -25,7 +27,7 @@ var _ io.OutputReader = (*OutputReader)(nil)
 
 // NewOutputReader reads the outputs and error documents of one task attempt.
 // maxDatasetSize bounds outputs as upstream does (0: flytestdlib's limit).
-func NewOutputReader(ctx context.Context, store *storage.DataStore, outPaths io.OutputFilePaths, maxDatasetSize int64, opts *Options) (*OutputReader, error) {
+func NewOutputReader(ctx context.Context, store *storage.DataStore, outPaths io.OutputFilePaths, maxDatasetSize int64, opts *outputreader.Options) (*OutputReader, error) {
 	scheme, container, key, err := outPaths.GetErrorPath().Split()
 	if err != nil {
 		return nil, fmt.Errorf("error path %q: %w", outPaths.GetErrorPath(), err)
@@ -41,23 +43,23 @@ func NewOutputReader(ctx context.Context, store *storage.DataStore, outPaths io.
 
 // Source is the error-document source the reader uses, for callers that
 // wait (WaitFor) or merge synthesized failures themselves.
-func (r *OutputReader) Source() Source { return r.src }
+func (r *OutputReader) Source() outputreader.Source { return r.src }
 
 // IsError reports whether any error document exists, from one listing.
 func (r *OutputReader) IsError(ctx context.Context) (bool, error) {
-	return HasDocuments(ctx, r.src)
+	return outputreader.HasDocuments(ctx, r.src)
 }
 
-// ReadError returns the root cause (see Report.ExecutionError). Without one
+// ReadError returns the root cause (see ExecutionError). Without one
 // it returns upstream's codes: CodeNoDocuments when there are no documents,
 // CodeUnreadableDocuments when none could be used; both recoverable, SYSTEM.
 func (r *OutputReader) ReadError(ctx context.Context) (io.ExecutionError, error) {
-	rep, err := Read(ctx, r.src, r.opts)
+	rep, err := outputreader.Read(ctx, r.src, r.opts)
 	if err != nil {
 		return io.ExecutionError{}, err
 	}
-	if ee := rep.ExecutionError(); ee != nil {
+	if ee := ExecutionError(rep); ee != nil {
 		return *ee, nil
 	}
-	return rep.noRootCause(string(r.prefix)), nil
+	return noRootCause(rep, string(r.prefix)), nil
 }
