@@ -267,39 +267,28 @@ func FuzzSanitizeWorker(f *testing.F) {
 
 func TestWriterNeverOverwrites(t *testing.T) {
 	ctx := context.Background()
-	fileURL := "file://" + filepath.Join(t.TempDir(), "outputs", "attempt-0")
-	for name, open := range map[string]func() (*blob.Bucket, error){
-		"mem":  func() (*blob.Bucket, error) { return memblob.OpenBucket(nil), nil },
-		"file": func() (*blob.Bucket, error) { return kferrors.OpenPrefix(ctx, fileURL, true) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			b, err := open()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			w := kferrors.NewWriter(b, nil)
-			f := kferrors.UserError("RuntimeError", "boom", "../../evil/pod", t0)
-			k1, err := w.Write(ctx, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			k2, err := w.Write(ctx, f)
-			if err != nil || k1 == k2 {
-				t.Fatalf("second write of the same failure: %s %s %v", k1, k2, err)
-			}
-			// A conditional write onto an existing key fails instead of replacing.
-			err = b.WriteAll(ctx, k1, []byte("x"), &blob.WriterOptions{IfNotExist: true})
-			if err == nil {
-				t.Fatal("IfNotExist write replaced a document")
-			}
-			data, _ := b.ReadAll(ctx, k1)
-			got, err := kferrors.DecodeFailure(data, 0)
-			if err != nil || got.Code != "RuntimeError" || got.Worker != "../../evil/pod" {
-				t.Fatalf("stored document: %+v %v", got, err)
-			}
-		})
-	}
+	forEachBucket(t, func(t *testing.T, b *blob.Bucket) {
+		w := kferrors.NewWriter(b, nil)
+		f := kferrors.UserError("RuntimeError", "boom", "../../evil/pod", t0)
+		k1, err := w.Write(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k2, err := w.Write(ctx, f)
+		if err != nil || k1 == k2 {
+			t.Fatalf("second write of the same failure: %s %s %v", k1, k2, err)
+		}
+		// A conditional write onto an existing key fails instead of replacing.
+		err = b.WriteAll(ctx, k1, []byte("x"), &blob.WriterOptions{IfNotExist: true})
+		if err == nil {
+			t.Fatal("IfNotExist write replaced a document")
+		}
+		data, _ := b.ReadAll(ctx, k1)
+		got, err := kferrors.DecodeFailure(data, 0)
+		if err != nil || got.Code != "RuntimeError" || got.Worker != "../../evil/pod" {
+			t.Fatalf("stored document: %+v %v", got, err)
+		}
+	})
 }
 
 func TestOpenPrefixErrors(t *testing.T) {
@@ -314,64 +303,54 @@ func TestOpenPrefixErrors(t *testing.T) {
 
 func TestSupersedeMovesOnlyThePodsEarlierDocuments(t *testing.T) {
 	ctx := context.Background()
-	for name, open := range map[string]func() (*blob.Bucket, error){
-		"mem":  func() (*blob.Bucket, error) { return memblob.OpenBucket(nil), nil },
-		"file": func() (*blob.Bucket, error) { return kferrors.OpenPrefix(ctx, "file://"+t.TempDir(), true) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			b, err := open()
+	forEachBucket(t, func(t *testing.T, b *blob.Bucket) {
+		w := kferrors.NewWriter(b, nil)
+		put := func(worker string, at time.Time) string {
+			k, err := w.Write(ctx, kferrors.UserError("RuntimeError", "boom", worker, at))
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer b.Close()
-			w := kferrors.NewWriter(b, nil)
-			put := func(worker string, at time.Time) string {
-				k, err := w.Write(ctx, kferrors.UserError("RuntimeError", "boom", worker, at))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return k
-			}
-			restart := t0.Add(10 * time.Second)
-			// flytekit's naming: no time in the key, the document must be opened.
-			flytekitKey := "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb"
-			data, _ := kferrors.Encode(kferrors.UserError("USER:Recoverable", "x", "job-worker-1/0", t0).Document(0))
-			b.WriteAll(ctx, flytekitKey, data, nil)
-			mine := []string{put("job-worker-1/0", t0), put("job-worker-1", t0.Add(time.Second)), flytekitKey}
-			kept := []string{
-				put("job-worker-1/1", restart.Add(time.Second)), // after the restart: the new group's
-				put("job-worker-10/0", t0),                      // another pod whose name extends ours
-				put("job-worker-2/0", t0),                       // another pod
-			}
-			b.WriteAll(ctx, "error-corrupt.pb", []byte{0xff}, nil)
-			kept = append(kept, "error-corrupt.pb")
+			return k
+		}
+		restart := t0.Add(10 * time.Second)
+		// flytekit's naming: no time in the key, the document must be opened.
+		flytekitKey := "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb"
+		data, _ := kferrors.Encode(kferrors.UserError("USER:Recoverable", "x", "job-worker-1/0", t0).Document(0))
+		b.WriteAll(ctx, flytekitKey, data, nil)
+		mine := []string{put("job-worker-1/0", t0), put("job-worker-1", t0.Add(time.Second)), flytekitKey}
+		kept := []string{
+			put("job-worker-1/1", restart.Add(time.Second)), // after the restart: the new group's
+			put("job-worker-10/0", t0),                      // another pod whose name extends ours
+			put("job-worker-2/0", t0),                       // another pod
+		}
+		b.WriteAll(ctx, "error-corrupt.pb", []byte{0xff}, nil)
+		kept = append(kept, "error-corrupt.pb")
 
-			moved, err := kferrors.Supersede(ctx, b, "job-worker-1", restart)
-			if err != nil {
-				t.Fatal(err)
+		moved, err := kferrors.Supersede(ctx, b, "job-worker-1", restart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(moved) != len(mine) {
+			t.Fatalf("moved %v, want %v", moved, mine)
+		}
+		for _, k := range mine {
+			if ok, _ := b.Exists(ctx, k); ok {
+				t.Errorf("%s still decides the outcome", k)
 			}
-			if len(moved) != len(mine) {
-				t.Fatalf("moved %v, want %v", moved, mine)
+			if ok, _ := b.Exists(ctx, kferrors.SupersededPrefix+k); !ok {
+				t.Errorf("%s was lost, not kept under %s", k, kferrors.SupersededPrefix)
 			}
-			for _, k := range mine {
-				if ok, _ := b.Exists(ctx, k); ok {
-					t.Errorf("%s still decides the outcome", k)
-				}
-				if ok, _ := b.Exists(ctx, kferrors.SupersededPrefix+k); !ok {
-					t.Errorf("%s was lost, not kept under %s", k, kferrors.SupersededPrefix)
-				}
+		}
+		for _, k := range kept {
+			if ok, _ := b.Exists(ctx, k); !ok {
+				t.Errorf("%s was moved but is not an earlier failure of the pod", k)
 			}
-			for _, k := range kept {
-				if ok, _ := b.Exists(ctx, k); !ok {
-					t.Errorf("%s was moved but is not an earlier failure of the pod", k)
-				}
-			}
-			// Idempotent: a second call finds nothing more to move.
-			if again, err := kferrors.Supersede(ctx, b, "job-worker-1", restart); err != nil || len(again) != 0 {
-				t.Fatalf("second call: %v %v", again, err)
-			}
-		})
-	}
+		}
+		// Idempotent: a second call finds nothing more to move.
+		if again, err := kferrors.Supersede(ctx, b, "job-worker-1", restart); err != nil || len(again) != 0 {
+			t.Fatalf("second call: %v %v", again, err)
+		}
+	})
 }
 
 func TestWorkerFromKey(t *testing.T) {
@@ -386,5 +365,25 @@ func TestWorkerFromKey(t *testing.T) {
 		if got := kferrors.WorkerFromKey(key); got != want {
 			t.Errorf("WorkerFromKey(%q) = %q, want %q", key, got, want)
 		}
+	}
+}
+
+// forEachBucket runs f over a mem:// bucket and a file:// one opened by URL
+// (OpenPrefix, creating the folder), as the writers meet them.
+func forEachBucket(t *testing.T, f func(t *testing.T, b *blob.Bucket)) {
+	for name, open := range map[string]func() (*blob.Bucket, error){
+		"mem": func() (*blob.Bucket, error) { return memblob.OpenBucket(nil), nil },
+		"file": func() (*blob.Bucket, error) {
+			return kferrors.OpenPrefix(context.Background(), "file://"+filepath.Join(t.TempDir(), "outputs", "attempt-0"), true)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			f(t, b)
+		})
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
 	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 )
@@ -40,36 +42,28 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 		opts := testOpts
 		opts.Name = "job" + itoa(int32(i))
 		opts.Namespace = ns.Name
-		var obj client.Object
+		var (
+			obj client.Object
+			err error
+		)
 		if tmpl.GetType() == TensorflowTaskType {
-			j, err := BuildTFJob(tmpl, fixedPods{tmpl}, opts)
-			if w.err != "" {
-				if err == nil {
-					t.Errorf("%s: built", name)
-				}
-				continue
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			obj = j
+			obj, err = BuildTFJob(tmpl, fixedPods{tmpl}, opts)
 		} else {
-			j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, opts)
-			if w.err != "" {
-				if err == nil {
-					t.Errorf("%s: built", name)
-				}
-				continue
+			obj, err = BuildPyTorchJob(tmpl, fixedPods{tmpl}, opts)
+		}
+		if w.err != "" {
+			if err == nil {
+				t.Errorf("%s: built", name)
 			}
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			obj = j
-			if IsElastic(j) {
-				for _, o := range MasterObjects(opts.Name, ns.Name, "token-"+opts.Name, nil, nil) {
-					if err := c.Create(ctx, o); err != nil {
-						t.Errorf("%s: the API server refused %T %s: %v", name, o, o.GetName(), err)
-					}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if j, ok := obj.(*kubeflowv1.PyTorchJob); ok && IsElastic(j) {
+			for _, o := range MasterObjects(opts.Name, ns.Name, "token-"+opts.Name, nil, nil) {
+				if err := c.Create(ctx, o); err != nil {
+					t.Errorf("%s: the API server refused %T %s: %v", name, o, o.GetName(), err)
 				}
 			}
 		}
