@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -92,7 +93,9 @@ type Config struct {
 type ExitError struct {
 	Code    int
 	Failure kferrors.Failure
-	// Document is the key the error document was written under, if any.
+	// Document is the key the error document was written under, if any; a
+	// local file path when the prefix was unreachable and it was kept in the
+	// run's log folder instead.
 	Document string
 }
 
@@ -176,6 +179,15 @@ func (c *Config) validate() error {
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
+	}
+	// A prefix that cannot be opened is refused before any worker runs, not
+	// discovered when the pod's root cause has to be written.
+	if cfg.ErrorPrefix != "" {
+		b, err := kferrors.OpenPrefix(ctx, cfg.ErrorPrefix, true)
+		if err != nil {
+			return fmt.Errorf("--error-prefix: %w", err)
+		}
+		b.Close()
 	}
 	log := cfg.Logger
 	if cfg.LogDir == "" {
@@ -480,23 +492,41 @@ func (l *loop) write(f kferrors.Failure) string {
 	}
 	ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
 	defer cancel()
-	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+	key, err := l.writeTo(ctx, l.cfg.ErrorPrefix, f, true)
+	if err == nil {
+		return key
+	}
+	// Storage is unreachable now (it opened at start): keep the document
+	// next to the workers' logs rather than lose the pod's root cause.
+	l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
+	local := "file://" + l.runDir
+	if key, err := l.writeTo(ctx, local, f, false); err == nil {
+		l.log.Warn("error document kept locally instead", "prefix", local, "key", key)
+		return filepath.Join(l.runDir, key)
+	}
+	return ""
+}
+
+// writeTo stores f under prefix, or, when ownFirst, finds the document the
+// failed worker already wrote there itself (flytekit with _F_DES set).
+func (l *loop) writeTo(ctx context.Context, prefix string, f kferrors.Failure, ownFirst bool) (string, error) {
+	b, err := kferrors.OpenPrefix(ctx, prefix, true)
 	if err != nil {
-		l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
-		return ""
+		return "", err
 	}
 	defer b.Close()
-	if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
-		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", key, "worker", f.Worker)
-		return key
+	if ownFirst {
+		if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
+			l.log.Info("worker wrote its own error document", "prefix", prefix, "key", key, "worker", f.Worker)
+			return key, nil
+		}
 	}
 	key, err := kferrors.NewWriter(b, nil).Write(ctx, f)
 	if err != nil {
-		l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
-		return ""
+		return "", err
 	}
-	l.log.Info("error document written", "prefix", l.cfg.ErrorPrefix, "key", key)
-	return key
+	l.log.Info("error document written", "prefix", prefix, "key", key)
+	return key, nil
 }
 
 // supersede moves this pod's documents dated before a group start out of the

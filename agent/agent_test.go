@@ -39,6 +39,7 @@ import (
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
+//	breakprefix:DIR    replace the folder DIR by a file, exit 3
 //	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0
 //	store:DUR          rank 0: after DUR (its imports) serve WORLD_SIZE-1 line echoes on MASTER_PORT, as
 //	                   the store would; others: connect once to MASTER_PORT (a refusal exits 4), get the echo
@@ -114,6 +115,12 @@ func runHelper(modes string) int {
 		<-ch
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
 		return 0
+	case "breakprefix":
+		// The error prefix becomes unwritable while the pod runs (storage
+		// gone): a regular file where its folder was.
+		_ = os.RemoveAll(arg)
+		_ = os.WriteFile(arg, []byte("not a folder"), 0o644)
+		return 3
 	case "flytedoc":
 		// What flytekit does with _F_DES set: its own document, named by uuid.
 		f := kferrors.UserError("ValueError", "flytekit wrote this", os.Getenv("_F_WN"), time.Now())
@@ -621,4 +628,35 @@ func readDocument(t *testing.T, dir, key string) kferrors.Failure {
 		t.Fatalf("document %q: %v", key, err)
 	}
 	return f
+}
+
+// A prefix that cannot be opened is refused before any worker starts.
+func TestBadErrorPrefixRefusedAtStart(t *testing.T) {
+	for _, bad := range []string{"nosuch://bucket/prefix", "not a url"} {
+		cfg, out := helperConfig(t, 1, "ok")
+		cfg.ErrorPrefix = bad
+		err := Run(t.Context(), cfg)
+		if err == nil || !strings.Contains(err.Error(), "--error-prefix") {
+			t.Errorf("%q: want a clear --error-prefix error, got %v", bad, err)
+		}
+		if strings.Contains(out.String(), "helper ok") {
+			t.Errorf("%q: a worker ran with an unusable error prefix:\n%s", bad, out)
+		}
+	}
+}
+
+// Storage that fails when the pod's root cause is written does not lose it:
+// the document is kept in the run's log folder.
+func TestErrorDocumentKeptLocallyWhenPrefixFails(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "outputs")
+	cfg, out := helperConfig(t, 1, "breakprefix:"+prefix)
+	cfg.ErrorPrefix = "file://" + prefix
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, cfg.LogDir) {
+		t.Fatalf("want exit 1 with a local document under %s, got %+v\n%s", cfg.LogDir, ee, out)
+	}
+	f := readDocument(t, filepath.Dir(ee.Document), filepath.Base(ee.Document))
+	if f.Code != kferrors.CodeNonZeroExit || f.Worker != "pod-0/0" {
+		t.Errorf("local document = %+v", f)
+	}
 }
