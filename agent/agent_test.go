@@ -59,8 +59,13 @@ func runHelper(modes string) int {
 	byRestart := strings.Split(modes, ";")
 	byRank := strings.Split(byRestart[min(restart, len(byRestart)-1)], ",")
 	mode, arg, _ := strings.Cut(byRank[min(local, len(byRank)-1)], ":")
+	// Signal dispositions are set before the line a test may wait for.
 	if mode == "ignoreterm" {
-		signal.Ignore(syscall.SIGTERM) // before the line the test may wait for
+		signal.Ignore(syscall.SIGTERM)
+	}
+	dumped := make(chan os.Signal, 1)
+	if mode == "dump" {
+		signal.Notify(dumped, syscall.SIGUSR1)
 	}
 	fmt.Printf("helper %s rank %s restart %d pid %d\n", mode, os.Getenv("RANK"), restart, os.Getpid())
 	switch mode {
@@ -110,9 +115,7 @@ func runHelper(modes string) int {
 		}
 		return 0
 	case "dump":
-		ch := make(chan os.Signal, 1)
-		signal.Notify(ch, syscall.SIGUSR1)
-		<-ch
+		<-dumped
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
 		return 0
 	case "breakprefix":
