@@ -31,8 +31,10 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kfoperator-accept"}}
-	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+	// A namespace of its own per run: the API server lives for the whole
+	// test process, which may run this test more than once (-count).
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "kfoperator-accept-"}}
+	if err := c.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
 	i := 0

@@ -228,8 +228,8 @@ func writeErrorsJSON(out io.Writer, url string, r *outputreader.Report) error {
 
 // newErrorsPutCmd is `kfelastic errors put`: write one worker's error
 // document from what a supervisor observed (a torch error file, an exit
-// code). Hidden: the agent writes documents itself; this serves the demo and
-// scripts until the local engine lands.
+// code). Hidden: the agent writes documents itself; this serves scripts and
+// tests that run workers without it.
 func newErrorsPutCmd() *cobra.Command {
 	var worker, torchFile string
 	var exitCode int

@@ -67,10 +67,13 @@ func TestRootCauseOfRealTorchJob(t *testing.T) {
 	}
 	url := "file://" + filepath.Join(dir, "outputs")
 	for _, r := range []int{2, 0, 1} {
-		rootCmd.SetArgs([]string{"errors", "put", "--worker", fmt.Sprintf("job-worker-%d", r),
+		// A fresh command each time: cobra keeps the first context it gave
+		// a (global) subcommand, which a later run would find canceled.
+		put := newErrorsPutCmd()
+		put.SetArgs([]string{"--worker", fmt.Sprintf("job-worker-%d", r),
 			"--from-torch-error", filepath.Join(dir, fmt.Sprintf("error-%d.json", r)), "--exit-code", "1", url})
-		rootCmd.SetOut(&bytes.Buffer{})
-		if err := rootCmd.ExecuteContext(ctx); err != nil {
+		put.SetOut(&bytes.Buffer{})
+		if err := put.ExecuteContext(ctx); err != nil {
 			t.Fatalf("errors put rank %d: %v", r, err)
 		}
 	}
