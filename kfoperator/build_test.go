@@ -265,7 +265,7 @@ func checkElastic(t *testing.T, specs map[kubeflowv1.ReplicaType]*kubeflowv1.Rep
 	if m.Template.Spec.ServiceAccountName != MasterAccountName("job1") || !mounted(mc, TokenDir) {
 		t.Errorf("master account %q mounts %+v", m.Template.Spec.ServiceAccountName, mc.VolumeMounts)
 	}
-	if len(mc.Ports) != 1 || mc.Ports[0].Name != kubeflowv1.PyTorchJobDefaultPortName || mc.Ports[0].ContainerPort != MasterPort {
+	if len(mc.Ports) != 2 || mc.Ports[0].Name != kubeflowv1.PyTorchJobDefaultPortName || mc.Ports[0].ContainerPort != MasterPort {
 		t.Errorf("master ports %+v", mc.Ports)
 	}
 	if *ep.RDZVHost != "job1-master-0" || *ep.RDZVPort != MasterPort {

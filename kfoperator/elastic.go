@@ -2,7 +2,9 @@ package kfoperator
 
 import (
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,12 +33,29 @@ const (
 	// MasterPort is the port of the kfelastic master, named as the training
 	// operator expects so that it also serves as the job's rendezvous port.
 	MasterPort = kubeflowv1.PyTorchJobDefaultPort
+	// MasterMetricsPort serves the master's Prometheus metrics.
+	MasterMetricsPort = 9090
+	// NodeNameEnv carries the pod's node (spec.nodeName) to the agent, which
+	// tells the master, so that a relaunch can avoid a faulty machine.
+	NodeNameEnv = "KFELASTIC_NODE_NAME"
 
 	agentVolume    = "kfelastic-bin"
 	tokenVolume    = "kfelastic-token"
 	initContainer  = "kfelastic-install"
 	defaultBackend = "c10d"
 )
+
+// MasterStateURL is where an elastic job's master keeps its state: a
+// folder next to the task's error documents (the reader lists only
+// error*.pb there, so the state never looks like a document).
+func MasterStateURL(errorPrefix string) string {
+	u, err := url.Parse(errorPrefix)
+	if err != nil || u.Scheme == "" {
+		return strings.TrimSuffix(errorPrefix, "/") + "/kfelastic-master"
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/kfelastic-master"
+	return u.String()
+}
 
 // Names of the per-job objects of an elastic job.
 func TokenSecretName(job string) string   { return job + "-kfelastic" }
@@ -147,6 +166,8 @@ func injectAgent(spec *corev1.PodSpec, primary, image string, agentArgs []string
 		return badSpec("elastic pytorch task: the container has neither command nor args to run under the agent")
 	}
 	c.Command = []string{AgentBinary}
+	c.Env = append(c.Env, corev1.EnvVar{Name: NodeNameEnv, ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
 	c.Args = append(append(append([]string{}, agentArgs...), "--"), original...)
 	c.VolumeMounts = append(c.VolumeMounts,
 		corev1.VolumeMount{Name: agentVolume, MountPath: AgentBinDir, ReadOnly: true},
@@ -192,13 +213,14 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 	}
 	args := []string{
 		"master",
-		"--job", opts.Name,
-		"--namespace", opts.Namespace,
+		"--rdzv-id", opts.Name,
+		"--listen", fmt.Sprintf(":%d", MasterPort),
+		"--nnodes", fmt.Sprintf("%d:%d", min, max),
 		"--token-file", TokenFile,
-		"--port", strconv.Itoa(MasterPort),
-		"--min-nodes", strconv.Itoa(int(min)),
-		"--max-nodes", strconv.Itoa(int(max)),
-		"--state-prefix", opts.ErrorPrefix,
+		"--state", MasterStateURL(opts.ErrorPrefix),
+		"--kube-namespace", opts.Namespace,
+		"--kube-job", opts.Name,
+		"--metrics-listen", fmt.Sprintf(":%d", MasterMetricsPort),
 	}
 	if opts.OOMFactor > 0 {
 		args = append(args, "--oom-factor", strconv.FormatFloat(opts.OOMFactor, 'g', -1, 64))
@@ -212,12 +234,21 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 	if opts.MaxRelaunches > 0 {
 		args = append(args, "--max-relaunches", strconv.Itoa(opts.MaxRelaunches))
 	}
+	if opts.NetworkCheck {
+		args = append(args, "--network-check")
+	}
+	if opts.ExcludeStraggler {
+		args = append(args, "--exclude-straggler")
+	}
 	c := corev1.Container{
-		Name:      kubeflowv1.PyTorchJobDefaultContainerName,
-		Image:     opts.AgentImage,
-		Command:   []string{AgentBinaryInImage},
-		Args:      args,
-		Ports:     []corev1.ContainerPort{{Name: kubeflowv1.PyTorchJobDefaultPortName, ContainerPort: MasterPort, Protocol: corev1.ProtocolTCP}},
+		Name:    kubeflowv1.PyTorchJobDefaultContainerName,
+		Image:   opts.AgentImage,
+		Command: []string{AgentBinaryInImage},
+		Args:    args,
+		Ports: []corev1.ContainerPort{
+			{Name: kubeflowv1.PyTorchJobDefaultPortName, ContainerPort: MasterPort, Protocol: corev1.ProtocolTCP},
+			{Name: "metrics", ContainerPort: MasterMetricsPort, Protocol: corev1.ProtocolTCP},
+		},
 		Resources: smallResources(),
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: tokenVolume, MountPath: TokenDir, ReadOnly: true},

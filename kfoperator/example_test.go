@@ -46,6 +46,6 @@ func ExampleBuildPyTorchJob() {
 	fmt.Println("gang minimum:", *job.Spec.RunPolicy.SchedulingPolicy.MinAvailable)
 	// Output:
 	// worker: /kfelastic-bin/kfelastic agent --error-prefix s3://flyte/metadata/f3a/n0/data/0 --nnodes 2:4 --nproc-per-node 2 --max-restarts 3 --rdzv-endpoint f3a-n0-0-master-0:23456 --rdzv-id f3a-n0-0 --token-file /etc/kfelastic/token -- pyflyte-execute --task-module train
-	// master: /kfelastic master --job f3a-n0-0 --namespace flytesnacks-development …
+	// master: /kfelastic master --rdzv-id f3a-n0-0 --listen :23456 …
 	// gang minimum: 3
 }

@@ -2,11 +2,12 @@ package kfoperator
 
 import (
 	"fmt"
-	"math"
 
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
 // OOMPolicy is how much memory a replica relaunched after an OOM kill gets
@@ -19,18 +20,12 @@ type OOMPolicy struct {
 }
 
 // RaisedMemory is the memory after one OOM: current×Factor, raised by no
-// more than MaxIncrement, capped at Max. ok is false when it cannot grow
-// (already at the cap): relaunching would OOM again.
+// more than MaxIncrement, capped at Max (relaunch.OOM, the master's own
+// arithmetic). ok is false when it cannot grow (already at the cap):
+// relaunching would OOM again.
 func (p OOMPolicy) RaisedMemory(current resource.Quantity) (resource.Quantity, bool) {
-	cur := current.Value()
-	next := int64(math.Ceil(float64(cur) * p.Factor))
-	if inc := p.MaxIncrement.Value(); inc > 0 && next-cur > inc {
-		next = cur + inc
-	}
-	if max := p.Max.Value(); max > 0 && next > max {
-		next = max
-	}
-	if next <= cur {
+	next, ok := relaunch.OOM{Factor: p.Factor, MaxIncrement: p.MaxIncrement.Value(), Max: p.Max.Value()}.Raised(current.Value())
+	if !ok {
 		return current, false
 	}
 	return *resource.NewQuantity(next, resource.BinarySI), true

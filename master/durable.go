@@ -1,0 +1,458 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gocloud.dev/blob"
+	"gocloud.dev/gcerrors"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+)
+
+// The master's durable state lives under --state as a log of batches and
+// an occasional snapshot (DESIGN.md §5 "Durability"):
+//
+//	log/<20-digit seq>.pb   one batch of changed records, written once
+//	                        (IfNotExist): a second master writing the same
+//	                        seq fails, so two masters never both go on
+//	snap/<20-digit seq>.pb  every record as of seq; logs up to seq and
+//	                        older snapshots are deleted after it is written
+//
+// A record is last-writer-wins by identity (a node by rank, the latest
+// round, a decision by seq, a key, a store client), so loading is: the
+// newest snapshot, then the logs after it in order. Each batch is one
+// write however many requests it acknowledges (group commit); heartbeats
+// change nothing durable and write nothing.
+const (
+	stateFormat  = 1
+	logDir       = "log/"
+	snapDir      = "snap/"
+	seqDigits    = 20
+	maxStateFile = 1 << 30
+	// A snapshot is written after this many batches or bytes of log.
+	snapshotEveryBatches = 1000
+	snapshotEveryBytes   = 64 << 20
+)
+
+// ErrFenced means another master wrote the state this one was about to: this
+// master must stop serving.
+var ErrFenced = errors.New("another master wrote the same state sequence number (fenced off)")
+
+// ErrBadState is a state that cannot be loaded: corrupt, of another job, or
+// of an unknown format. Nothing is changed; the message names the object.
+var ErrBadState = errors.New("unusable master state")
+
+// durableLog is the writer of the state log.
+type durableLog struct {
+	bucket    *blob.Bucket
+	job       string
+	seq       uint64 // last written
+	batches   int    // since the last snapshot
+	bytes     int64
+	snapshots []uint64 // existing snapshot seqs
+	logs      []uint64 // existing log seqs after the last snapshot
+}
+
+func seqKey(dir string, seq uint64) string {
+	return dir + fmt.Sprintf("%0*d", seqDigits, seq) + ".pb"
+}
+
+func parseSeqKey(dir, key string) (uint64, bool) {
+	name, ok := strings.CutPrefix(key, dir)
+	if !ok {
+		return 0, false
+	}
+	name, ok = strings.CutSuffix(name, ".pb")
+	if !ok || len(name) != seqDigits {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(name, 10, 64)
+	return n, err == nil
+}
+
+// loadState reads the newest snapshot and the logs after it: the records,
+// merged last-writer-wins, in a stable order (snapshot order, then new
+// identities as they appear).
+func loadState(ctx context.Context, b *blob.Bucket, job string) (*durableLog, []*masterpb.StateRecord, error) {
+	d := &durableLog{bucket: b, job: job}
+	list := func(dir string) ([]uint64, error) {
+		var seqs []uint64
+		it := b.List(&blob.ListOptions{Prefix: dir})
+		for {
+			obj, err := it.Next(ctx)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("list %s: %w", dir, err)
+			}
+			if s, ok := parseSeqKey(dir, obj.Key); ok {
+				seqs = append(seqs, s)
+			}
+		}
+		slices.Sort(seqs)
+		return seqs, nil
+	}
+	snaps, err := list(snapDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	logs, err := list(logDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := newMerger()
+	var base uint64
+	if len(snaps) > 0 {
+		base = snaps[len(snaps)-1]
+		f, err := d.read(ctx, seqKey(snapDir, base), base, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		m.add(f.Records)
+	}
+	d.snapshots = snaps
+	prev := base
+	for _, s := range logs {
+		if s <= base {
+			continue // compacted into the snapshot; deleted after it
+		}
+		if s != prev+1 {
+			return nil, nil, fmt.Errorf("%w: state log has a gap: %s follows %d", ErrBadState, seqKey(logDir, s), prev)
+		}
+		f, err := d.read(ctx, seqKey(logDir, s), s, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		m.add(f.Records)
+		d.logs = append(d.logs, s)
+		prev = s
+	}
+	d.seq = prev
+	d.batches = len(d.logs)
+	return d, m.records(), nil
+}
+
+func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot bool) (*masterpb.StateFile, error) {
+	attrs, err := d.bucket.Attributes(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", key, err)
+	}
+	if attrs.Size > maxStateFile {
+		return nil, fmt.Errorf("%w: %s has %d bytes, more than %d", ErrBadState, key, attrs.Size, maxStateFile)
+	}
+	data, err := d.bucket.ReadAll(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", key, err)
+	}
+	var f masterpb.StateFile
+	if err := proto.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("%w: %s is corrupt (%v); move it away to start from the state before it", ErrBadState, key, err)
+	}
+	switch {
+	case f.GetFormat() != stateFormat:
+		return nil, fmt.Errorf("%w: %s has format %d, this master reads %d", ErrBadState, key, f.GetFormat(), stateFormat)
+	case f.GetJob() != d.job:
+		return nil, fmt.Errorf("%w: %s belongs to job %q, not %q (another job's --state?)", ErrBadState, key, f.GetJob(), d.job)
+	case f.GetSeq() != seq || f.GetSnapshot() != snapshot:
+		return nil, fmt.Errorf("%w: %s says it is seq %d (snapshot %v)", ErrBadState, key, f.GetSeq(), f.GetSnapshot())
+	}
+	return &f, nil
+}
+
+// append writes one batch; it is durable when append returns nil.
+func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord) error {
+	seq := d.seq + 1
+	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Records: records})
+	if err != nil {
+		return err
+	}
+	err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
+	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
+		return fmt.Errorf("%w: %s exists", ErrFenced, seqKey(logDir, seq))
+	}
+	if err != nil {
+		return err
+	}
+	d.seq = seq
+	d.logs = append(d.logs, seq)
+	d.batches++
+	d.bytes += int64(len(data))
+	return nil
+}
+
+func (d *durableLog) wantsSnapshot() bool {
+	return d.batches >= snapshotEveryBatches || d.bytes >= snapshotEveryBytes
+}
+
+// snapshot writes every record as of the last batch, then deletes what it
+// replaces. A crash in between leaves both, which loads the same.
+func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) error {
+	seq := d.seq
+	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Snapshot: true, Records: all})
+	if err != nil {
+		return err
+	}
+	key := seqKey(snapDir, seq)
+	if err := d.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{ContentType: "application/x-protobuf"}); err != nil {
+		return err
+	}
+	var firstErr error
+	for _, s := range d.logs {
+		if s <= seq {
+			if err := d.bucket.Delete(ctx, seqKey(logDir, s)); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	for _, s := range d.snapshots {
+		if s < seq {
+			if err := d.bucket.Delete(ctx, seqKey(snapDir, s)); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	d.logs = slices.DeleteFunc(d.logs, func(s uint64) bool { return s <= seq })
+	d.snapshots = []uint64{seq}
+	d.batches, d.bytes = 0, 0
+	return firstErr
+}
+
+// merger merges records last-writer-wins by identity.
+type merger struct {
+	order []string
+	by    map[string]*masterpb.StateRecord
+}
+
+func newMerger() *merger { return &merger{by: map[string]*masterpb.StateRecord{}} }
+
+func recordID(r *masterpb.StateRecord) string {
+	switch x := r.GetRecord().(type) {
+	case *masterpb.StateRecord_Job:
+		return "job"
+	case *masterpb.StateRecord_Node:
+		return "node/" + strconv.Itoa(int(x.Node.GetRank()))
+	case *masterpb.StateRecord_Round:
+		return "round"
+	case *masterpb.StateRecord_Decision:
+		return "decision/" + strconv.FormatInt(x.Decision.GetSeq(), 10)
+	case *masterpb.StateRecord_Kv:
+		return "kv/" + x.Kv.GetKey()
+	case *masterpb.StateRecord_Session:
+		return "session/" + x.Session.GetClient()
+	}
+	return ""
+}
+
+func (m *merger) add(rs []*masterpb.StateRecord) {
+	for _, r := range rs {
+		id := recordID(r)
+		if id == "" {
+			continue // a record kind from a newer master: ignored, not fatal
+		}
+		if _, ok := m.by[id]; !ok {
+			m.order = append(m.order, id)
+		}
+		m.by[id] = r
+	}
+}
+
+func (m *merger) records() []*masterpb.StateRecord {
+	out := make([]*masterpb.StateRecord, 0, len(m.order))
+	for _, id := range m.order {
+		out = append(out, m.by[id])
+	}
+	return out
+}
+
+// ---- Job ↔ records ----
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+func exclusionPB(e *Exclusion) *masterpb.Exclusion {
+	if e == nil {
+		return nil
+	}
+	return &masterpb.Exclusion{Code: e.Code, Message: e.Message, Relaunch: e.Relaunch}
+}
+
+func exclusionFrom(e *masterpb.Exclusion) *Exclusion {
+	if e == nil {
+		return nil
+	}
+	return &Exclusion{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
+}
+
+func nodeRecord(n *Node) *masterpb.StateRecord {
+	return &masterpb.StateRecord{Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{
+		Rank: int32(n.Rank), Pod: n.Pod, Incarnation: n.Incarnation, Host: n.Host, Addr: n.Addr, Port: int32(n.Port),
+		LocalWorldSize: int32(n.LocalWorldSize), State: string(n.State), Round: n.Round, Relaunches: int32(n.Relaunches),
+		Checked: n.Checked, Relaunching: n.Relaunching, Exclusion: exclusionPB(n.Exclusion), AfterRound: n.AfterRound,
+	}}}
+}
+
+// DecisionPB is a decision as the protocol carries it.
+func DecisionPB(d Decision) *masterpb.Decision {
+	kind := masterpb.Decision_NONE
+	switch d.Kind {
+	case StopJob:
+		kind = masterpb.Decision_STOP_JOB
+	default:
+		kind = masterpb.Decision_Kind(d.Kind)
+	}
+	return &masterpb.Decision{Seq: d.Seq, Kind: kind, Rank: int32(d.Rank), Pod: d.Pod, Host: d.Host, Reason: d.Reason,
+		Message: d.Message, Counted: d.Counted, TimeUnixNano: unixNano(d.Time)}
+}
+
+func decisionFrom(p *masterpb.Decision) Decision {
+	d := Decision{Seq: p.GetSeq(), Rank: int(p.GetRank()), Pod: p.GetPod(), Host: p.GetHost(), Reason: p.GetReason(),
+		Message: p.GetMessage(), Counted: p.GetCounted(), Time: fromUnixNano(p.GetTimeUnixNano())}
+	if p.GetKind() == masterpb.Decision_STOP_JOB {
+		d.Kind = StopJob
+	} else {
+		d.Kind = DecisionKind(p.GetKind())
+	}
+	return d
+}
+
+func (j *Job) jobRecord() *masterpb.StateRecord {
+	return &masterpb.StateRecord{Record: &masterpb.StateRecord_Job{Job: &masterpb.JobRecord{
+		Stopped: j.stopped, StopReason: j.stopReason, CheckRounds: j.checkRounds, DecisionSeq: j.decisionSeq}}}
+}
+
+func (j *Job) roundRecord() *masterpb.StateRecord {
+	r := j.latest
+	rr := &masterpb.RoundRecord{Number: r.Number, MasterAddr: r.MasterAddr, MasterPort: int32(r.MasterPort),
+		CompletedUnixNano: unixNano(r.CompletedAt)}
+	for i, rank := range r.Ranks {
+		rr.Ranks = append(rr.Ranks, int32(rank))
+		rr.LocalWorldSizes = append(rr.LocalWorldSizes, int32(r.LocalWorldSizes[i]))
+	}
+	return &masterpb.StateRecord{Record: &masterpb.StateRecord_Round{Round: rr}}
+}
+
+// dirtyRecords are the records of what changed.
+func (j *Job) dirtyRecords(d Dirty) []*masterpb.StateRecord {
+	var out []*masterpb.StateRecord
+	if d.Job {
+		out = append(out, j.jobRecord())
+	}
+	if d.Round && j.latest != nil {
+		out = append(out, j.roundRecord())
+	}
+	ranks := make([]int, 0, len(d.Nodes))
+	for r := range d.Nodes {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	for _, r := range ranks {
+		if n, ok := j.nodes[r]; ok {
+			out = append(out, nodeRecord(n))
+		}
+	}
+	for _, dec := range d.Decisions {
+		out = append(out, &masterpb.StateRecord{Record: &masterpb.StateRecord_Decision{Decision: DecisionPB(dec)}})
+	}
+	return out
+}
+
+// maxKeptDecisions bounds the decisions kept in a snapshot (the newest).
+const maxKeptDecisions = 10000
+
+// allRecords are every record of the job, for a snapshot.
+func (j *Job) allRecords() []*masterpb.StateRecord {
+	out := []*masterpb.StateRecord{j.jobRecord()}
+	if j.latest != nil {
+		out = append(out, j.roundRecord())
+	}
+	for _, n := range j.sortedNodes() {
+		out = append(out, nodeRecord(n))
+	}
+	ds := j.decisions
+	if len(ds) > maxKeptDecisions {
+		ds = ds[len(ds)-maxKeptDecisions:]
+	}
+	for _, dec := range ds {
+		out = append(out, &masterpb.StateRecord{Record: &masterpb.StateRecord_Decision{Decision: DecisionPB(dec)}})
+	}
+	return out
+}
+
+// RestoreJob rebuilds a job from its records, as a restarted master does.
+// Every live node gets a fresh heartbeat grace from now (the master was
+// away, not them); a health check in progress starts over; waiting nodes
+// are answered when they call again.
+func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Job, error) {
+	j, err := NewJob(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range records {
+		switch x := r.GetRecord().(type) {
+		case *masterpb.StateRecord_Job:
+			j.stopped, j.stopReason = x.Job.GetStopped(), x.Job.GetStopReason()
+			j.checkRounds, j.decisionSeq = x.Job.GetCheckRounds(), x.Job.GetDecisionSeq()
+		case *masterpb.StateRecord_Round:
+			rr := x.Round
+			if len(rr.GetRanks()) != len(rr.GetLocalWorldSizes()) || len(rr.GetRanks()) == 0 {
+				return nil, fmt.Errorf("%w: round %d has %d ranks and %d sizes", ErrBadState, rr.GetNumber(), len(rr.GetRanks()), len(rr.GetLocalWorldSizes()))
+			}
+			round := &Round{Number: rr.GetNumber(), MasterAddr: rr.GetMasterAddr(), MasterPort: int(rr.GetMasterPort()),
+				CompletedAt: fromUnixNano(rr.GetCompletedUnixNano())}
+			for i, rank := range rr.GetRanks() {
+				round.Ranks = append(round.Ranks, int(rank))
+				round.LocalWorldSizes = append(round.LocalWorldSizes, int(rr.GetLocalWorldSizes()[i]))
+			}
+			round.build()
+			j.latest = round
+		case *masterpb.StateRecord_Node:
+			nr := x.Node
+			n := &Node{NodeInfo: NodeInfo{Pod: nr.GetPod(), Incarnation: nr.GetIncarnation(), Rank: int(nr.GetRank()),
+				LocalWorldSize: int(nr.GetLocalWorldSize()), Addr: nr.GetAddr(), Port: int(nr.GetPort()), Host: nr.GetHost()},
+				State: NodeState(nr.GetState()), Round: nr.GetRound(), AfterRound: nr.GetAfterRound(), Checked: nr.GetChecked(),
+				Relaunches: int(nr.GetRelaunches()), Relaunching: nr.GetRelaunching(), Exclusion: exclusionFrom(nr.GetExclusion()),
+				JoinedAt: now, LastSeen: now}
+			switch n.State {
+			case Joining, Running, Succeeded, Failed:
+			default:
+				return nil, fmt.Errorf("%w: node %d has unknown state %q", ErrBadState, n.Rank, n.State)
+			}
+			if n.Rank < 0 || n.Rank >= j.cfg.MaxNodes {
+				return nil, fmt.Errorf("%w: node rank %d outside [0, %d) of this job's --nnodes", ErrBadState, n.Rank, j.cfg.MaxNodes)
+			}
+			j.nodes[n.Rank] = n
+			j.byPod[n.Pod] = n.Rank
+		case *masterpb.StateRecord_Decision:
+			j.decisions = append(j.decisions, decisionFrom(x.Decision))
+		}
+	}
+	slices.SortFunc(j.decisions, func(a, b Decision) int { return int(a.Seq - b.Seq) })
+	if n := len(j.decisions); n > 0 && j.decisions[n-1].Seq > j.decisionSeq {
+		j.decisionSeq = j.decisions[n-1].Seq
+	}
+	j.lastJoin = now
+	j.lastSweep = now
+	j.recount()
+	j.outdated = j.roundOutdated()
+	return j, nil
+}

@@ -1,0 +1,1111 @@
+package master
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kfelastic/kfelastic/master/relaunch"
+)
+
+// Config is the job's rendezvous and policies (DESIGN.md §5).
+type Config struct {
+	// JobID is the job's rendezvous id (--rdzv-id); the state under --state
+	// belongs to it.
+	JobID string
+	// MinNodes and MaxNodes bound the rounds; NodeUnit (≥ 1) makes their size
+	// a multiple of it.
+	MinNodes, MaxNodes, NodeUnit int
+	// WaitingTimeout is the last call: a round with at least MinNodes (and
+	// fewer than MaxNodes) completes once this passed since the last join.
+	WaitingTimeout time.Duration
+	// JoinTimeout: a node that waited this long without a round exits with
+	// RendezvousTimeout.
+	JoinTimeout time.Duration
+	// PendTimeout: when fewer than MinNodes wait for this long, the job stops.
+	PendTimeout time.Duration
+	// HeartbeatTimeout: a node silent this long is dead (its rank leaves).
+	HeartbeatTimeout time.Duration
+	// NetworkCheck runs the 2-round node health check before a round with a
+	// node that has not passed it; ExcludeStraggler also excludes nodes slower
+	// than StragglerFactor × the median (otherwise they are only reported).
+	NetworkCheck     bool
+	ExcludeStraggler bool
+	// CheckTimeout bounds one check round; a node without a report by then
+	// failed it.
+	CheckTimeout time.Duration
+	// Relaunch is the relaunch policy.
+	Relaunch relaunch.Policy
+}
+
+// Defaults of Config. The heartbeat is tighter than DLRover's (15 s, dead
+// after 600 s): a lost pod is noticed in HeartbeatTimeout, and with a
+// replacement pod ready in seconds that is most of the recovery time. The
+// cost is HeartbeatInterval's traffic: one small call per node per interval
+// (2,000 calls/s for 10,000 nodes at 5 s), which the master answers from
+// memory without writing anything.
+const (
+	DefaultWaitingTimeout    = 30 * time.Second
+	DefaultJoinTimeout       = 600 * time.Second
+	DefaultPendTimeout       = 600 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHeartbeatTimeout  = 30 * time.Second
+	DefaultCheckTimeout      = 120 * time.Second
+	// StragglerFactor: a node whose check took more than this times the
+	// median is a straggler (DLRover's rule).
+	StragglerFactor = 2
+)
+
+// Limits on what one request may carry.
+const (
+	MaxPodName      = 253 // a Kubernetes object name
+	MaxIncarnation  = 128
+	MaxAddr         = 255
+	MaxLocalWorkers = 4096
+)
+
+func (c *Config) setDefaults() error {
+	if c.NodeUnit < 1 {
+		c.NodeUnit = 1
+	}
+	if c.MinNodes < 1 || c.MaxNodes < c.MinNodes {
+		return fmt.Errorf("nnodes %d:%d: want 1 ≤ MIN ≤ MAX", c.MinNodes, c.MaxNodes)
+	}
+	if c.MaxNodes > 1<<20 {
+		return fmt.Errorf("nnodes %d:%d: at most %d nodes", c.MinNodes, c.MaxNodes, 1<<20)
+	}
+	if c.MinNodes%c.NodeUnit != 0 && c.MinNodes < c.NodeUnit {
+		return fmt.Errorf("node unit %d is larger than min nodes %d", c.NodeUnit, c.MinNodes)
+	}
+	for _, d := range []*time.Duration{&c.WaitingTimeout, &c.JoinTimeout, &c.PendTimeout, &c.HeartbeatTimeout, &c.CheckTimeout} {
+		if *d < 0 {
+			return fmt.Errorf("negative timeout %s", *d)
+		}
+	}
+	if c.WaitingTimeout == 0 {
+		c.WaitingTimeout = DefaultWaitingTimeout
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = DefaultJoinTimeout
+	}
+	if c.PendTimeout == 0 {
+		c.PendTimeout = DefaultPendTimeout
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if c.CheckTimeout == 0 {
+		c.CheckTimeout = DefaultCheckTimeout
+	}
+	if c.Relaunch == (relaunch.Policy{}) {
+		c.Relaunch = relaunch.DefaultPolicy
+	}
+	return nil
+}
+
+// NodeState is where a rank's current pod stands.
+type NodeState string
+
+const (
+	// Joining: waiting for the next round (or for its health check).
+	Joining NodeState = "joining"
+	// Running: a member of the latest round, training.
+	Running NodeState = "running"
+	// Succeeded: its agent left with its workers done.
+	Succeeded NodeState = "succeeded"
+	// Failed: its agent left with a failure, was excluded, or went silent.
+	Failed NodeState = "failed"
+)
+
+func (s NodeState) alive() bool { return s == Joining || s == Running }
+
+// NodeInfo is what a node says of itself when it calls.
+type NodeInfo struct {
+	Pod            string
+	Incarnation    string
+	Rank           int // -1: the master chooses
+	LocalWorldSize int
+	Addr           string
+	Port           int
+	Host           string
+}
+
+// Node is the master's record of one rank: its current pod and history.
+type Node struct {
+	NodeInfo
+	State NodeState
+	// Round is the latest round the rank's pod was a member of.
+	Round int64
+	// AfterRound is, while Joining, the round the pod wants one after.
+	AfterRound int64
+	// JoinedAt is when the pod started waiting; LastSeen its latest call.
+	JoinedAt, LastSeen time.Time
+	// Checked: this pod passed the node health check.
+	Checked bool
+	// Relaunches is the rank's counted relaunches (across pods).
+	Relaunches int
+	// Relaunching: a relaunch was decided and its pod has not joined yet.
+	Relaunching bool
+	// Exclusion, when set, is the answer to the pod's every call: it must
+	// exit with this document.
+	Exclusion *Exclusion
+	// Step is the last training step the pod reported.
+	Step int64
+}
+
+// Exclusion tells a node to exit: its error document's code and message,
+// and whether the master wants its pod back (Relaunch: the agent exits with
+// a retryable code) or not (it exits 1).
+type Exclusion struct {
+	Code     string
+	Message  string
+	Relaunch bool
+}
+
+// Round is a completed rendezvous round: its members by group rank.
+type Round struct {
+	Number          int64
+	Ranks           []int
+	LocalWorldSizes []int
+	MasterAddr      string
+	MasterPort      int
+	CompletedAt     time.Time
+
+	index map[int]int // rank → group rank
+	first []int       // group rank → first global rank
+	world int
+}
+
+func (r *Round) build() {
+	r.index = make(map[int]int, len(r.Ranks))
+	r.first = make([]int, len(r.Ranks))
+	r.world = 0
+	for i, rank := range r.Ranks {
+		r.index[rank] = i
+		r.first[i] = r.world
+		r.world += r.LocalWorldSizes[i]
+	}
+}
+
+// Assignment is one member's view of a round.
+type Assignment struct {
+	Number          int64
+	GroupRank       int
+	GroupWorldSize  int
+	WorldSize       int
+	FirstGlobalRank int
+	LocalWorldSize  int
+	MasterAddr      string
+	MasterPort      int
+}
+
+func (r *Round) assignment(rank int) (Assignment, bool) {
+	g, ok := r.index[rank]
+	if !ok {
+		return Assignment{}, false
+	}
+	return Assignment{Number: r.Number, GroupRank: g, GroupWorldSize: len(r.Ranks), WorldSize: r.world,
+		FirstGlobalRank: r.first[g], LocalWorldSize: r.LocalWorldSizes[g], MasterAddr: r.MasterAddr, MasterPort: r.MasterPort}, true
+}
+
+// JoinAnswer is the answer to a Join: exactly one of Round, Check, Excluded,
+// or none of them (pending: ask again).
+type JoinAnswer struct {
+	Rank     int
+	Round    *Assignment
+	Check    *CheckTask
+	Excluded *Exclusion
+	// Waiting is how many nodes wait for the next round (while pending).
+	Waiting int
+}
+
+// Pending reports whether the answer is "not yet".
+func (a JoinAnswer) Pending() bool { return a.Round == nil && a.Check == nil && a.Excluded == nil }
+
+// HeartbeatAction is what a heartbeat's reply tells the node to do.
+type HeartbeatAction int
+
+const (
+	// Continue: nothing to do.
+	Continue HeartbeatAction = iota
+	// Restart: the node's round is outdated; join the next one (free).
+	Restart
+	// Exit: exit with the answer's Exclusion.
+	Exit
+)
+
+func (a HeartbeatAction) String() string {
+	return [...]string{"continue", "restart", "exit"}[a]
+}
+
+// HeartbeatAnswer is the reply to a heartbeat.
+type HeartbeatAnswer struct {
+	Action      HeartbeatAction
+	Exit        *Exclusion
+	LatestRound int64
+}
+
+// DecisionKind is a relaunch decision's kind, or StopJob.
+type DecisionKind = relaunch.Kind
+
+// StopJob is the decision that the job cannot go on.
+const StopJob relaunch.Kind = 100
+
+// Decision is one relaunch decision, data for whoever owns pods (the
+// Kubernetes owner, the local engine): carried out there, logged and
+// counted here.
+type Decision struct {
+	Seq     int64
+	Kind    relaunch.Kind
+	Rank    int
+	Pod     string
+	Host    string
+	Reason  string // the failure code
+	Message string
+	Counted bool
+	Time    time.Time
+}
+
+func (d Decision) String() string {
+	if d.Kind == StopJob {
+		return fmt.Sprintf("decision %d: stop the job: %s", d.Seq, d.Message)
+	}
+	return fmt.Sprintf("decision %d: rank %d (pod %s): %s after %s", d.Seq, d.Rank, d.Pod, d.Kind, d.Reason)
+}
+
+// KindName names a decision kind, StopJob included.
+func KindName(k relaunch.Kind) string {
+	if k == StopJob {
+		return "stop-job"
+	}
+	return k.String()
+}
+
+// Failure is a pod's outcome as its agent reports it in Leave, or as the
+// owner of the pods observes it (a pod OOMKilled, evicted, deleted).
+type Failure struct {
+	Code        string
+	Message     string
+	Recoverable bool
+	Time        time.Time
+}
+
+// Codes of failures the master itself establishes.
+const (
+	CodeNodeLost          = "NodeLost"
+	CodeNodeCheckFailed   = "NodeCheckFailed"
+	CodeStraggler         = "Straggler"
+	CodeRendezvousTimeout = "RendezvousTimeout"
+	CodeJobStopped        = "JobStopped"
+	CodeReplaced          = "Replaced"
+)
+
+// Errors of requests, classified by the server into gRPC codes.
+var (
+	ErrInvalid    = errors.New("invalid request")
+	ErrRankHeld   = errors.New("rank held by another pod")
+	ErrUnknown    = errors.New("unknown node")
+	ErrJobStopped = errors.New("job stopped")
+)
+
+// Job is the master's pure state machine for one elastic job: rendezvous
+// rounds, the node health check, heartbeats and the relaunch policy. It
+// starts no goroutine and reads no clock: every call takes now. Calls
+// mutate; Ready returns what the I/O loop must do about it (wake waiters,
+// persist records, carry out decisions, log). testdata/*.txt replays its
+// scenarios.
+type Job struct {
+	cfg Config
+
+	nodes  map[int]*Node
+	byPod  map[string]int // pod name → rank it last held
+	latest *Round
+	// lastJoin is the time of the latest join into the waiting set; the
+	// last call runs from it.
+	lastJoin time.Time
+	// belowMinSince is when nodes started waiting with fewer than MinNodes.
+	belowMinSince time.Time
+
+	check       *check
+	checkRounds int64 // check rounds so far, for DLRover's "Round N" lines
+
+	// Counters kept by count() so that no call is linear in the nodes
+	// (10,000 of them join one round): waiting for a round; running; failed
+	// and being relaunched; the latest round's members still running it,
+	// and those that left it otherwise than by succeeding.
+	nWaiting, nRunning, nRelaunching int
+	latestAlive, latestDown          int
+	// outdated caches roundOutdated, so that heartbeat waiters are woken
+	// when it turns true, not on every change.
+	outdated bool
+	// lastSweep is the last Tick's time; heartbeat and join timeouts are
+	// swept at most every sweepEvery.
+	lastSweep time.Time
+
+	decisions   []Decision
+	decisionSeq int64
+	stopped     bool
+	stopReason  string
+
+	ready Ready
+}
+
+// NewJob returns the state machine of a job with no nodes yet.
+func NewJob(cfg Config) (*Job, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Job{cfg: cfg, nodes: map[int]*Node{}, byPod: map[string]int{}}, nil
+}
+
+// Config is the job's configuration, defaults filled in.
+func (j *Job) Config() Config { return j.cfg }
+
+// Ready is what the I/O loop must do after calls: wake the waiters of
+// these ranks (Join and Heartbeat), every heartbeat waiter
+// (WakeHeartbeats), or every waiter (WakeAll); persist the dirty records;
+// hand out decisions; write the log lines. Taking it clears it.
+type Ready struct {
+	Wake           map[int]bool
+	WakeHeartbeats bool
+	WakeAll        bool
+	Dirty          Dirty
+	Decided        []Decision
+	Log            []LogLine
+	Rounds         []int64 // rounds completed
+	Dead           []int   // ranks declared dead
+}
+
+// Dirty names the records changed since the last Ready.
+type Dirty struct {
+	Nodes     map[int]bool
+	Round     bool
+	Job       bool
+	Decisions []Decision
+}
+
+// Empty reports whether nothing needs persisting.
+func (d Dirty) Empty() bool { return len(d.Nodes) == 0 && !d.Round && !d.Job && len(d.Decisions) == 0 }
+
+// LogLine is a structured log line the loop writes.
+type LogLine struct {
+	Level string // "info", "warn"
+	Msg   string
+	Attrs []any
+}
+
+// Ready returns and clears what happened since the last call.
+func (j *Job) Ready() Ready {
+	r := j.ready
+	j.ready = Ready{}
+	return r
+}
+
+func (j *Job) wake(rank int) {
+	if j.ready.Wake == nil {
+		j.ready.Wake = map[int]bool{}
+	}
+	j.ready.Wake[rank] = true
+}
+
+func (j *Job) dirtyNode(rank int) {
+	if j.ready.Dirty.Nodes == nil {
+		j.ready.Dirty.Nodes = map[int]bool{}
+	}
+	j.ready.Dirty.Nodes[rank] = true
+}
+
+func (j *Job) logf(level, msg string, attrs ...any) {
+	j.ready.Log = append(j.ready.Log, LogLine{Level: level, Msg: msg, Attrs: attrs})
+}
+
+// Stopped reports whether the job was stopped, and why.
+func (j *Job) Stopped() (bool, string) { return j.stopped, j.stopReason }
+
+// Latest is the latest completed round, nil before the first.
+func (j *Job) Latest() *Round { return j.latest }
+
+// Nodes returns the ranks' records in rank order (copies).
+func (j *Job) Nodes() []Node {
+	out := make([]Node, 0, len(j.nodes))
+	for _, n := range j.sortedNodes() {
+		out = append(out, n.copy())
+	}
+	return out
+}
+
+func (n *Node) copy() Node {
+	c := *n
+	if n.Exclusion != nil {
+		e := *n.Exclusion
+		c.Exclusion = &e
+	}
+	return c
+}
+
+// Node returns rank's record.
+func (j *Job) Node(rank int) (Node, bool) {
+	n, ok := j.nodes[rank]
+	if !ok {
+		return Node{}, false
+	}
+	return n.copy(), true
+}
+
+// Decisions are the decisions so far, oldest first.
+func (j *Job) Decisions() []Decision { return slices.Clone(j.decisions) }
+
+// ---- counters ----
+
+// count adds (sign 1) or removes (sign -1) a record's share of the counters;
+// every change of State, Round, Exclusion or Relaunching goes through
+// update, which calls it around the change.
+func (j *Job) count(rec *Node, sign int) {
+	waiting := rec.State == Joining && rec.Exclusion == nil
+	if waiting {
+		j.nWaiting += sign
+	}
+	if rec.State == Running {
+		j.nRunning += sign
+	}
+	if rec.State == Failed && rec.Relaunching {
+		j.nRelaunching += sign
+	}
+	if j.latest != nil {
+		if _, member := j.latest.index[rec.Rank]; member {
+			switch {
+			case rec.State == Running && rec.Round == j.latest.Number && rec.Exclusion == nil:
+				j.latestAlive += sign
+			case rec.State != Succeeded:
+				j.latestDown += sign
+			}
+		}
+	}
+}
+
+// update changes a record through change, keeping the counters.
+func (j *Job) update(rec *Node, change func(*Node)) {
+	j.count(rec, -1)
+	change(rec)
+	j.count(rec, +1)
+	j.dirtyNode(rec.Rank)
+}
+
+func (j *Job) recount() {
+	j.nWaiting, j.nRunning, j.nRelaunching, j.latestAlive, j.latestDown = 0, 0, 0, 0, 0
+	for _, rec := range j.nodes {
+		j.count(rec, +1)
+	}
+	// A member whose rank has no record any more is down.
+	if j.latest != nil {
+		for _, r := range j.latest.Ranks {
+			if _, ok := j.nodes[r]; !ok {
+				j.latestDown++
+			}
+		}
+	}
+}
+
+// roundOutdated: the latest round lost a member (restarting, failed, gone
+// silent), or nodes wait that the round has room for (scale up, in units
+// of NodeUnit). Members that succeeded are not missed.
+func (j *Job) roundOutdated() bool {
+	if j.latest == nil || j.stopped {
+		return false
+	}
+	if j.latestDown > 0 {
+		return true
+	}
+	return j.check == nil && j.latestAlive < j.cfg.MaxNodes && j.nWaiting >= j.cfg.NodeUnit
+}
+
+// settle runs after every call: it wakes the heartbeat waiters when the
+// latest round just became outdated.
+func (j *Job) settle() {
+	o := j.roundOutdated()
+	if o && !j.outdated {
+		j.ready.WakeHeartbeats = true
+	}
+	j.outdated = o
+}
+
+// ---- requests ----
+
+func (j *Job) validate(n NodeInfo) error {
+	switch {
+	case n.Pod == "" || len(n.Pod) > MaxPodName:
+		return fmt.Errorf("%w: pod name must have 1 to %d bytes", ErrInvalid, MaxPodName)
+	case n.Incarnation == "" || len(n.Incarnation) > MaxIncarnation:
+		return fmt.Errorf("%w: incarnation must have 1 to %d bytes", ErrInvalid, MaxIncarnation)
+	case n.Rank < -1 || n.Rank >= j.cfg.MaxNodes:
+		return fmt.Errorf("%w: node rank %d outside [0, %d) (or -1)", ErrInvalid, n.Rank, j.cfg.MaxNodes)
+	case len(n.Addr) > MaxAddr || len(n.Host) > MaxAddr:
+		return fmt.Errorf("%w: address or host longer than %d bytes", ErrInvalid, MaxAddr)
+	case n.Port < 0 || n.Port > 65535:
+		return fmt.Errorf("%w: port %d outside [0, 65535]", ErrInvalid, n.Port)
+	}
+	return nil
+}
+
+// lookup finds the record of a calling pod incarnation, which must hold its
+// rank.
+func (j *Job) lookup(n NodeInfo) (*Node, error) {
+	if err := j.validate(n); err != nil {
+		return nil, err
+	}
+	rank := n.Rank
+	if rank < 0 {
+		r, ok := j.byPod[n.Pod]
+		if !ok {
+			return nil, fmt.Errorf("%w: pod %q has not joined", ErrUnknown, n.Pod)
+		}
+		rank = r
+	}
+	rec, ok := j.nodes[rank]
+	if !ok || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation {
+		return nil, fmt.Errorf("%w: pod %q (this incarnation) does not hold rank %d", ErrUnknown, n.Pod, rank)
+	}
+	return rec, nil
+}
+
+// chooseRank picks a rank for a pod that asked the master to choose: the
+// one it held before, else the lowest rank nobody alive holds.
+func (j *Job) chooseRank(pod string) (int, error) {
+	if r, ok := j.byPod[pod]; ok {
+		return r, nil
+	}
+	for r := 0; r < j.cfg.MaxNodes; r++ {
+		rec, ok := j.nodes[r]
+		if !ok || !rec.State.alive() {
+			return r, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: all %d ranks are held by live pods", ErrRankHeld, j.cfg.MaxNodes)
+}
+
+// Join registers a pod incarnation for the round after afterRound and
+// returns the answer as it stands: repeated joins with the same afterRound
+// are one join. A rank held by another live pod is refused (ErrRankHeld); a
+// pod whose rank was lost (failed, silent, relaunched) is its replacement.
+func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, error) {
+	defer j.settle()
+	if err := j.validate(n); err != nil {
+		return JoinAnswer{}, err
+	}
+	if n.LocalWorldSize < 1 || n.LocalWorldSize > MaxLocalWorkers {
+		return JoinAnswer{}, fmt.Errorf("%w: local world size %d outside [1, %d]", ErrInvalid, n.LocalWorldSize, MaxLocalWorkers)
+	}
+	if afterRound < 0 {
+		return JoinAnswer{}, fmt.Errorf("%w: after_round %d is negative", ErrInvalid, afterRound)
+	}
+	if n.Rank < 0 {
+		r, err := j.chooseRank(n.Pod)
+		if err != nil {
+			return JoinAnswer{}, err
+		}
+		n.Rank = r
+	}
+	rec := j.nodes[n.Rank]
+	switch {
+	case rec == nil:
+		if old, ok := j.byPod[n.Pod]; ok && old != n.Rank {
+			if o := j.nodes[old]; o != nil && o.Pod == n.Pod && o.State.alive() {
+				return JoinAnswer{}, fmt.Errorf("%w: pod %q holds rank %d, not %d", ErrRankHeld, n.Pod, old, n.Rank)
+			}
+		}
+		rec = &Node{NodeInfo: n, State: Failed}
+		j.nodes[n.Rank] = rec
+		j.byPod[n.Pod] = n.Rank
+		j.count(rec, +1)
+		j.startWaiting(rec, n, afterRound, now)
+	case rec.Pod == n.Pod && rec.Incarnation == n.Incarnation:
+		rec.LastSeen = now
+		switch {
+		case rec.Exclusion != nil || rec.State == Failed || rec.State == Succeeded:
+			// answered below: it must exit
+		case rec.State == Running && rec.Round > afterRound:
+			// the round it waits for is there
+		case rec.State == Joining && rec.AfterRound == afterRound:
+			// the same join again
+		default:
+			// A member restarting its workers, or a join for a later round.
+			j.startWaiting(rec, n, afterRound, now)
+		}
+	case rec.Pod != n.Pod && rec.State.alive():
+		return JoinAnswer{}, fmt.Errorf("%w: rank %d is held by live pod %q", ErrRankHeld, n.Rank, rec.Pod)
+	default:
+		// A new incarnation: the same pod's restarted container, or a
+		// replacement pod for a rank whose pod is gone.
+		j.replace(rec, n, afterRound, now)
+	}
+	return j.Answer(n.Pod, n.Incarnation, n.Rank, afterRound), nil
+}
+
+// replace gives a rank to a new pod incarnation. The old one, if it was
+// a member of the latest round, is gone from it.
+func (j *Job) replace(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
+	if rec.Pod != n.Pod {
+		if j.byPod[rec.Pod] == rec.Rank {
+			delete(j.byPod, rec.Pod)
+		}
+		j.logf("info", "pod takes over rank", "rank", n.Rank, "pod", n.Pod, "replaces", rec.Pod,
+			"relaunched", rec.Relaunching)
+	} else {
+		j.logf("info", "pod restarted", "rank", n.Rank, "pod", n.Pod)
+	}
+	j.byPod[n.Pod] = n.Rank
+	j.update(rec, func(rec *Node) {
+		rec.Relaunching = false
+		rec.Exclusion = nil
+		rec.Checked = false
+		rec.Step = 0
+	})
+	j.startWaiting(rec, n, afterRound, now)
+}
+
+func (j *Job) startWaiting(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
+	j.update(rec, func(rec *Node) {
+		rec.NodeInfo = n
+		rec.State = Joining
+		rec.AfterRound = afterRound
+		rec.JoinedAt = now
+		rec.LastSeen = now
+	})
+	j.lastJoin = now
+	if j.check != nil && !j.check.participates(rec.Rank) {
+		j.logf("info", "node joined during a health check; it waits for the next one", "rank", rec.Rank, "pod", rec.Pod)
+	}
+	j.tryForm(now)
+}
+
+// Answer is the current answer to a pending join (a pure query: the loop
+// asks it again for the waiters it wakes).
+func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAnswer {
+	if rank < 0 {
+		r, ok := j.byPod[pod]
+		if !ok {
+			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
+		}
+		rank = r
+	}
+	a := JoinAnswer{Rank: rank}
+	rec := j.nodes[rank]
+	if rec == nil || rec.Pod != pod || rec.Incarnation != incarnation {
+		holder := "nobody"
+		if rec != nil {
+			holder = "pod " + rec.Pod
+		}
+		a.Excluded = &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
+		return a
+	}
+	switch {
+	case rec.Exclusion != nil:
+		e := *rec.Exclusion
+		a.Excluded = &e
+		return a
+	case j.stopped:
+		a.Excluded = j.stopExclusion()
+		return a
+	}
+	switch rec.State {
+	case Running:
+		if j.latest != nil && rec.Round == j.latest.Number && rec.Round > afterRound {
+			as, _ := j.latest.assignment(rank)
+			a.Round = &as
+			return a
+		}
+	case Joining:
+		if c := j.check; c != nil {
+			if t, ok := c.task(rank, j.cfg.CheckTimeout); ok {
+				a.Check = &t
+				return a
+			}
+		}
+	case Succeeded:
+		a.Excluded = &Exclusion{Code: CodeJobStopped, Message: "this node already succeeded"}
+		return a
+	}
+	a.Waiting = j.nWaiting
+	return a
+}
+
+// waiting are the nodes waiting for a round, in rank order.
+func (j *Job) waiting() []*Node {
+	w := make([]*Node, 0, j.nWaiting)
+	for _, rec := range j.nodes {
+		if rec.State == Joining && rec.Exclusion == nil {
+			w = append(w, rec)
+		}
+	}
+	slices.SortFunc(w, func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) })
+	return w
+}
+
+// tryForm completes a round if the waiting nodes allow it, or starts the
+// health check first (DESIGN.md §5 "Rendezvous").
+func (j *Job) tryForm(now time.Time) {
+	if j.stopped || j.check != nil {
+		return
+	}
+	n := j.nWaiting
+	if n == 0 {
+		j.belowMinSince = time.Time{}
+		return
+	}
+	if n < j.cfg.MinNodes {
+		if j.belowMinSince.IsZero() {
+			j.belowMinSince = now
+		}
+		return
+	}
+	j.belowMinSince = time.Time{}
+	complete := false
+	switch {
+	case n >= j.cfg.MaxNodes:
+		complete = true
+	case j.latest != nil && j.nRunning == 0 && j.nRelaunching == 0:
+		// A re-rendezvous: every living node is here and no replacement is
+		// on its way; the last call would only delay the restart.
+		complete = true
+	case !now.Before(j.lastJoin.Add(j.cfg.WaitingTimeout)):
+		complete = true
+	}
+	if !complete {
+		return
+	}
+	take := min(n, j.cfg.MaxNodes)
+	take -= take % j.cfg.NodeUnit
+	if take < j.cfg.MinNodes {
+		return
+	}
+	w := j.waiting()
+	if j.cfg.NetworkCheck {
+		for _, rec := range w {
+			if !rec.Checked {
+				j.startCheck(w, now)
+				return
+			}
+		}
+	}
+	j.complete(w[:take], now)
+}
+
+func (j *Job) complete(members []*Node, now time.Time) {
+	var number int64 = 1
+	if j.latest != nil {
+		number = j.latest.Number + 1
+	}
+	r := &Round{Number: number, CompletedAt: now}
+	for _, rec := range members {
+		r.Ranks = append(r.Ranks, rec.Rank)
+		r.LocalWorldSizes = append(r.LocalWorldSizes, rec.LocalWorldSize)
+	}
+	r.MasterAddr, r.MasterPort = members[0].Addr, members[0].Port
+	r.build()
+	for _, rec := range members {
+		j.update(rec, func(rec *Node) {
+			rec.State = Running
+			rec.Round = number
+		})
+		j.wake(rec.Rank)
+	}
+	j.latest = r
+	j.recount()
+	j.ready.Dirty.Round = true
+	j.ready.Rounds = append(j.ready.Rounds, number)
+	j.ready.WakeHeartbeats = true // members of older rounds learn of it
+	pods := make([]string, 0, min(len(members), 16))
+	for _, rec := range members[:min(len(members), 16)] {
+		pods = append(pods, rec.Pod)
+	}
+	j.logf("info", "rendezvous round completed", "round", number, "group_world_size", len(members),
+		"world_size", r.world, "master_addr", r.MasterAddr, "master_port", r.MasterPort, "pods", pods,
+		"still_waiting", j.nWaiting)
+}
+
+// Heartbeat records that a pod lives and answers with what it must do. A
+// pod whose rank another pod took over is told to exit (it is fenced off).
+func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (HeartbeatAnswer, error) {
+	defer j.settle()
+	rec, err := j.lookup(n)
+	if err != nil {
+		if held, ok := j.nodes[n.Rank]; ok && n.Rank >= 0 && (held.Pod != n.Pod || held.Incarnation != n.Incarnation) {
+			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: CodeReplaced,
+				Message: fmt.Sprintf("rank %d is now held by pod %s", n.Rank, held.Pod)}, LatestRound: j.latestNumber()}, nil
+		}
+		return HeartbeatAnswer{}, err
+	}
+	rec.LastSeen = now
+	if step >= 0 {
+		rec.Step = step
+	}
+	return j.HeartbeatAnswer(rec.Rank, round), nil
+}
+
+func (j *Job) latestNumber() int64 {
+	if j.latest == nil {
+		return 0
+	}
+	return j.latest.Number
+}
+
+// HeartbeatAnswer is what rank, running in round, must do now (a pure
+// query).
+func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
+	a := HeartbeatAnswer{LatestRound: j.latestNumber()}
+	rec := j.nodes[rank]
+	switch {
+	case rec == nil:
+	case rec.Exclusion != nil:
+		e := *rec.Exclusion
+		a.Action, a.Exit = Exit, &e
+	case j.stopped:
+		a.Action, a.Exit = Exit, j.stopExclusion()
+	case rec.State == Running && round > 0 && (round != rec.Round || j.outdated):
+		a.Action = Restart
+	}
+	return a
+}
+
+// Leave records a pod's end. A success leaves its round alone; a failure
+// gets a relaunch decision, and the round's other members restart.
+func (j *Job) Leave(n NodeInfo, succeeded bool, f Failure, now time.Time) (Decision, error) {
+	defer j.settle()
+	rec, err := j.lookup(n)
+	if err != nil {
+		return Decision{}, err
+	}
+	if succeeded {
+		if rec.State != Succeeded && rec.State != Failed {
+			j.update(rec, func(rec *Node) { rec.State = Succeeded })
+			j.logf("info", "node succeeded", "rank", rec.Rank, "pod", rec.Pod)
+			j.checkReportMissing(rec.Rank, "the node left")
+			j.tryForm(now)
+		}
+		return Decision{}, nil
+	}
+	if rec.State == Failed {
+		return j.lastDecision(rec.Rank), nil // a retried Leave, or one after an exclusion
+	}
+	if len(f.Code) > 256 || len(f.Message) > 64<<10 {
+		return Decision{}, fmt.Errorf("%w: failure code or message too long", ErrInvalid)
+	}
+	return j.fail(rec, f, now), nil
+}
+
+func (j *Job) lastDecision(rank int) Decision {
+	for i := len(j.decisions) - 1; i >= 0; i-- {
+		if j.decisions[i].Rank == rank && j.decisions[i].Kind != StopJob {
+			return j.decisions[i]
+		}
+	}
+	return Decision{}
+}
+
+// PodGone is the owner of the pods reporting that a pod ended without its
+// agent saying so (OOMKilled, evicted, deleted, its node lost). A pod that
+// no longer holds a live rank is ignored.
+func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
+	defer j.settle()
+	rank, ok := j.byPod[pod]
+	if !ok {
+		return Decision{}, false
+	}
+	rec := j.nodes[rank]
+	if rec.Pod != pod || !rec.State.alive() {
+		return Decision{}, false
+	}
+	return j.fail(rec, f, now), true
+}
+
+// fail takes a live pod's rank out: a relaunch decision, an exclusion that
+// answers the pod's every later call (it is fenced off), a wake-up of the
+// others, and a stop of the job if too few nodes can run.
+func (j *Job) fail(rec *Node, f Failure, now time.Time) Decision {
+	d := j.takeOut(rec, f, now)
+	j.checkReportMissing(rec.Rank, f.Code)
+	j.checkViable(now)
+	j.tryForm(now)
+	return d
+}
+
+// takeOut is fail without its consequences for the job, for callers that
+// take several nodes out at once.
+func (j *Job) takeOut(rec *Node, f Failure, now time.Time) Decision {
+	if f.Time.IsZero() {
+		f.Time = now
+	}
+	kind, counted, why := j.cfg.Relaunch.Decide(f.Code, f.Recoverable, rec.Relaunches)
+	msg := f.Message
+	if why != "" {
+		msg = strings.TrimSuffix(why+"; "+msg, "; ")
+	}
+	j.update(rec, func(rec *Node) {
+		rec.State = Failed
+		rec.Checked = false
+		if counted {
+			rec.Relaunches++
+		}
+		rec.Relaunching = kind != relaunch.None
+		rec.Exclusion = &Exclusion{Code: f.Code, Message: f.Message, Relaunch: rec.Relaunching}
+	})
+	d := j.decide(Decision{Kind: kind, Rank: rec.Rank, Pod: rec.Pod, Host: rec.Host, Reason: f.Code, Message: msg, Counted: counted, Time: now})
+	j.wake(rec.Rank)
+	return d
+}
+
+func (j *Job) decide(d Decision) Decision {
+	j.decisionSeq++
+	d.Seq = j.decisionSeq
+	j.decisions = append(j.decisions, d)
+	j.ready.Decided = append(j.ready.Decided, d)
+	j.ready.Dirty.Decisions = append(j.ready.Dirty.Decisions, d)
+	j.ready.Dirty.Job = true
+	j.logf("info", "relaunch decision", "seq", d.Seq, "kind", KindName(d.Kind), "rank", d.Rank, "pod", d.Pod,
+		"host", d.Host, "reason", d.Reason, "counted", d.Counted, "message", d.Message)
+	return d
+}
+
+// checkViable stops the job when fewer than MinNodes can still run: the
+// live ranks, those being relaunched, and those that succeeded.
+func (j *Job) checkViable(now time.Time) {
+	if j.stopped {
+		return
+	}
+	possible := 0
+	var lost []int
+	for _, rec := range j.nodes {
+		switch {
+		case rec.State.alive() && rec.Exclusion == nil, rec.Relaunching, rec.State == Succeeded:
+			possible++
+		default:
+			lost = append(lost, rec.Rank)
+		}
+	}
+	if possible >= j.cfg.MinNodes || len(lost) == 0 {
+		return
+	}
+	slices.Sort(lost)
+	parts := make([]string, len(lost))
+	for i, r := range lost {
+		rec := j.nodes[r]
+		code := ""
+		if rec.Exclusion != nil {
+			code = rec.Exclusion.Code
+		}
+		parts[i] = fmt.Sprintf("%d (%s, %s)", r, rec.Pod, code)
+	}
+	j.stop(fmt.Sprintf("fewer than %d nodes can run: lost for good rank %s", j.cfg.MinNodes, strings.Join(parts, ", ")), now)
+}
+
+func (j *Job) stop(reason string, now time.Time) {
+	j.stopped = true
+	j.stopReason = reason
+	j.check = nil
+	j.ready.Dirty.Job = true
+	j.decide(Decision{Kind: StopJob, Rank: -1, Reason: CodeJobStopped, Message: reason, Time: now})
+	j.ready.WakeAll = true
+	j.logf("warn", "job stopped", "reason", reason)
+}
+
+func (j *Job) stopExclusion() *Exclusion {
+	return &Exclusion{Code: CodeJobStopped, Message: "the master stopped the job: " + j.stopReason}
+}
+
+// sweepEvery bounds how late a heartbeat or join timeout is noticed; the
+// sweep is linear in the nodes, so it does not run on every call.
+const sweepEvery = time.Second
+
+// Tick advances time: heartbeat, join, check and pend timeouts, and the
+// last call.
+func (j *Job) Tick(now time.Time) {
+	defer j.settle()
+	if j.stopped {
+		return
+	}
+	if now.Sub(j.lastSweep) >= j.sweepPeriod() || j.lastSweep.After(now) {
+		j.lastSweep = now
+		j.sweep(now)
+	}
+	if j.check != nil {
+		j.checkTick(now)
+	}
+	if !j.stopped && !j.belowMinSince.IsZero() && now.Sub(j.belowMinSince) >= j.cfg.PendTimeout {
+		j.stop(fmt.Sprintf("only %d of at least %d nodes joined within the pend timeout %s",
+			j.nWaiting, j.cfg.MinNodes, j.cfg.PendTimeout), now)
+		return
+	}
+	j.tryForm(now)
+}
+
+func (j *Job) sweepPeriod() time.Duration {
+	return min(sweepEvery, j.cfg.HeartbeatTimeout/4, j.cfg.JoinTimeout/4)
+}
+
+func (j *Job) sweep(now time.Time) {
+	var silent, late []*Node
+	for _, rec := range j.nodes {
+		if !rec.State.alive() || rec.Exclusion != nil {
+			continue
+		}
+		if now.Sub(rec.LastSeen) > j.cfg.HeartbeatTimeout {
+			silent = append(silent, rec)
+		} else if rec.State == Joining && now.Sub(rec.JoinedAt) >= j.cfg.JoinTimeout {
+			late = append(late, rec)
+		}
+	}
+	byRank := func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) }
+	slices.SortFunc(silent, byRank)
+	slices.SortFunc(late, byRank)
+	for _, rec := range silent {
+		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
+			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
+		j.ready.Dead = append(j.ready.Dead, rec.Rank)
+		j.fail(rec, Failure{Code: CodeNodeLost, Recoverable: true, Time: now,
+			Message: fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout)}, now)
+	}
+	for _, rec := range late {
+		if rec.State != Joining || rec.Exclusion != nil {
+			continue
+		}
+		j.fail(rec, Failure{Code: CodeRendezvousTimeout, Recoverable: true, Time: now,
+			Message: fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout)}, now)
+	}
+}
+
+// Deadline is the earliest time a Tick can change something; zero if none.
+func (j *Job) Deadline() time.Time {
+	var d time.Time
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (d.IsZero() || t.Before(d)) {
+			d = t
+		}
+	}
+	if j.stopped {
+		return d
+	}
+	if len(j.nodes) > 0 {
+		earlier(j.lastSweep.Add(j.sweepPeriod()))
+	}
+	if j.check != nil {
+		earlier(j.check.deadline)
+	} else if j.nWaiting >= j.cfg.MinNodes && j.nWaiting < j.cfg.MaxNodes {
+		earlier(j.lastJoin.Add(j.cfg.WaitingTimeout))
+	}
+	if !j.belowMinSince.IsZero() {
+		earlier(j.belowMinSince.Add(j.cfg.PendTimeout))
+	}
+	return d
+}
+
+func (j *Job) sortedNodes() []*Node {
+	out := make([]*Node, 0, len(j.nodes))
+	for _, rec := range j.nodes {
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) })
+	return out
+}

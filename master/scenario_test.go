@@ -1,0 +1,392 @@
+package master
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/scenarios/*.txt")
+
+// TestScenarios replays the scripts in testdata/scenarios against the Job
+// state machine. A script is blocks separated by blank lines: a command,
+// "----", and what the master answered and did. Commands:
+//
+//	config min=2 max=3 [unit=1] [waiting=30s] [join-timeout=…] [pend-timeout=…]
+//	       [heartbeat-timeout=30s] [check] [exclude-straggler] [check-timeout=…] [max-relaunches=5]
+//	at 12s                          set the clock (from the scenario's start)
+//	join w0 [rank=0] [lws=2] [inc=1] [host=h0]   a pod joins (or asks again)
+//	heartbeat w0                    a pod's heartbeat, in the round it runs
+//	report w0 ok|fail [elapsed=1s] [msg=…]   its result of its current check task
+//	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
+//	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
+//	tick                             time passes (timeouts, last call)
+//	nodes                            every rank's record
+//
+// After each command the runner prints the answers and then what the state
+// machine reported: rounds, check rounds (DLRover's log lines), decisions,
+// stops. Run with -rewrite to update the expectations after a deliberate
+// change, and read the diff.
+func TestScenarios(t *testing.T) {
+	files, err := filepath.Glob("testdata/scenarios/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f) })
+	}
+}
+
+type scenarioPod struct {
+	name        string
+	rank        int
+	incarnation int
+	lws         int
+	host        string
+	// after is the latest round the pod got; it joins the one after.
+	after int64
+	// round is the round its workers run in (0: none).
+	round int64
+	task  *CheckTask
+	left  bool
+}
+
+type scenario struct {
+	t    *testing.T
+	job  *Job
+	t0   time.Time
+	now  time.Time
+	pods map[string]*scenarioPod
+}
+
+func runScenario(t *testing.T, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scenario{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pods: map[string]*scenarioPod{}}
+	s.now = s.t0
+	var out strings.Builder
+	blocks := strings.Split(strings.TrimSpace(string(data)), "\n\n")
+	failed := false
+	for _, block := range blocks {
+		cmd, want, hasWant := strings.Cut(block, "\n----\n")
+		if !hasWant {
+			cmd, _, _ = strings.Cut(block, "\n----")
+		}
+		lines := strings.Split(strings.TrimSpace(cmd), "\n")
+		var comments []string
+		var command string
+		for _, l := range lines {
+			if strings.HasPrefix(strings.TrimSpace(l), "#") {
+				comments = append(comments, l)
+			} else {
+				command = strings.TrimSpace(l)
+			}
+		}
+		got := ""
+		if command != "" {
+			got = s.run(command)
+		}
+		for _, c := range comments {
+			out.WriteString(c + "\n")
+		}
+		if command == "" {
+			out.WriteString("\n")
+			continue
+		}
+		fmt.Fprintf(&out, "%s\n----\n%s\n\n", command, got)
+		if !*rewrite && strings.TrimSpace(want) != strings.TrimSpace(got) {
+			failed = true
+			t.Errorf("%s: %s\nwant:\n%s\ngot:\n%s", filepath.Base(path), command, want, got)
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(strings.ReplaceAll(out.String(), "\n\n\n", "\n\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	} else if failed {
+		t.Log("run with -rewrite to accept the new output")
+	}
+}
+
+func (s *scenario) args(fields []string) map[string]string {
+	m := map[string]string{}
+	for _, f := range fields {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			v = "true"
+		}
+		m[k] = v
+	}
+	return m
+}
+
+func (s *scenario) dur(v string) time.Duration {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		s.t.Fatalf("bad duration %q: %v", v, err)
+	}
+	return d
+}
+
+func (s *scenario) num(v string) int {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		s.t.Fatalf("bad number %q: %v", v, err)
+	}
+	return n
+}
+
+func (s *scenario) pod(name string) *scenarioPod {
+	p, ok := s.pods[name]
+	if !ok {
+		p = &scenarioPod{name: name, rank: -1, incarnation: 1, lws: 1}
+		if i := strings.LastIndexAny(name, "0123456789"); i >= 0 {
+			j := i
+			for j > 0 && name[j-1] >= '0' && name[j-1] <= '9' {
+				j--
+			}
+			p.rank, _ = strconv.Atoi(name[j : i+1])
+		}
+		p.host = "host-" + name
+		s.pods[name] = p
+	}
+	return p
+}
+
+func (p *scenarioPod) info() NodeInfo {
+	return NodeInfo{Pod: p.name, Incarnation: fmt.Sprint(p.incarnation), Rank: p.rank, LocalWorldSize: p.lws,
+		Addr: "addr-" + p.name, Port: 29500, Host: p.host}
+}
+
+func (s *scenario) run(command string) string {
+	f := strings.Fields(command)
+	var b strings.Builder
+	switch f[0] {
+	case "config":
+		a := s.args(f[1:])
+		cfg := Config{JobID: "job", MinNodes: s.num(a["min"]), MaxNodes: s.num(a["max"])}
+		if v, ok := a["unit"]; ok {
+			cfg.NodeUnit = s.num(v)
+		}
+		for k, d := range map[string]*time.Duration{"waiting": &cfg.WaitingTimeout, "join-timeout": &cfg.JoinTimeout,
+			"pend-timeout": &cfg.PendTimeout, "heartbeat-timeout": &cfg.HeartbeatTimeout, "check-timeout": &cfg.CheckTimeout} {
+			if v, ok := a[k]; ok {
+				*d = s.dur(v)
+			}
+		}
+		cfg.NetworkCheck = a["check"] == "true"
+		cfg.ExcludeStraggler = a["exclude-straggler"] == "true"
+		if v, ok := a["max-relaunches"]; ok {
+			cfg.Relaunch.MaxPerRank = s.num(v)
+			cfg.Relaunch.OOM.Factor = 2
+		}
+		j, err := NewJob(cfg)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		s.job = j
+		c := j.Config()
+		fmt.Fprintf(&b, "nnodes=%d:%d unit=%d waiting=%s heartbeat-timeout=%s check=%v", c.MinNodes, c.MaxNodes,
+			c.NodeUnit, c.WaitingTimeout, c.HeartbeatTimeout, c.NetworkCheck)
+		return b.String()
+	case "at":
+		s.now = s.t0.Add(s.dur(f[1]))
+		return "t=" + f[1]
+	case "join":
+		p := s.pod(f[1])
+		a := s.args(f[2:])
+		if v, ok := a["rank"]; ok {
+			p.rank = s.num(v)
+		}
+		if v, ok := a["lws"]; ok {
+			p.lws = s.num(v)
+		}
+		if v, ok := a["host"]; ok {
+			p.host = v
+		}
+		if v, ok := a["inc"]; ok {
+			if n := s.num(v); n != p.incarnation {
+				p.incarnation, p.after, p.round, p.left = n, 0, 0, false
+			}
+		}
+		p.round = 0 // its workers stopped to join
+		p.left = false
+		ans, err := s.job.Join(p.info(), p.after, s.now)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
+		} else {
+			b.WriteString(s.answer(p, ans))
+		}
+	case "heartbeat":
+		p := s.pod(f[1])
+		ha, err := s.job.Heartbeat(p.info(), p.round, -1, s.now)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
+			break
+		}
+		fmt.Fprintf(&b, "%s: %s", p.name, ha.Action)
+		if ha.Exit != nil {
+			fmt.Fprintf(&b, " %s", excl(ha.Exit))
+		}
+	case "report":
+		p := s.pod(f[1])
+		if p.task == nil {
+			return p.name + ": no check task"
+		}
+		a := s.args(f[3:])
+		rep := CheckReport{OK: f[2] == "ok", Elapsed: time.Second, Message: a["msg"]}
+		if v, ok := a["elapsed"]; ok {
+			rep.Elapsed = s.dur(v)
+		}
+		if !rep.OK && rep.Message == "" {
+			rep.Message = "check failed"
+		}
+		if err := s.job.ReportCheck(p.info(), p.task.Check, p.task.Round, rep, s.now); err != nil {
+			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
+		}
+		p.task = nil
+		fmt.Fprintf(&b, "%s: reported", p.name)
+	case "leave":
+		p := s.pod(f[1])
+		var d Decision
+		var err error
+		if f[2] == "ok" {
+			d, err = s.job.Leave(p.info(), true, Failure{}, s.now)
+		} else {
+			user := len(f) > 3 && f[3] == "user"
+			d, err = s.job.Leave(p.info(), false, Failure{Code: f[2], Message: f[2] + " in " + p.name, Recoverable: !user}, s.now)
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
+		} else {
+			fmt.Fprintf(&b, "%s: left, relaunch=%v", p.name, d.Kind != 0 && d.Kind != StopJob)
+		}
+		p.round = 0
+		p.left = true
+	case "gone":
+		p := s.pod(f[1])
+		_, ok := s.job.PodGone(p.name, Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
+		fmt.Fprintf(&b, "%s: gone (news to the master: %v)", p.name, ok)
+	case "tick":
+		s.job.Tick(s.now)
+		b.WriteString("tick")
+	case "nodes":
+		for _, n := range s.job.Nodes() {
+			fmt.Fprintf(&b, "rank %d: %s %s round=%d checked=%v relaunches=%d", n.Rank, n.Pod, n.State, n.Round, n.Checked, n.Relaunches)
+			if n.Relaunching {
+				b.WriteString(" relaunching")
+			}
+			if n.Exclusion != nil {
+				fmt.Fprintf(&b, " exit=%s", n.Exclusion.Code)
+			}
+			b.WriteString("\n")
+		}
+		return strings.TrimSpace(b.String())
+	default:
+		s.t.Fatalf("unknown command %q", f[0])
+	}
+	s.ready(&b)
+	return strings.TrimSpace(b.String())
+}
+
+func excl(e *Exclusion) string {
+	r := "no relaunch"
+	if e.Relaunch {
+		r = "relaunch"
+	}
+	return fmt.Sprintf("exit %s (%s): %s", e.Code, r, e.Message)
+}
+
+func (s *scenario) answer(p *scenarioPod, a JoinAnswer) string {
+	switch {
+	case a.Round != nil:
+		r := a.Round
+		p.after, p.round = r.Number, r.Number
+		return fmt.Sprintf("%s: round %d group_rank=%d group_world_size=%d world_size=%d first_global_rank=%d master=%s:%d",
+			p.name, r.Number, r.GroupRank, r.GroupWorldSize, r.WorldSize, r.FirstGlobalRank, r.MasterAddr, r.MasterPort)
+	case a.Check != nil:
+		c := *a.Check
+		p.task = &c
+		return fmt.Sprintf("%s: check %d round %d: group %d rank %d of %d, meet at %s:%d", p.name, c.Check, c.Round,
+			c.Group, c.GroupRank, c.GroupSize, c.LeaderAddr, c.LeaderPort)
+	case a.Excluded != nil:
+		return fmt.Sprintf("%s: %s", p.name, excl(a.Excluded))
+	}
+	return fmt.Sprintf("%s: pending (%d waiting)", p.name, a.Waiting)
+}
+
+// ready prints what the state machine asked the loop to do, and what the
+// woken pods would now be answered.
+func (s *scenario) ready(b *strings.Builder) {
+	r := s.job.Ready()
+	for _, l := range r.Log {
+		if strings.HasPrefix(l.Msg, "Round ") || l.Level == "warn" {
+			fmt.Fprintf(b, "\nlog: %s", l.Msg)
+		}
+	}
+	for _, n := range r.Rounds {
+		lr := s.job.Latest()
+		if lr != nil && lr.Number == n {
+			pods := make([]string, len(lr.Ranks))
+			for i, rank := range lr.Ranks {
+				nd, _ := s.job.Node(rank)
+				pods[i] = nd.Pod
+			}
+			fmt.Fprintf(b, "\nround %d completed: %s", n, strings.Join(pods, " "))
+		}
+	}
+	for _, d := range r.Decided {
+		fmt.Fprintf(b, "\n%s", d)
+		if d.Counted {
+			b.WriteString(" (counted)")
+		}
+	}
+	// The pods woken by this step, answered as their waiting calls would be.
+	var woken []string
+	for name, p := range s.pods {
+		if r.WakeAll || r.Wake[p.rank] {
+			woken = append(woken, name)
+		}
+	}
+	slices.Sort(woken)
+	for _, name := range woken {
+		p := s.pods[name]
+		if p.round != 0 || p.left {
+			continue // training: it hears of it on its heartbeat; or gone
+		}
+		nd, ok := s.job.Node(p.rank)
+		if !ok || nd.Pod != p.name || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil {
+			continue
+		}
+		a := s.job.Answer(p.name, fmt.Sprint(p.incarnation), p.rank, p.after)
+		if a.Pending() {
+			continue
+		}
+		fmt.Fprintf(b, "\n  woken %s", s.answer(p, a))
+	}
+	if r.WakeHeartbeats || r.WakeAll {
+		var hb []string
+		for name, p := range s.pods {
+			if p.round != 0 {
+				if a := s.job.HeartbeatAnswer(p.rank, p.round); a.Action != Continue {
+					hb = append(hb, fmt.Sprintf("%s: %s", name, a.Action))
+				}
+			}
+		}
+		slices.Sort(hb)
+		for _, h := range hb {
+			fmt.Fprintf(b, "\n  heartbeat %s", h)
+		}
+	}
+	if stopped, why := s.job.Stopped(); stopped && r.WakeAll {
+		fmt.Fprintf(b, "\njob stopped: %s", why)
+	}
+}

@@ -1,0 +1,565 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"gocloud.dev/blob"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/master/store"
+)
+
+// PodOwner carries out relaunch decisions: on Kubernetes the master's own
+// client (master/kube), locally the engine. Carry must be idempotent (a
+// decision is carried again after a master restart or an error).
+type PodOwner interface {
+	Carry(ctx context.Context, d Decision) error
+}
+
+// Options configure a Server.
+type Options struct {
+	Job Config
+	// Token is the job's token; every call must carry it.
+	Token string
+	// StateURL is where the state lives (file://, s3://, mem://); empty: in
+	// memory only (tests).
+	StateURL string
+	// HeartbeatInterval is how long a heartbeat call is held when there is
+	// nothing to say (the agents' call rate).
+	HeartbeatInterval time.Duration
+	// Store bounds the torch store.
+	Store store.Limits
+	// Owner carries out decisions; nil: they are only logged.
+	Owner  PodOwner
+	Logger *slog.Logger
+}
+
+// Server is the master: the Job and the store inside one loop that orders
+// every call, persists each batch of changes before it answers (group
+// commit), and wakes the calls that wait (long polls) when their answer
+// changes.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	job     *Job
+	store   *store.Store
+	durable *durableLog
+	bucket  *blob.Bucket
+	metrics *metrics
+
+	inbox chan *call
+	done  chan struct{} // closed when the loop ends
+	err   error         // why it ended
+
+	// owned by the loop
+	joinWaiters  map[int][]*call
+	hbWaiters    map[int][]*call
+	storeWaiters map[string][]*call
+	formingSince time.Time
+
+	decisions chan Decision
+}
+
+// A call is one request as the loop sees it: apply runs in the loop and
+// either finishes it (finish) or leaves it waiting, with eval to run again
+// when it may be answerable.
+type call struct {
+	apply func(s *Server, now time.Time) // in the loop
+	eval  func(s *Server) bool           // in the loop: true when finished
+
+	mu        sync.Mutex
+	finished  bool
+	abandoned bool
+	result    any
+	err       error
+	done      chan struct{} // closed once the answer is durable
+	once      sync.Once
+}
+
+func (c *call) release() { c.once.Do(func() { close(c.done) }) }
+
+func newCall(apply func(s *Server, now time.Time)) *call {
+	return &call{apply: apply, done: make(chan struct{})}
+}
+
+// finish sets the answer (in the loop); false if the caller gave up.
+func (c *call) finish(result any, err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.abandoned || c.finished {
+		return false
+	}
+	c.finished, c.result, c.err = true, result, err
+	return true
+}
+
+// abandon is the caller giving up on a wait; false if the answer is
+// already there (then the caller waits for done, which is near).
+func (c *call) abandon() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.finished {
+		return false
+	}
+	c.abandoned = true
+	return true
+}
+
+func (c *call) live() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.abandoned && !c.finished
+}
+
+// NewServer loads the state under opts.StateURL (a restarted master goes on
+// where it stopped) and returns a server ready to Run.
+func NewServer(ctx context.Context, opts Options) (*Server, error) {
+	if opts.Token == "" {
+		return nil, errors.New("no job token")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	s := &Server{opts: opts, log: opts.Logger, store: store.New(opts.Store), inbox: make(chan *call, 4096),
+		done: make(chan struct{}), joinWaiters: map[int][]*call{}, hbWaiters: map[int][]*call{},
+		storeWaiters: map[string][]*call{}, decisions: make(chan Decision, 1024)}
+	now := time.Now()
+	var records []*masterpb.StateRecord
+	if opts.StateURL != "" {
+		b, err := kferrors.OpenPrefix(ctx, opts.StateURL, true)
+		if err != nil {
+			return nil, fmt.Errorf("--state: %w", err)
+		}
+		s.bucket = b
+		d, recs, err := loadState(ctx, b, opts.Job.JobID)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		s.durable, records = d, recs
+	}
+	job, err := RestoreJob(opts.Job, records, now)
+	if err != nil {
+		s.closeBucket()
+		return nil, err
+	}
+	s.job = job
+	kvs, sessions := storeRecordsFrom(records)
+	if err := s.store.Restore(kvs, sessions); err != nil {
+		s.closeBucket()
+		return nil, fmt.Errorf("%w: torch store: %v", ErrBadState, err)
+	}
+	s.store.TakeChanges() // what was restored is durable already
+	s.job.Ready()
+	s.metrics = newMetrics(s)
+	if len(records) > 0 {
+		n := 0
+		if l := job.Latest(); l != nil {
+			n = int(l.Number)
+		}
+		s.log.Info("master state reloaded", "state", opts.StateURL, "seq", s.durable.seq, "round", n,
+			"nodes", len(job.nodes), "decisions", len(job.decisions), "store_keys", s.store.Len())
+	}
+	return s, nil
+}
+
+func (s *Server) closeBucket() {
+	if s.bucket != nil {
+		s.bucket.Close()
+	}
+}
+
+// Job returns the server's job configuration (defaults filled in).
+func (s *Server) Job() Config { return s.job.Config() }
+
+// Run is the loop; it returns when ctx ends (nil) or the state cannot be
+// written any more (ErrFenced: another master took over).
+func (s *Server) Run(ctx context.Context) error {
+	defer close(s.done)
+	defer s.closeBucket()
+	owner, stopOwner := s.startOwner(ctx)
+	defer stopOwner()
+	for _, d := range s.job.Decisions() {
+		owner(d) // carried again: the owner is idempotent
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var batch []*call
+	for {
+		timer.Stop()
+		var tick <-chan time.Time
+		if d := s.job.Deadline(); !d.IsZero() {
+			timer.Reset(time.Until(d))
+			tick = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			s.fail(errors.New("master stopping"))
+			return nil
+		case c := <-s.inbox:
+			batch = append(batch, c)
+		case <-tick:
+			batch = append(batch, newCall(func(s *Server, now time.Time) { s.job.Tick(now) }))
+		}
+		// Group commit: take whatever else is queued, up to a bound.
+	more:
+		for len(batch) < 1024 {
+			select {
+			case c := <-s.inbox:
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		var answered []*call
+		if s.formingSince.IsZero() {
+			s.formingSince = time.Now() // a round may start forming in this batch
+		}
+		for _, c := range batch {
+			c.apply(s, time.Now())
+			if !c.live() {
+				answered = append(answered, c)
+			}
+		}
+		batch = batch[:0]
+		woken, decided, err := s.settle(ctx)
+		answered = append(answered, woken...)
+		if err != nil {
+			s.err = err
+			s.fail(err)
+			return err
+		}
+		for _, c := range answered {
+			c.release()
+		}
+		for _, d := range decided {
+			owner(d)
+		}
+	}
+}
+
+// settle takes the job's Ready: logs, metrics, wake-ups, then persists the
+// batch. The woken calls' answers are returned to be released with the
+// batch's own, once durable.
+func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decision, err error) {
+	r := s.job.Ready()
+	for _, l := range r.Log {
+		level := slog.LevelInfo
+		if l.Level == "warn" {
+			level = slog.LevelWarn
+		}
+		s.log.Log(ctx, level, l.Msg, l.Attrs...)
+	}
+	now := time.Now()
+	for range r.Rounds {
+		s.metrics.rounds.Inc()
+		s.metrics.rendezvousLatency.Observe(now.Sub(s.formingSince).Seconds())
+		s.formingSince = now
+	}
+	if s.job.nWaiting == 0 {
+		s.formingSince = time.Time{} // nobody waits: the next round starts forming with the next join
+	}
+	s.metrics.heartbeatsMissed.Add(float64(len(r.Dead)))
+	for _, d := range r.Decided {
+		s.metrics.decisions.WithLabelValues(KindName(d.Kind), d.Reason).Inc()
+	}
+	evalAll := func(m map[int][]*call) {
+		for rank := range m {
+			answered = s.evalWaiters(m, rank, answered)
+		}
+	}
+	switch {
+	case r.WakeAll:
+		evalAll(s.joinWaiters)
+		evalAll(s.hbWaiters)
+	case r.WakeHeartbeats:
+		evalAll(s.hbWaiters)
+	}
+	for rank := range r.Wake {
+		answered = s.evalWaiters(s.joinWaiters, rank, answered)
+		answered = s.evalWaiters(s.hbWaiters, rank, answered)
+	}
+	kvs, sessions := s.store.TakeChanges()
+	for _, kv := range kvs {
+		answered = s.evalStoreWaiters(kv.Key, answered)
+	}
+	records := s.job.dirtyRecords(r.Dirty)
+	records = append(records, storeRecords(kvs, sessions)...)
+	if len(records) > 0 && s.durable != nil {
+		if err := s.persist(ctx, records); err != nil {
+			return nil, nil, err
+		}
+	}
+	return answered, r.Decided, nil
+}
+
+// persist writes one batch, retrying until it is durable; only a fence (or
+// the end of ctx) stops it. Nothing is acknowledged meanwhile.
+func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) error {
+	start := time.Now()
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := s.durable.append(wctx, records)
+		cancel()
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+			return err
+		}
+		s.metrics.stateErrors.Inc()
+		s.log.Error("cannot write master state; retrying (nothing is acknowledged meanwhile)", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff + rand.N(backoff)):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	s.metrics.stateWrites.Inc()
+	s.metrics.stateWriteSeconds.Observe(time.Since(start).Seconds())
+	if s.durable.wantsSnapshot() {
+		all := s.job.allRecords()
+		kvs, sessions := s.store.Snapshot()
+		all = append(all, storeRecords(kvs, sessions)...)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := s.durable.snapshot(wctx, all); err != nil {
+			// The log still holds everything; the next batch tries again.
+			s.log.Warn("cannot write master state snapshot", "err", err)
+		}
+	}
+	return nil
+}
+
+func (s *Server) evalWaiters(m map[int][]*call, rank int, answered []*call) []*call {
+	ws := m[rank]
+	if len(ws) == 0 {
+		return answered
+	}
+	keep := ws[:0]
+	for _, c := range ws {
+		switch {
+		case !c.live():
+			// abandoned by its caller, or ended by fail: drop it
+		case c.eval(s):
+			answered = append(answered, c)
+		default:
+			keep = append(keep, c)
+		}
+	}
+	if len(keep) == 0 {
+		delete(m, rank)
+	} else {
+		m[rank] = keep
+	}
+	return answered
+}
+
+func (s *Server) evalStoreWaiters(key string, answered []*call) []*call {
+	ws := s.storeWaiters[key]
+	if len(ws) == 0 {
+		return answered
+	}
+	delete(s.storeWaiters, key)
+	for _, c := range ws {
+		if !c.live() {
+			continue
+		}
+		if c.eval(s) {
+			answered = append(answered, c)
+		}
+		// else: it re-registered under its other missing keys
+	}
+	return answered
+}
+
+// fail ends every call that waits or is queued.
+func (s *Server) fail(err error) {
+	for _, m := range []map[int][]*call{s.joinWaiters, s.hbWaiters} {
+		for _, ws := range m {
+			for _, c := range ws {
+				c.finish(nil, err)
+			}
+		}
+	}
+	for _, ws := range s.storeWaiters {
+		for _, c := range ws {
+			c.finish(nil, err)
+		}
+	}
+}
+
+// submit hands a call to the loop.
+func (s *Server) submit(ctx context.Context, c *call) error {
+	select {
+	case s.inbox <- c:
+		return nil
+	case <-s.done:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var errStopped = errors.New("master stopping")
+
+// do runs apply in the loop and waits for its durable answer; wait > 0 lets
+// a call that is left waiting give up after wait, with timeout's answer.
+func (s *Server) do(ctx context.Context, c *call, wait time.Duration, timeout func() (any, error)) (any, error) {
+	if err := s.submit(ctx, c); err != nil {
+		return nil, err
+	}
+	var expire <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		expire = t.C
+	}
+	select {
+	case <-c.done:
+		return c.result, c.err
+	case <-s.done:
+		select {
+		case <-c.done:
+			return c.result, c.err
+		default:
+		}
+		if c.err != nil {
+			return nil, c.err
+		}
+		return nil, errStopped
+	case <-expire:
+		if c.abandon() {
+			return timeout()
+		}
+	case <-ctx.Done():
+		if c.abandon() {
+			return nil, ctx.Err()
+		}
+	}
+	select { // answered meanwhile: it is being made durable
+	case <-c.done:
+		return c.result, c.err
+	case <-s.done:
+		return nil, errStopped
+	}
+}
+
+// ---- owner ----
+
+// startOwner runs the PodOwner beside the loop: decisions are queued and
+// carried with retries, so that a slow API server never stalls the master.
+func (s *Server) startOwner(ctx context.Context) (func(Decision), func()) {
+	if s.opts.Owner == nil {
+		return func(Decision) {}, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case d := <-s.decisions:
+				s.carry(ctx, d)
+			}
+		}
+	}()
+	return func(d Decision) {
+			select {
+			case s.decisions <- d:
+			default:
+				s.log.Error("decision queue full; decision dropped", "decision", d.String())
+			}
+		}, func() {
+			cancel()
+			wg.Wait()
+		}
+}
+
+func (s *Server) carry(ctx context.Context, d Decision) {
+	backoff := 200 * time.Millisecond
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := s.opts.Owner.Carry(cctx, d)
+		cancel()
+		if err == nil {
+			s.log.Info("decision carried out", "seq", d.Seq, "kind", KindName(d.Kind), "rank", d.Rank, "pod", d.Pod)
+			return
+		}
+		s.log.Warn("cannot carry out decision; retrying", "seq", d.Seq, "attempt", attempt, "err", err)
+		if attempt >= 10 {
+			s.log.Error("giving up on decision", "seq", d.Seq, "err", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// PodGone reports a pod that ended without its agent saying so (from the
+// owner of the pods).
+func (s *Server) PodGone(ctx context.Context, pod string, f Failure) error {
+	c := newCall(nil)
+	c.apply = func(s *Server, now time.Time) {
+		_, news := s.job.PodGone(pod, f, now)
+		c.finish(news, nil)
+	}
+	_, err := s.do(ctx, c, 0, nil)
+	return err
+}
+
+// ---- store records ----
+
+func storeRecords(kvs []store.KV, sessions []store.Session) []*masterpb.StateRecord {
+	out := make([]*masterpb.StateRecord, 0, len(kvs)+len(sessions))
+	for _, kv := range kvs {
+		out = append(out, &masterpb.StateRecord{Record: &masterpb.StateRecord_Kv{Kv: &masterpb.KVRecord{
+			Key: kv.Key, Value: kv.Value, Deleted: kv.Deleted}}})
+	}
+	for _, ss := range sessions {
+		out = append(out, &masterpb.StateRecord{Record: &masterpb.StateRecord_Session{Session: &masterpb.SessionRecord{
+			Client: ss.Client, Seq: ss.Seq, Closed: ss.Closed, Response: storeResultPB(ss.Result)}}})
+	}
+	return out
+}
+
+func storeRecordsFrom(records []*masterpb.StateRecord) ([]store.KV, []store.Session) {
+	var kvs []store.KV
+	var sessions []store.Session
+	for _, r := range records {
+		switch x := r.GetRecord().(type) {
+		case *masterpb.StateRecord_Kv:
+			kvs = append(kvs, store.KV{Key: x.Kv.GetKey(), Value: x.Kv.GetValue(), Deleted: x.Kv.GetDeleted()})
+		case *masterpb.StateRecord_Session:
+			sessions = append(sessions, store.Session{Client: x.Session.GetClient(), Seq: x.Session.GetSeq(),
+				Closed: x.Session.GetClosed(), Result: storeResultFrom(x.Session.GetResponse())})
+		}
+	}
+	return kvs, sessions
+}
+
+func storeResultPB(r store.Result) *masterpb.StoreResponse {
+	return &masterpb.StoreResponse{Value: r.Value, Values: r.Values, Number: r.Number, Ok: r.OK}
+}
+
+func storeResultFrom(p *masterpb.StoreResponse) store.Result {
+	return store.Result{Value: p.GetValue(), Values: p.GetValues(), Number: p.GetNumber(), OK: p.GetOk()}
+}
