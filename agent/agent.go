@@ -83,9 +83,15 @@ type Config struct {
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
 	// TokenFile holds the per-job token the master requires on every call
-	// (DESIGN.md §5); the plugin mounts it from the job's Secret. Kept for
-	// the master's rendezvous client; the rendezvous backends here need none.
+	// (DESIGN.md §5); the plugin mounts it from the job's Secret.
 	TokenFile string
+	// HeartbeatInterval is the master heartbeat's period (default 5 s).
+	HeartbeatInterval time.Duration
+
+	// ownsRendezvous: validate dialled the master, Run closes it.
+	ownsRendezvous bool
+	// checkCommand replaces the Go node check's argv (tests).
+	checkCommand []string
 }
 
 // ExitError is how Run reports a failed pod: the root cause and the exit
@@ -117,9 +123,9 @@ func firstLine(s string) string {
 	return s
 }
 
-// ErrMasterRequired is returned for an elastic multi-node job: its
-// rendezvous is the kfelastic master's.
-var ErrMasterRequired = errors.New("elastic multi-node rendezvous needs the kfelastic master (not available yet); use --standalone, --nnodes 1, or --rdzv-backend static with --master-addr/--master-port and a fixed --nnodes")
+// ErrMasterRequired is returned for an elastic multi-node job without a
+// master to meet at.
+var ErrMasterRequired = errors.New("an elastic multi-node job needs the kfelastic master: give --rdzv-endpoint HOST:PORT (and --token-file); or use --standalone, --nnodes 1, or --rdzv-backend static with --master-addr/--master-port and a fixed --nnodes")
 
 func (c *Config) validate() error {
 	if len(c.Command) == 0 {
@@ -166,10 +172,57 @@ func (c *Config) validate() error {
 			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
 		}
 		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
-	default:
+	case c.RdzvEndpoint == "":
 		return ErrMasterRequired
+	default:
+		token, err := readToken(c.TokenFile)
+		if err != nil {
+			return err
+		}
+		m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: nodeHost(), Logger: c.Logger,
+			HeartbeatInterval: c.HeartbeatInterval,
+			Check:             &NodeCheck{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
+		if err != nil {
+			return err
+		}
+		c.Rendezvous = m
+		c.ownsRendezvous = true
 	}
 	return nil
+}
+
+// readToken reads the job's token (the plugin mounts it from a Secret).
+func readToken(path string) (string, error) {
+	if path == "" {
+		return "", errors.New("the kfelastic master needs the job token: give --token-file")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	if st.Size() > 4096 {
+		return "", fmt.Errorf("--token-file %s: %d bytes, more than a token (4096)", path, st.Size())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("--token-file %s is empty", path)
+	}
+	return tok, nil
+}
+
+// nodeHost is the machine the pod runs on, as the master should avoid it:
+// KFELASTIC_NODE_NAME (the plugin sets it to the pod's spec.nodeName),
+// else the hostname.
+func nodeHost() string {
+	if h := os.Getenv("KFELASTIC_NODE_NAME"); h != "" {
+		return h
+	}
+	h, _ := os.Hostname()
+	return h
 }
 
 // Run supervises the workers until they succeed (nil), the pod fails
@@ -223,6 +276,9 @@ func Run(ctx context.Context, cfg Config) error {
 		l.addr = hostFQDN(ctx)
 	}
 	defer l.cleanup()
+	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
+		defer c.Close()
+	}
 	return l.run(ctx)
 }
 
@@ -341,16 +397,40 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.pendingDoc = a.Failure
 		l.docKey = l.write(a.Failure)
 	case Exit:
-		if a.Code == 0 {
+		code := l.leave(a.Code)
+		if code == 0 {
 			l.log.Info("workers succeeded", "restart_count", l.policy.RestartCount())
 			return true, nil
 		}
 		f := l.pendingDoc
 		l.log.Error("pod failed", "code", f.Code, "worker", f.Worker, "time", f.Time, "exit_code", a.Code,
 			"restart_count", l.policy.RestartCount())
-		return true, &ExitError{Code: a.Code, Failure: f, Document: l.docKey}
+		return true, &ExitError{Code: code, Failure: f, Document: l.docKey}
 	}
 	return false, nil
+}
+
+// Leaver is a Rendezvous that wants to know how a node ended: the master,
+// which decides whether the pod comes back.
+type Leaver interface {
+	Leave(ctx context.Context, succeeded bool, f kferrors.Failure) (relaunch, known bool)
+}
+
+// leave tells the rendezvous how the pod ends and returns the exit code: a
+// retryable failure whose pod the master will not relaunch (its budget is
+// spent, the job stopped) exits 1, so that the training operator's ExitCode
+// policy does not bring it back either.
+func (l *loop) leave(code int) int {
+	lv, ok := l.cfg.Rendezvous.(Leaver)
+	if !ok {
+		return code
+	}
+	relaunch, known := lv.Leave(l.work, code == 0, l.pendingDoc)
+	if known && code >= 128 && !relaunch {
+		l.log.Info("the master will not relaunch this pod; exiting 1", "would_exit", code)
+		return 1
+	}
+	return code
 }
 
 // join asks the rendezvous for the next round in the background; the answer
@@ -369,8 +449,11 @@ func (l *loop) join() {
 		}
 		node.Port = port
 		round, err := l.cfg.Rendezvous.Next(ctx, node)
+		var excluded *ExcludedError
 		switch {
 		case ctx.Err() != nil:
+		case errors.As(err, &excluded):
+			l.send(RendezvousFailed{Code: excluded.Code, Message: excluded.Message, NoRelaunch: !excluded.Relaunch})
 		case err != nil:
 			l.send(RendezvousFailed{Message: fmt.Sprintf("rendezvous %s: %v", l.cfg.RdzvID, err)})
 		default:
@@ -394,7 +477,7 @@ func (l *loop) start(a StartGroup) {
 	global := make([]int, l.cfg.NProcPerNode)
 	sizes := make([]int, l.cfg.NProcPerNode)
 	for i := range local {
-		local[i], global[i], sizes[i] = i, r.FirstGlobalRank()+i, r.WorldSize()
+		local[i], global[i], sizes[i] = i, r.FirstGlobalRank+i, r.WorldSize
 	}
 	l.out.mu.Lock()
 	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+

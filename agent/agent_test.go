@@ -22,6 +22,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // helperEnv selects the helper mode of a re-executed test binary. Its value
@@ -435,15 +436,17 @@ func waitFor(t *testing.T, out fmt.Stringer, s string, d time.Duration) {
 	}
 }
 
-// Two agents on an in-process rendezvous (1..2 nodes): the first trains
-// alone, the second's arrival is a membership change, and both restart into
-// a 2-node round without spending budget (restart count stays 0).
-func TestScaleUpInProcess(t *testing.T) {
+// Two agents on a real master (1..2 nodes, gRPC on loopback): the first
+// trains alone, the second's arrival is a membership change the master
+// brings on the first's heartbeat, and both restart into a 2-node round
+// without spending budget (restart count stays 0).
+func TestScaleUpThroughMaster(t *testing.T) {
 	dir := t.TempDir()
-	rdzv := NewInProcess("scale", 1, 2, 100*time.Millisecond)
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond})
 	run := func(pod string, rank int) (chan error, *syncBuffer) {
 		cfg, out := helperConfig(t, 2, "envdump:"+dir)
-		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes, cfg.Rendezvous = pod, rank, 1, 2, rdzv
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = pod, rank, 1, 2
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", endpoint, tokenFile
 		done := make(chan error, 1)
 		go func() { done <- Run(t.Context(), cfg) }()
 		return done, out

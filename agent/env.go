@@ -60,7 +60,7 @@ func WorkerEnv(base []string, w workerSpec) []string {
 		}
 	}
 	r := w.group.Round
-	rank := r.FirstGlobalRank() + w.localRank
+	rank := r.FirstGlobalRank + w.localRank
 	set := map[string]string{
 		"LOCAL_RANK":                   strconv.Itoa(w.localRank),
 		"RANK":                         strconv.Itoa(rank),
@@ -68,9 +68,9 @@ func WorkerEnv(base []string, w workerSpec) []string {
 		"ROLE_RANK":                    strconv.Itoa(rank),
 		"ROLE_NAME":                    RoleName,
 		"LOCAL_WORLD_SIZE":             strconv.Itoa(w.localWorkers),
-		"WORLD_SIZE":                   strconv.Itoa(r.WorldSize()),
+		"WORLD_SIZE":                   strconv.Itoa(r.WorldSize),
 		"GROUP_WORLD_SIZE":             strconv.Itoa(r.GroupWorldSize),
-		"ROLE_WORLD_SIZE":              strconv.Itoa(r.WorldSize()),
+		"ROLE_WORLD_SIZE":              strconv.Itoa(r.WorldSize),
 		"MASTER_ADDR":                  r.MasterAddr,
 		"MASTER_PORT":                  strconv.Itoa(r.MasterPort),
 		"TORCHELASTIC_RESTART_COUNT":   strconv.Itoa(w.group.RestartCount),

@@ -19,13 +19,13 @@ func ExamplePolicy() {
 		}
 	}
 	show(p.Start())
-	show(p.Step(RoundReady{Round: Round{Number: 1, GroupWorldSize: 1, LocalWorldSizes: []int{2}}}, now))
+	show(p.Step(RoundReady{Round: Round{Number: 1, GroupWorldSize: 1, WorldSize: 2}}, now))
 	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 1, Exit: kferrors.Exit{Worker: "job-worker-0/1", Signal: syscall.SIGKILL}}, now.Add(time.Second)))
 	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 0, Exit: kferrors.Exit{Worker: "job-worker-0/0", Signal: syscall.SIGTERM}}, now.Add(2*time.Second)))
 	fmt.Println("restart count:", p.RestartCount())
 	// Output:
 	// agent.JoinRound {}
-	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 LocalWorldSizes:[2] MasterAddr: MasterPort:0}}
+	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 WorldSize:2 FirstGlobalRank:0 MasterAddr: MasterPort:0}}
 	// agent.SignalGroup {Attempt:1 Signal:terminated}
 	// agent.JoinRound {}
 	// restart count: 1

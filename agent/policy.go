@@ -86,8 +86,16 @@ type Event interface{ event() }
 // RoundReady: the rendezvous completed a round that includes this node.
 type RoundReady struct{ Round Round }
 
-// RendezvousFailed: the rendezvous gave up (join or pending timeout).
-type RendezvousFailed struct{ Message string }
+// RendezvousFailed: the rendezvous gave up (join or pending timeout), or
+// the master told this node to exit. Code is the pod's document's code
+// (RendezvousTimeout when empty); NoRelaunch makes the agent exit 1 so that
+// the training operator does not bring the pod back (the master does not
+// want it).
+type RendezvousFailed struct {
+	Message    string
+	Code       string
+	NoRelaunch bool
+}
 
 // WorkerExited: a worker process of group attempt Attempt ended.
 type WorkerExited struct {
@@ -215,8 +223,15 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 		if p.phase != phaseRendezvous {
 			return nil
 		}
-		f := kferrors.SystemFailure(kferrors.CodeRendezvousTimeout, ev.Message, p.cfg.Pod, now)
-		return p.finish(f)
+		code := ev.Code
+		if code == "" {
+			code = kferrors.CodeRendezvousTimeout
+		}
+		acts := p.finish(kferrors.SystemFailure(code, ev.Message, p.cfg.Pod, now))
+		if ev.NoRelaunch {
+			acts[len(acts)-1] = Exit{Code: 1}
+		}
+		return acts
 	case WorkerExited:
 		return p.workerExited(ev, now)
 	case Progress:

@@ -172,7 +172,7 @@ func scriptEvent(t *testing.T, fields []string) Event {
 	m := kv(t, fields[1:])
 	switch fields[0] {
 	case "round":
-		return RoundReady{Round: Round{Number: num(t, fields[1]), GroupWorldSize: 1, LocalWorldSizes: []int{2}}}
+		return RoundReady{Round: Round{Number: num(t, fields[1]), GroupWorldSize: 1, WorldSize: 2}}
 	case "rdzv-failed":
 		return RendezvousFailed{Message: "join timeout"}
 	case "exit":

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // Real torch.distributed workers (Debian's python3-torch, gloo on CPU).
@@ -226,11 +228,11 @@ func freeTestPort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// Two agents × two workers, one job: an in-process rendezvous stands in for
-// the master (its own issue); real gloo across both "nodes" on loopback.
+// Two agents × two workers, one job, through a real master on loopback;
+// real gloo across both "nodes".
 func TestTorchTwoAgents(t *testing.T) {
 	needTorch(t)
-	rdzv := NewInProcess("two", 2, 2, time.Second)
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "torchtest", MinNodes: 2, MaxNodes: 2})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	type result struct {
@@ -240,7 +242,8 @@ func TestTorchTwoAgents(t *testing.T) {
 	results := make(chan result, 2)
 	for i, pod := range []string{"job-worker-0", "job-worker-1"} {
 		cfg, out := torchConfig(t, 2, "--steps", "20", "--sleep", "0.01")
-		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes, cfg.Rendezvous = pod, i, 2, 2, rdzv
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = pod, i, 2, 2
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", endpoint, tokenFile
 		go func() { results <- result{Run(ctx, cfg), out} }()
 	}
 	for range 2 {

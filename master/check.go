@@ -29,9 +29,15 @@ type CheckTask struct {
 	Timeout    time.Duration
 }
 
-// CheckReport is a node's result of one check round.
+// CheckReport is a node's result of one check round. Self says a failure
+// is the node's own (its check process was killed or crashed, its compute
+// failed) rather than its group's: it clears the other members of the
+// group of that round's failure, so that one broken node does not take its
+// partners down with it (with two nodes, or three in one group, DLRover's
+// pairing alone cannot tell them apart).
 type CheckReport struct {
 	OK      bool
+	Self    bool
 	Elapsed time.Duration
 	Message string
 }
@@ -46,6 +52,7 @@ type check struct {
 	leaders  map[int]NodeInfo // rank → its address at the check's start
 	reports  map[int]CheckReport
 	first    map[int]CheckReport
+	groups1  [][]int
 	deadline time.Time
 }
 
@@ -250,7 +257,7 @@ func (j *Job) maybeFinishCheckRound(now time.Time) {
 	j.logf("info", fmt.Sprintf("Round %d: The node elapsed time are %s", c.number,
 		pyDict(c.ranks, func(r int) string { return strconv.FormatFloat(c.reports[r].Elapsed.Seconds(), 'f', 3, 64) })))
 	if c.round == 1 {
-		c.first = c.reports
+		c.first, c.groups1 = c.reports, c.groups
 		j.startCheckRound(2, fastWithSlow(c.ranks, c.first), now)
 		return
 	}
@@ -274,25 +281,40 @@ type CheckVerdict struct {
 	Messages  []string
 }
 
-// Verdicts classifies the two rounds' reports (pure; DLRover's rules):
-// faulty = failed both; a straggler's best time exceeds StragglerFactor ×
-// the median of the best times of the nodes that passed.
-func Verdicts(ranks []int, first, second map[int]CheckReport) map[int]CheckVerdict {
+// Verdicts classifies the two rounds' reports (pure; DLRover's rules, and
+// one of ours): a node failed a round if it reported a failure and no
+// member of its group failed by itself in that round; faulty = failed both
+// rounds; a straggler's best time exceeds StragglerFactor × the median of
+// the best times of the nodes that passed. groups are each round's groups.
+func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map[int]CheckVerdict {
 	out := make(map[int]CheckVerdict, len(ranks))
 	var times []time.Duration
 	for _, r := range ranks {
 		v := CheckVerdict{}
-		for _, rep := range []CheckReport{first[r], second[r]} {
-			if rep.OK {
+		failed := 0
+		for i, reports := range rounds {
+			rep := reports[r]
+			switch {
+			case rep.OK:
 				if !v.OK || rep.Elapsed < v.Best {
 					v.Best = rep.Elapsed
 				}
 				v.OK = true
-			} else if rep.Message != "" {
-				v.Messages = append(v.Messages, rep.Message)
+			case !rep.Self && groupmateFailedItself(r, reports, groups[i]):
+				// cleared: its partner broke the round
+			default:
+				failed++
+				if rep.Message != "" {
+					v.Messages = append(v.Messages, rep.Message)
+				}
 			}
 		}
-		if v.OK {
+		if failed == len(rounds) {
+			v.OK = false
+		} else if !v.OK {
+			v.OK = true // cleared in every round it failed: not faulty, but no time
+		}
+		if v.OK && v.Best > 0 {
 			times = append(times, v.Best)
 		}
 		out[r] = v
@@ -307,6 +329,20 @@ func Verdicts(ranks []int, first, second map[int]CheckReport) map[int]CheckVerdi
 		}
 	}
 	return out
+}
+
+func groupmateFailedItself(rank int, reports map[int]CheckReport, groups [][]int) bool {
+	for _, g := range groups {
+		if !slices.Contains(g, rank) {
+			continue
+		}
+		for _, m := range g {
+			if m != rank && !reports[m].OK && reports[m].Self {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func median(ts []time.Duration) time.Duration {
@@ -324,7 +360,7 @@ func median(ts []time.Duration) time.Duration {
 func (j *Job) finishCheck(now time.Time) {
 	c := j.check
 	j.check = nil
-	verdicts := Verdicts(c.ranks, c.first, c.reports)
+	verdicts := Verdicts(c.ranks, [2]map[int]CheckReport{c.first, c.reports}, [2][][]int{c.groups1, c.groups})
 	var times []time.Duration
 	for _, v := range verdicts {
 		if v.OK {

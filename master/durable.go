@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,7 +55,12 @@ var ErrBadState = errors.New("unusable master state")
 
 // durableLog is the writer of the state log.
 type durableLog struct {
-	bucket    *blob.Bucket
+	bucket *blob.Bucket
+	// dir is the state's folder when it is a file:// URL: batches are then
+	// written with link(2), which fails atomically if the name exists
+	// (fileblob's IfNotExist checks, then renames: two processes can both
+	// pass the check), and without fileblob's temporary file in /tmp.
+	dir       string
 	job       string
 	seq       uint64 // last written
 	batches   int    // since the last snapshot
@@ -81,8 +89,9 @@ func parseSeqKey(dir, key string) (uint64, bool) {
 // loadState reads the newest snapshot and the logs after it: the records,
 // merged last-writer-wins, in a stable order (snapshot order, then new
 // identities as they appear).
-func loadState(ctx context.Context, b *blob.Bucket, job string) (*durableLog, []*masterpb.StateRecord, error) {
-	d := &durableLog{bucket: b, job: job}
+// dir is the state's folder when b is a file:// bucket ("" otherwise).
+func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLog, []*masterpb.StateRecord, error) {
+	d := &durableLog{bucket: b, job: job, dir: dir}
 	list := func(dir string) ([]uint64, error) {
 		var seqs []uint64
 		it := b.List(&blob.ListOptions{Prefix: dir})
@@ -175,8 +184,12 @@ func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord
 	if err != nil {
 		return err
 	}
-	err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
-	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
+	if d.dir != "" {
+		err = writeNewFile(filepath.Join(d.dir, filepath.FromSlash(seqKey(logDir, seq))), data)
+	} else {
+		err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
+	}
+	if gcerrors.Code(err) == gcerrors.FailedPrecondition || errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%w: %s exists", ErrFenced, seqKey(logDir, seq))
 	}
 	if err != nil {
@@ -187,6 +200,27 @@ func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord
 	d.batches++
 	d.bytes += int64(len(data))
 	return nil
+}
+
+// writeNewFile writes data under path unless path exists: a temporary file
+// next to it, then link(2) to the name, which fails if the name exists.
+func writeNewFile(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Link(f.Name(), path)
 }
 
 func (d *durableLog) wantsSnapshot() bool {

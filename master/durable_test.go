@@ -93,7 +93,7 @@ func TestDurableLogSnapshotAndReload(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
 	b := openDir(t, dir)
-	d, recs, err := loadState(ctx, b, "job")
+	d, recs, err := loadState(ctx, b, "job", dir)
 	if err != nil || len(recs) != 0 || d.seq != 0 {
 		t.Fatalf("empty state: %v %v %d", err, recs, d.seq)
 	}
@@ -106,7 +106,7 @@ func TestDurableLogSnapshotAndReload(t *testing.T) {
 		}
 	}
 	// Snapshot at 5, then two more batches.
-	_, all, err := loadState(ctx, b, "job")
+	_, all, err := loadState(ctx, b, "job", dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestDurableLogSnapshotAndReload(t *testing.T) {
 	if err := d.append(ctx, []*masterpb.StateRecord{kv("a", "latest")}); err != nil {
 		t.Fatal(err)
 	}
-	d2, recs, err := loadState(ctx, b, "job")
+	d2, recs, err := loadState(ctx, b, "job", dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestBadStateRefused(t *testing.T) {
 				write(t, dir, k, v)
 			}
 			before, _ := os.ReadDir(filepath.Join(dir, "log"))
-			_, _, err := loadState(ctx, openDir(t, dir), "job")
+			_, _, err := loadState(ctx, openDir(t, dir), "job", dir)
 			if !errors.Is(err, ErrBadState) {
 				t.Fatalf("load: %v, want ErrBadState", err)
 			}

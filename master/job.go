@@ -608,14 +608,15 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		}
 		n.Rank = r
 	}
+	// One pod, one live rank: a pod asking for a second one is refused.
+	if old, ok := j.byPod[n.Pod]; ok && old != n.Rank {
+		if o := j.nodes[old]; o != nil && o.Pod == n.Pod && o.State.alive() && o.Exclusion == nil {
+			return JoinAnswer{}, fmt.Errorf("%w: pod %q holds rank %d, not %d", ErrRankHeld, n.Pod, old, n.Rank)
+		}
+	}
 	rec := j.nodes[n.Rank]
 	switch {
 	case rec == nil:
-		if old, ok := j.byPod[n.Pod]; ok && old != n.Rank {
-			if o := j.nodes[old]; o != nil && o.Pod == n.Pod && o.State.alive() {
-				return JoinAnswer{}, fmt.Errorf("%w: pod %q holds rank %d, not %d", ErrRankHeld, n.Pod, old, n.Rank)
-			}
-		}
 		rec = &Node{NodeInfo: n, State: Failed}
 		j.nodes[n.Rank] = rec
 		j.byPod[n.Pod] = n.Rank

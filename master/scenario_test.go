@@ -23,7 +23,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	at 12s                          set the clock (from the scenario's start)
 //	join w0 [rank=0] [lws=2] [inc=1] [host=h0]   a pod joins (or asks again)
 //	heartbeat w0                    a pod's heartbeat, in the round it runs
-//	report w0 ok|fail [elapsed=1s] [msg=…]   its result of its current check task
+//	report w0 ok|fail [self] [elapsed=1s] [msg=…]   its result of its current check
+//	                                 task; self: the failure is its own
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
 //	tick                             time passes (timeouts, last call)
@@ -242,7 +243,7 @@ func (s *scenario) run(command string) string {
 			return p.name + ": no check task"
 		}
 		a := s.args(f[3:])
-		rep := CheckReport{OK: f[2] == "ok", Elapsed: time.Second, Message: a["msg"]}
+		rep := CheckReport{OK: f[2] == "ok", Self: a["self"] == "true", Elapsed: time.Second, Message: a["msg"]}
 		if v, ok := a["elapsed"]; ok {
 			rep.Elapsed = s.dur(v)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/url"
 	"sync"
 	"time"
 
@@ -141,7 +142,11 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 			return nil, fmt.Errorf("--state: %w", err)
 		}
 		s.bucket = b
-		d, recs, err := loadState(ctx, b, opts.Job.JobID)
+		dir := ""
+		if u, err := url.Parse(opts.StateURL); err == nil && u.Scheme == "file" {
+			dir = u.Path
+		}
+		d, recs, err := loadState(ctx, b, opts.Job.JobID, dir)
 		if err != nil {
 			b.Close()
 			return nil, err

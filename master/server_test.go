@@ -26,10 +26,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 
-const token = "s3cret-token"
+const token = mastertest.Token
 
 // TestMain lets the test binary be a master process (KFELASTIC_TEST_MASTER
 // set), so that a test can SIGKILL and restart it.
@@ -89,25 +90,11 @@ func dial(t testing.TB, addr, tok string) masterpb.MasterClient {
 // startServer runs a master in this process on loopback.
 func startServer(t testing.TB, cfg master.Config, state string) (string, *master.Server) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := master.NewServer(ctx, master.Options{Token: token, StateURL: state, Job: cfg, HeartbeatInterval: time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
+	if state == "" {
+		state = "mem://"
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return lis.Addr().String(), s
+	m := mastertest.Start(t, cfg, state)
+	return m.Addr, m.Server
 }
 
 func node(i int) *masterpb.Node {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|minio|k8s]
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|minio|k8s|protoc]
 # (k8s: etcd, kube-apiserver, CRDs, training operator, kwok)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
@@ -86,10 +86,21 @@ need_operator() {
   }
 }
 
+# The protocol's code generators, pinned (make generate).
+need_protoc() {
+  need_apt
+  local gv=${PROTOC_GEN_GO_VERSION:-v1.36.12} rv=${PROTOC_GEN_GO_GRPC_VERSION:-v1.6.0}
+  "$BIN/protoc-gen-go" --version 2>/dev/null | grep -q "${gv}$" ||
+    GOBIN="$BIN" GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@$gv"
+  "$BIN/protoc-gen-go-grpc" --version 2>/dev/null | grep -q "${rv#v}$" ||
+    GOBIN="$BIN" GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$rv"
+}
+
 what=${1:-all}
 case $what in
   apt) need_apt ;;
   minio) need_minio ;;
+  protoc) need_protoc ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
   all)
     need_apt
@@ -100,5 +111,5 @@ case $what in
     need_crds
     wait $p1; wait $p2; wait $p3
     ;;
-  *) echo "usage: $0 [all|apt|minio|k8s]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|minio|k8s|protoc]" >&2; exit 2 ;;
 esac

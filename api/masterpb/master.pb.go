@@ -762,13 +762,18 @@ func (x *Pending) GetLatestRound() int64 {
 }
 
 type ReportCheckRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Check         int64                  `protobuf:"varint,2,opt,name=check,proto3" json:"check,omitempty"`
-	Round         int32                  `protobuf:"varint,3,opt,name=round,proto3" json:"round,omitempty"`
-	Ok            bool                   `protobuf:"varint,4,opt,name=ok,proto3" json:"ok,omitempty"`
-	ElapsedNs     int64                  `protobuf:"varint,5,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`
-	Message       string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Check     int64                  `protobuf:"varint,2,opt,name=check,proto3" json:"check,omitempty"`
+	Round     int32                  `protobuf:"varint,3,opt,name=round,proto3" json:"round,omitempty"`
+	Ok        bool                   `protobuf:"varint,4,opt,name=ok,proto3" json:"ok,omitempty"`
+	ElapsedNs int64                  `protobuf:"varint,5,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`
+	Message   string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// self_failed: the failure is this node's own (its check process was
+	// killed or crashed, its compute failed), not its group's (a partner that
+	// never came, a collective that timed out). It clears the group's other
+	// members of that round's failure.
+	SelfFailed    bool `protobuf:"varint,7,opt,name=self_failed,json=selfFailed,proto3" json:"self_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -843,6 +848,13 @@ func (x *ReportCheckRequest) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *ReportCheckRequest) GetSelfFailed() bool {
+	if x != nil {
+		return x.SelfFailed
+	}
+	return false
 }
 
 type ReportCheckResponse struct {
@@ -3211,7 +3223,7 @@ const file_master_proto_rawDesc = "" +
 	"\awaiting\x18\x01 \x01(\x05R\awaiting\x12\x1b\n" +
 	"\tmin_nodes\x18\x02 \x01(\x05R\bminNodes\x12\x1b\n" +
 	"\tmax_nodes\x18\x03 \x01(\x05R\bmaxNodes\x12!\n" +
-	"\flatest_round\x18\x04 \x01(\x03R\vlatestRound\"\xb8\x01\n" +
+	"\flatest_round\x18\x04 \x01(\x03R\vlatestRound\"\xd9\x01\n" +
 	"\x12ReportCheckRequest\x12-\n" +
 	"\x04node\x18\x01 \x01(\v2\x19.kfelastic.master.v1.NodeR\x04node\x12\x14\n" +
 	"\x05check\x18\x02 \x01(\x03R\x05check\x12\x14\n" +
@@ -3219,7 +3231,9 @@ const file_master_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\x12\x1d\n" +
 	"\n" +
 	"elapsed_ns\x18\x05 \x01(\x03R\telapsedNs\x12\x18\n" +
-	"\amessage\x18\x06 \x01(\tR\amessage\"\x15\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12\x1f\n" +
+	"\vself_failed\x18\a \x01(\bR\n" +
+	"selfFailed\"\x15\n" +
 	"\x13ReportCheckResponse\"\x84\x01\n" +
 	"\x10HeartbeatRequest\x12-\n" +
 	"\x04node\x18\x01 \x01(\v2\x19.kfelastic.master.v1.NodeR\x04node\x12\x14\n" +

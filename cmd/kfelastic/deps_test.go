@@ -23,6 +23,8 @@ func TestBinaryLinksNoPluginStack(t *testing.T) {
 			"github.com/Azure/",
 			"cloud.google.com/go/storage",
 			"k8s.io/client-go",
+			"sigs.k8s.io/controller-runtime",
+			"github.com/kubeflow/training-operator",
 			"github.com/kfelastic/kfelastic/outputreader/flyteio",
 			"github.com/kfelastic/kfelastic/plugin",
 		} {

@@ -1,0 +1,428 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mathrand "math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// MasterConfig is how an agent reaches the kfelastic master.
+type MasterConfig struct {
+	// Endpoint is the master's host:port (--rdzv-endpoint).
+	Endpoint string
+	// Token is the job's token (--token-file).
+	Token string
+	// Host is the machine the pod runs on (the Kubernetes node), which the
+	// master avoids when it relaunches a pod that failed the node check.
+	Host string
+	// HeartbeatInterval is how long the master may hold a heartbeat; the
+	// agent calls again at once, so this is also the call rate.
+	HeartbeatInterval time.Duration
+	// Unreachable is how long the master may be unreachable before the
+	// agent gives up (a master restart is a pause, not an error).
+	Unreachable time.Duration
+	// Check runs this node's part of a health-check round; nil: the Go
+	// check with no interpreter.
+	Check  *NodeCheck
+	Logger *slog.Logger
+}
+
+// Master is the rendezvous of an elastic job through the kfelastic master
+// (DESIGN.md §5), over gRPC: joins are long polls, the health check runs
+// inside Next when the master asks for it, and a heartbeat long poll runs
+// beside the workers for the agent's life, bringing the master's control
+// actions (restart into a new round, exit) without polling. Every call is
+// retried with backoff while the master is unreachable, up to Unreachable.
+type Master struct {
+	cfg         MasterConfig
+	conn        *grpc.ClientConn
+	client      masterpb.MasterClient
+	incarnation string
+
+	mu      sync.Mutex
+	node    *masterpb.Node
+	after   int64 // the latest round this node got
+	round   int64 // the round its workers run in (0: none)
+	changed chan struct{}
+	exit    *masterpb.Exclusion
+	step    int64
+	hbStop  context.CancelFunc
+	hbDone  chan struct{}
+}
+
+// ExcludedError is the master telling a node to exit (failed health
+// check, straggler, job stopped, rank taken over, join timeout).
+type ExcludedError struct {
+	Code     string
+	Message  string
+	Relaunch bool
+}
+
+func (e *ExcludedError) Error() string {
+	return fmt.Sprintf("the master excluded this node: %s: %s", e.Code, e.Message)
+}
+
+type tokenAuth string
+
+func (t tokenAuth) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity is false: the token guards against other jobs'
+// agents on the cluster network, not against an eavesdropper (which the
+// cluster's network policy is for).
+func (tokenAuth) RequireTransportSecurity() bool { return false }
+
+// DialMaster prepares the client; it connects lazily (the master may start
+// after the agents).
+func DialMaster(cfg MasterConfig) (*Master, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("no master endpoint (--rdzv-endpoint)")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("no job token for the master (--token-file)")
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = 5 * time.Second
+	}
+	if cfg.Unreachable <= 0 {
+		cfg.Unreachable = 10 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Host == "" {
+		cfg.Host, _ = os.Hostname()
+	}
+	conn, err := grpc.NewClient(cfg.Endpoint,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(tokenAuth(cfg.Token)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(80<<20), grpc.MaxCallSendMsgSize(80<<20)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("master %s: %w", cfg.Endpoint, err)
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return &Master{cfg: cfg, conn: conn, client: masterpb.NewMasterClient(conn), incarnation: hex.EncodeToString(b),
+		changed: make(chan struct{})}, nil
+}
+
+// Client is the raw protocol client (for the store relay).
+func (m *Master) Client() masterpb.MasterClient { return m.client }
+
+// Close stops the heartbeat and the connection.
+func (m *Master) Close() error {
+	m.stopHeartbeat()
+	return m.conn.Close()
+}
+
+// transient reports whether a call failed because the master is away
+// (restarting, not yet started, network): retried, not fatal.
+func transient(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// retry runs call until it succeeds, fails for good, ctx ends, or the
+// master was unreachable for cfg.Unreachable.
+func (m *Master) retry(ctx context.Context, what string, call func(ctx context.Context) error) error {
+	backoff := 100 * time.Millisecond
+	var since time.Time
+	for {
+		err := call(ctx)
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if since.IsZero() {
+			since = time.Now()
+			m.cfg.Logger.Warn("master unreachable; retrying", "call", what, "endpoint", m.cfg.Endpoint, "err", status.Convert(err).Message())
+		}
+		if time.Since(since) > m.cfg.Unreachable {
+			return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff + mathrand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
+	return &masterpb.Node{Pod: n.ID, Incarnation: m.incarnation, Rank: int32(n.Rank), LocalWorldSize: int32(n.LocalWorldSize),
+		Addr: n.Addr, Port: int32(n.Port), Host: m.cfg.Host}
+}
+
+// joinWait is how long one Join call is held by the master.
+const joinWait = 30 * time.Second
+
+// Next joins the round after the latest this node got and returns it,
+// running health-check rounds on the way when the master asks for them.
+func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
+	m.mu.Lock()
+	after := m.after
+	m.round = 0 // the workers stopped
+	m.mu.Unlock()
+	pb := m.nodePB(node)
+	for {
+		var res *masterpb.JoinResponse
+		err := m.retry(ctx, "Join", func(ctx context.Context) error {
+			cctx, cancel := context.WithTimeout(ctx, joinWait+10*time.Second)
+			defer cancel()
+			var err error
+			res, err = m.client.Join(cctx, &masterpb.JoinRequest{Node: pb, AfterRound: after, WaitMs: joinWait.Milliseconds()})
+			return err
+		})
+		if err != nil {
+			return Round{}, fmt.Errorf("join: %w", unwrapStatus(err))
+		}
+		if pb.Rank < 0 {
+			pb.Rank = res.GetRank() // keep the rank the master chose
+		}
+		m.mu.Lock()
+		m.node = pb
+		m.mu.Unlock()
+		m.startHeartbeat()
+		switch o := res.GetOutcome().(type) {
+		case *masterpb.JoinResponse_Round:
+			r := o.Round
+			m.mu.Lock()
+			m.after, m.round = r.GetNumber(), r.GetNumber()
+			m.changed = make(chan struct{})
+			m.mu.Unlock()
+			return Round{Number: int(r.GetNumber()), RunID: r.GetRunId(), GroupRank: int(r.GetGroupRank()),
+				GroupWorldSize: int(r.GetGroupWorldSize()), WorldSize: int(r.GetWorldSize()),
+				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort())}, nil
+		case *masterpb.JoinResponse_Check:
+			if err := m.runCheck(ctx, pb, o.Check); err != nil {
+				return Round{}, err
+			}
+		case *masterpb.JoinResponse_Excluded:
+			e := o.Excluded
+			return Round{}, &ExcludedError{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
+		case *masterpb.JoinResponse_Pending:
+			// asked again at once: the master holds the call while nothing changes
+		default:
+			return Round{}, errors.New("join: the master answered nothing this agent knows")
+		}
+	}
+}
+
+func unwrapStatus(err error) error {
+	if s, ok := status.FromError(err); ok && s.Code() != codes.OK {
+		return fmt.Errorf("%s: %s", s.Code(), s.Message())
+	}
+	return err
+}
+
+// runCheck runs one health-check round and reports its result.
+func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.CheckTask) error {
+	task := CheckTask{Check: t.GetCheck(), Round: int(t.GetRound()), Group: int(t.GetGroup()), GroupRank: int(t.GetGroupRank()),
+		GroupSize: int(t.GetGroupSize()), LeaderAddr: t.GetLeaderAddr(), LeaderPort: int(t.GetLeaderPort()),
+		Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond}
+	// The master's deadline covers the whole round; the process gets a
+	// little less so that its report arrives in time.
+	if task.Timeout > 10*time.Second {
+		task.Timeout -= 5 * time.Second
+	}
+	check := m.cfg.Check
+	if check == nil {
+		check = &NodeCheck{Logger: m.cfg.Logger}
+	}
+	m.cfg.Logger.Info("node check round", "check", task.Check, "round", task.Round, "group", task.Group,
+		"group_rank", task.GroupRank, "group_size", task.GroupSize, "leader", fmt.Sprintf("%s:%d", task.LeaderAddr, task.LeaderPort))
+	res := check.Run(ctx, task)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	m.cfg.Logger.Info("node check result", "check", task.Check, "round", task.Round, "ok", res.OK, "elapsed", res.Elapsed,
+		"how", res.How, "message", res.Message)
+	err := m.retry(ctx, "ReportCheck", func(ctx context.Context) error {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := m.client.ReportCheck(cctx, &masterpb.ReportCheckRequest{Node: pb, Check: task.Check, Round: int32(task.Round),
+			Ok: res.OK, SelfFailed: res.Self, ElapsedNs: int64(res.Elapsed), Message: res.Message})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("report check: %w", unwrapStatus(err))
+	}
+	return nil
+}
+
+// Changed returns when the master says round number is outdated (a node
+// waits to join, a member left) or that this node must exit; the agent then
+// stops its workers and calls Next, which brings the new round or the
+// exclusion.
+func (m *Master) Changed(ctx context.Context, number int) error {
+	m.mu.Lock()
+	if int64(number) != m.round {
+		m.mu.Unlock()
+		return nil
+	}
+	ch := m.changed
+	m.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SetStep tells the master, on the next heartbeat, the last training step
+// the workers printed.
+func (m *Master) SetStep(step int64) {
+	m.mu.Lock()
+	m.step = step
+	m.mu.Unlock()
+}
+
+func (m *Master) startHeartbeat() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hbStop != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.hbStop = cancel
+	m.hbDone = make(chan struct{})
+	go m.heartbeat(ctx)
+}
+
+func (m *Master) stopHeartbeat() {
+	m.mu.Lock()
+	stop, done := m.hbStop, m.hbDone
+	m.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+}
+
+// heartbeat is the long poll beside the workers: the master holds it for
+// HeartbeatInterval unless it has something to say.
+func (m *Master) heartbeat(ctx context.Context) {
+	defer close(m.hbDone)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		m.mu.Lock()
+		node, round, step := m.node, m.round, m.step
+		m.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, m.cfg.HeartbeatInterval+10*time.Second)
+		res, err := m.client.Heartbeat(cctx, &masterpb.HeartbeatRequest{Node: node, Round: round, Step: step,
+			WaitMs: m.cfg.HeartbeatInterval.Milliseconds()})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if status.Code(err) == codes.NotFound {
+				// Not joined yet in this master's view (it restarted before
+				// the join was durable): the join in progress fixes that.
+				m.cfg.Logger.Debug("heartbeat before the join is known", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		switch res.GetAction() {
+		case masterpb.HeartbeatResponse_RESTART, masterpb.HeartbeatResponse_EXIT:
+			m.mu.Lock()
+			if res.GetAction() == masterpb.HeartbeatResponse_EXIT {
+				m.exit = res.GetExit()
+			}
+			if m.round == round && round != 0 {
+				select {
+				case <-m.changed:
+				default:
+					m.cfg.Logger.Info("the master outdates this node's round", "round", round,
+						"action", strings.ToLower(res.GetAction().String()), "latest_round", res.GetLatestRound())
+					close(m.changed)
+				}
+			}
+			m.mu.Unlock()
+			if round == 0 || res.GetAction() == masterpb.HeartbeatResponse_EXIT {
+				// Nothing to restart; do not spin on an answer that stays.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(m.cfg.HeartbeatInterval / 4):
+				}
+			}
+		}
+	}
+}
+
+// Leave tells the master how this node ended and returns whether the master
+// wants the pod back (relaunch) — known is false when the master could not
+// be asked.
+func (m *Master) Leave(ctx context.Context, succeeded bool, f kferrors.Failure) (relaunch, known bool) {
+	m.mu.Lock()
+	node := m.node
+	m.mu.Unlock()
+	m.stopHeartbeat()
+	if node == nil {
+		return false, false // never joined
+	}
+	req := &masterpb.LeaveRequest{Node: node, Succeeded: succeeded}
+	if !succeeded {
+		req.Failure = &masterpb.Failure{Code: f.Code, Message: kferrors.CapMessage(f.Message, 16<<10), Recoverable: f.Recoverable,
+			Worker: f.Worker, TimeUnixNano: unixNanoOrZero(f.Time)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var res *masterpb.LeaveResponse
+	err := m.retry(ctx, "Leave", func(ctx context.Context) error {
+		var err error
+		res, err = m.client.Leave(ctx, req)
+		return err
+	})
+	if err != nil {
+		m.cfg.Logger.Warn("cannot tell the master how this node ended", "err", unwrapStatus(err))
+		return false, false
+	}
+	if d := res.GetDecision(); d != nil {
+		m.cfg.Logger.Info("master decision", "seq", d.GetSeq(), "kind", strings.ToLower(d.GetKind().String()),
+			"rank", d.GetRank(), "reason", d.GetReason(), "counted", d.GetCounted(), "message", d.GetMessage())
+	}
+	return res.GetRelaunch(), true
+}
+
+func unixNanoOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// startMaster runs a real master on loopback for the test and returns its
+// endpoint and token file.
+func startMaster(t *testing.T, cfg master.Config) (endpoint, tokenFile string) {
+	t.Helper()
+	m := mastertest.Start(t, cfg, "")
+	return m.Addr, m.TokenFile
+}
+
+// The agent refuses a job token it cannot read, and an elastic job without
+// a master, with clear errors before any worker starts.
+func TestMasterNeedsTokenAndEndpoint(t *testing.T) {
+	cfg, _ := helperConfig(t, 1, "ok")
+	cfg.MinNodes, cfg.MaxNodes, cfg.RdzvBackend = 1, 2, "c10d"
+	if err := Run(t.Context(), cfg); !errors.Is(err, ErrMasterRequired) {
+		t.Errorf("no endpoint: %v", err)
+	}
+	cfg.RdzvEndpoint = "127.0.0.1:1"
+	if err := Run(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "--token-file") {
+		t.Errorf("no token file: %v", err)
+	}
+	empty := filepath.Join(t.TempDir(), "token")
+	_ = os.WriteFile(empty, []byte("\n"), 0o600)
+	cfg.TokenFile = empty
+	if err := Run(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty token: %v", err)
+	}
+}
+
+// A node the master's health check finds faulty exits with a
+// NodeCheckFailed document and the code the operator restarts (its pod is
+// relaunched elsewhere); its partner, which failed only the first round,
+// trains. The faulty node's check process is killed, as a broken machine
+// (or the local engine's break-check) would.
+func TestNodeCheckExcludesFaultyNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs agents, checks and workers")
+	}
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 2, MaxNodes: 3, NetworkCheck: true,
+		WaitingTimeout: 300 * time.Millisecond, CheckTimeout: 4 * time.Second})
+	prefix := "file://" + t.TempDir()
+	type res struct {
+		ee  *ExitError
+		err error
+		out *syncBuffer
+	}
+	results := make([]chan res, 3)
+	for i := range 3 {
+		cfg, out := helperConfig(t, 1, "ok")
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = fmt.Sprintf("job-worker-%d", i), i, 2, 3
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile, cfg.ErrorPrefix = "c10d", endpoint, tokenFile, prefix
+		results[i] = make(chan res, 1)
+		mode := "ok"
+		if i == 1 {
+			mode = "killself"
+		}
+		cfg.checkCommand = []string{os.Args[0], "-test.run=^$"}
+		cfg.Env = append(cfg.Env, nodeCheckHelperEnv+"="+mode)
+		go func() {
+			err := Run(t.Context(), cfg)
+			var ee *ExitError
+			errors.As(err, &ee)
+			results[i] <- res{ee, err, out}
+		}()
+	}
+	for i, ch := range results {
+		r := <-ch
+		switch i {
+		case 1:
+			if r.ee == nil || r.ee.Failure.Code != kferrors.CodeNodeCheckFailed || r.ee.Code != ExitNodeCheckFailed {
+				t.Errorf("faulty node: %v, want NodeCheckFailed with exit %d\n%s", r.err, ExitNodeCheckFailed, r.out)
+			}
+			if r.ee != nil && !strings.Contains(r.ee.Failure.Message, "killed by SIGKILL") {
+				t.Errorf("faulty node's message: %s", r.ee.Failure.Message)
+			}
+		default:
+			if r.err != nil {
+				t.Errorf("healthy node %d: %v\n%s", i, r.err, r.out)
+			}
+			if !strings.Contains(r.out.String(), "group_world_size=2") {
+				t.Errorf("node %d did not train in a round of 2:\n%s", i, r.out)
+			}
+		}
+	}
+}
+
+// nodeCheckHelperEnv makes the test binary a Go check process: "ok" runs
+// GoCheckMain; "killself" is killed by SIGKILL mid-check.
+const nodeCheckHelperEnv = "KFELASTIC_TEST_NODE_CHECK"
+
+func init() {
+	if mode, ok := os.LookupEnv(nodeCheckHelperEnv); ok && os.Getenv(NodeCheckEnv) == "1" {
+		// The args after the test flags are the check's.
+		args := os.Args[1:]
+		for len(args) > 0 && strings.HasPrefix(args[0], "-test.") {
+			args = args[1:]
+		}
+		if mode == "killself" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		if mode == "slow" {
+			args = append(args, "--work", "150")
+		}
+		os.Exit(GoCheckMain(args, os.Stdout, os.Stderr))
+	}
+}

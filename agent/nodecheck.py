@@ -1,0 +1,64 @@
+# kfelastic's node health check, one node's part of one round (DESIGN.md §5),
+# run by the agent with the job's own interpreter. It times a small compute
+# on this node alone, then an all-reduce with its group (gloo), and prints one
+# JSON line. The compute is timed before any collective, so that a slow
+# partner does not make a fast node look slow; the all-reduce after a barrier
+# is the same for the whole group. Exit 3: no torch here (the agent then runs
+# its Go check instead).
+import json
+import os
+import sys
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+except Exception as e:  # noqa: BLE001 - any import failure means "no torch"
+    print("kfelastic node check: torch cannot be imported: %s" % e, file=sys.stderr, flush=True)
+    sys.exit(3)
+
+from datetime import timedelta
+
+
+def main():
+    rank = int(os.environ["RANK"])
+    size = int(os.environ["WORLD_SIZE"])
+    # The agent gives a point in time: the import of torch has spent some of
+    # the round already. At least a second, so that a late start still tries.
+    deadline = float(os.environ.get("KFELASTIC_CHECK_DEADLINE", time.time() + 60))
+    work = int(os.environ.get("KFELASTIC_CHECK_WORK", "12"))
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+    a = torch.rand(256, 256)
+    b = torch.rand(256, 256)
+    t0 = time.perf_counter()
+    for _ in range(work):
+        a = torch.tanh(a @ b)
+    compute = time.perf_counter() - t0
+    allreduce = 0.0
+    ok = bool(torch.isfinite(a).all())
+    result = {"ok": ok, "self": not ok, "error": "" if ok else "the compute gave non-finite numbers"}
+    if ok and size > 1:
+        # A failure from here on is the group's (a partner that never came,
+        # a collective that timed out), reported as such, not a crash.
+        try:
+            timeout = timedelta(seconds=max(deadline - time.time(), 1.0))
+            dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size, timeout=timeout)
+            dist.barrier()
+            t = torch.ones(4096) * (rank + 1)
+            t1 = time.perf_counter()
+            for _ in range(3):
+                dist.all_reduce(t)
+            allreduce = time.perf_counter() - t1
+            # After three all-reduces every element is (sum of rank+1) * size^2.
+            want = size * (size + 1) / 2 * size * size
+            if abs(t[0].item() - want) >= 1e-3 * want:
+                result.update(ok=False, error="all-reduce gave %g, want %g" % (t[0].item(), want))
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            result.update(ok=False, error="all-reduce with the group failed: %s" % str(e).splitlines()[0][:300])
+    result.update(elapsed=compute + allreduce, compute=compute, allreduce=allreduce)
+    print(json.dumps(result), flush=True)
+
+
+main()

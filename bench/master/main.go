@@ -1,0 +1,642 @@
+// Command master-bench measures the kfelastic master beside torch's own
+// elastic rendezvous and store, in one run on this machine:
+//
+//   - rendezvous: time from "every agent starts joining" to "every agent
+//     has its round", and the master's peak RSS (VmHWM), for -n simulated
+//     agents (goroutines, one gRPC connection each) against a real
+//     `kfelastic master` process with a file:// state; beside it, at the
+//     -torch-n sizes this machine can hold, the same count of real torch
+//     elastic agents (python3 processes, each a DynamicRendezvousHandler on
+//     the c10d backend, the store hosted by a separate TCPStore process)
+//     and ours at that same count;
+//   - store: p50/p99 latency and throughput of set/get/add/compare_set from
+//     -clients concurrent clients, against the master (durable: file://
+//     state; and mem://) and against torch's TCPStore server (python3
+//     TCPStore(is_master=True)), both driven by Go clients (ours over gRPC,
+//     torch's in its 1.13 wire protocol), so that the client language is
+//     the same on both sides.
+//
+// Run it with `make bench-master` (needs bin/kfelastic and /usr/bin/python3
+// with torch: scripts/deps.sh apt).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+)
+
+const python = "/usr/bin/python3"
+
+var (
+	binary_ = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary")
+	sizes   = flag.String("n", "100,1000,10000", "simulated agent counts")
+	torchN  = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
+	clients = flag.Int("clients", 16, "concurrent store clients")
+	ops     = flag.Int("ops", 2000, "store operations per client and kind")
+)
+
+const token = "bench-token"
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-master:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	for _, p := range []string{*binary_, python} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%v (make build; scripts/deps.sh apt)", err)
+		}
+	}
+	raiseFDLimit()
+	dir, err := os.MkdirTemp("", "bench-master-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("bench-master: %d CPUs; kfelastic master with file:// state on local disk\n\n", numCPU())
+
+	fmt.Println("Rendezvous: all agents start joining → all have their round")
+	fmt.Printf("%-28s %8s %14s %14s\n", "", "agents", "completion", "master RSS")
+	for _, n := range ints(*sizes) {
+		d, rss, err := oursRendezvous(dir, tokenFile, n, 1)
+		if err != nil {
+			return fmt.Errorf("ours at %d: %w", n, err)
+		}
+		fmt.Printf("%-28s %8d %14s %11.1f MiB\n", "kfelastic master (gRPC)", n, d.Round(time.Microsecond), float64(rss)/(1<<20))
+	}
+	fmt.Println()
+	fmt.Println("At equal N, beside torch's c10d rendezvous (real torch elastic agents, one python3 process each):")
+	fmt.Printf("%-8s %16s %16s %10s\n", "agents", "torch c10d", "kfelastic", "ratio")
+	for _, n := range ints(*torchN) {
+		td, err := torchRendezvous(dir, n)
+		if err != nil {
+			return fmt.Errorf("torch at %d: %w", n, err)
+		}
+		od, _, err := oursRendezvous(dir, tokenFile, n, 1)
+		if err != nil {
+			return fmt.Errorf("ours at %d: %w", n, err)
+		}
+		fmt.Printf("%-8d %16s %16s %9.1fx\n", n, td.Round(time.Millisecond), od.Round(time.Microsecond), td.Seconds()/od.Seconds())
+	}
+	fmt.Println()
+	return storeBench(dir, tokenFile)
+}
+
+// ---- the master process ----
+
+type masterProc struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	cmd := exec.Command(*binary_, "master", "--listen", addr, "--nnodes", fmt.Sprintf("%d:%d", n, n), "--rdzv-id", "bench",
+		"--token-file", tokenFile, "--state", state, "--heartbeat-interval", "60s", "--heartbeat-timeout", "600s",
+		"--waiting-timeout", "600s")
+	logf, err := os.Create(filepath.Join(dir, "master.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return &masterProc{cmd: cmd, addr: addr}, nil
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return nil, fmt.Errorf("master did not listen on %s (see %s)", addr, logf.Name())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (m *masterProc) stop() int64 {
+	rss := vmHWM(m.cmd.Process.Pid)
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { m.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		m.cmd.Process.Kill()
+		<-done
+	}
+	return rss
+}
+
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearer) RequireTransportSecurity() bool { return false }
+
+func dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)),
+		grpc.WithReadBufferSize(4<<10), grpc.WithWriteBufferSize(4<<10))
+}
+
+// oursRendezvous runs n simulated agents (perConn per connection) through
+// one round against a fresh master process.
+func oursRendezvous(dir, tokenFile string, n, perConn int) (time.Duration, int64, error) {
+	state := "file://" + filepath.Join(dir, fmt.Sprintf("state-%d-%d", n, time.Now().UnixNano()))
+	m, err := startMaster(dir, tokenFile, state, n)
+	if err != nil {
+		return 0, 0, err
+	}
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	clients := make([]masterpb.MasterClient, (n+perConn-1)/perConn)
+	for i := range clients {
+		c, err := dial(m.addr)
+		if err != nil {
+			m.stop()
+			return 0, 0, err
+		}
+		c.Connect()
+		conns = append(conns, c)
+		clients[i] = masterpb.NewMasterClient(c)
+	}
+	// Every connection is up before the clock starts.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, c := range clients {
+		if _, err := c.Status(ctx, &masterpb.StatusRequest{}); err != nil {
+			m.stop()
+			return 0, 0, err
+		}
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	done := make([]time.Time, n)
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := &masterpb.Node{Pod: fmt.Sprintf("bench-worker-%d", i), Incarnation: "1", Rank: int32(i), LocalWorldSize: 8,
+				Addr: "10.0.0.1", Port: 29500}
+			c := clients[i/perConn]
+			<-start
+			for {
+				res, err := c.Join(ctx, &masterpb.JoinRequest{Node: node, WaitMs: 60000})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if res.GetRound() != nil {
+					done[i] = time.Now()
+					return
+				}
+			}
+		}()
+	}
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	rss := m.stop()
+	select {
+	case err := <-errs:
+		return 0, 0, err
+	default:
+	}
+	last := slices.MaxFunc(done, func(a, b time.Time) int { return a.Compare(b) })
+	return last.Sub(t0), rss, nil
+}
+
+// ---- torch's c10d rendezvous ----
+
+const torchStoreScript = `
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", int(sys.argv[1]), None, True, timedelta(seconds=300), wait_for_workers=False)
+print("store ready", flush=True)
+time.sleep(3600)
+`
+
+const torchAgentScript = `
+import os, sys, time
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+endpoint, n, go, run_id = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+params = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=run_id, min_nodes=n, max_nodes=n,
+                              is_host=False, join_timeout=600)
+handler = get_rendezvous_handler(params)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.001)
+store, rank, world = handler.next_rendezvous()
+print("done %d %d %.6f" % (rank, world, time.time()), flush=True)
+`
+
+func torchRendezvous(dir string, n int) (time.Duration, error) {
+	port, err := freePort()
+	if err != nil {
+		return 0, err
+	}
+	storeCmd := exec.Command(python, "-c", torchStoreScript, strconv.Itoa(port))
+	storeOut, _ := storeCmd.StdoutPipe()
+	storeCmd.Stderr = os.Stderr
+	storeCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := storeCmd.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { storeCmd.Process.Kill(); storeCmd.Wait() }()
+	if _, err := bufio.NewReader(storeOut).ReadString('\n'); err != nil {
+		return 0, fmt.Errorf("torch store: %w", err)
+	}
+	goFile := filepath.Join(dir, fmt.Sprintf("go-%d-%d", n, time.Now().UnixNano()))
+	runID := fmt.Sprintf("bench%d", time.Now().UnixNano())
+	type agent struct {
+		cmd *exec.Cmd
+		out *bufio.Reader
+	}
+	agents := make([]agent, n)
+	defer func() {
+		for _, a := range agents {
+			if a.cmd != nil && a.cmd.Process != nil {
+				a.cmd.Process.Kill()
+				a.cmd.Wait()
+			}
+		}
+	}()
+	for i := range agents {
+		cmd := exec.Command(python, "-c", torchAgentScript, fmt.Sprintf("127.0.0.1:%d", port), strconv.Itoa(n), goFile, runID)
+		out, _ := cmd.StdoutPipe()
+		cmd.Stderr = io.Discard
+		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		agents[i] = agent{cmd, bufio.NewReader(out)}
+	}
+	// Python and torch's imports are not the rendezvous: wait for every
+	// agent to be ready (its store connection made) before the clock.
+	for i, a := range agents {
+		if l, err := a.out.ReadString('\n'); err != nil || !strings.HasPrefix(l, "ready") {
+			return 0, fmt.Errorf("torch agent %d did not get ready: %q %v", i, l, err)
+		}
+	}
+	t0 := time.Now()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		return 0, err
+	}
+	var last float64
+	for i, a := range agents {
+		l, err := a.out.ReadString('\n')
+		f := strings.Fields(l)
+		if err != nil || len(f) != 4 || f[0] != "done" {
+			return 0, fmt.Errorf("torch agent %d: %q %v", i, l, err)
+		}
+		at, _ := strconv.ParseFloat(f[3], 64)
+		last = max(last, at)
+	}
+	end := time.Unix(0, int64(last*1e9))
+	return end.Sub(t0), nil
+}
+
+// ---- store ----
+
+type storeClient interface {
+	set(key string, v []byte) error
+	get(key string) ([]byte, error)
+	add(key string, d int64) (int64, error)
+	compareSet(key string, expected, desired []byte) ([]byte, error)
+	close()
+}
+
+type grpcStore struct {
+	conn   *grpc.ClientConn
+	c      masterpb.MasterClient
+	client string
+	seq    uint64
+}
+
+func (g *grpcStore) do(req *masterpb.StoreRequest) (*masterpb.StoreResponse, error) {
+	req.Client = g.client
+	g.seq++
+	req.Seq = g.seq
+	return g.c.Store(context.Background(), req)
+}
+
+func (g *grpcStore) set(key string, v []byte) error {
+	_, err := g.do(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: key, Value: v}}})
+	return err
+}
+func (g *grpcStore) get(key string) ([]byte, error) {
+	r, err := g.c.Store(context.Background(), &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: key}}})
+	return r.GetValue(), err
+}
+func (g *grpcStore) add(key string, d int64) (int64, error) {
+	r, err := g.do(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: key, Delta: d}}})
+	return r.GetNumber(), err
+}
+func (g *grpcStore) compareSet(key string, e, d []byte) ([]byte, error) {
+	r, err := g.do(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_CompareSet{CompareSet: &masterpb.StoreCompareSet{Key: key, Expected: e, Desired: d}}})
+	return r.GetValue(), err
+}
+func (g *grpcStore) close() { g.conn.Close() }
+
+// tcpStore speaks torch 1.13's TCPStore protocol (TORCH-STORE.md): a
+// command byte, u64-length-prefixed strings, little-endian integers.
+type tcpStore struct {
+	conn net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+}
+
+func dialTCPStore(addr string) (*tcpStore, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c.(*net.TCPConn).SetNoDelay(true)
+	return &tcpStore{conn: c, r: bufio.NewReader(c), w: bufio.NewWriter(c)}, nil
+}
+
+const (
+	tsSet        = 0
+	tsCompareSet = 1
+	tsGet        = 2
+	tsAdd        = 3
+)
+
+func (t *tcpStore) str(b []byte) {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+	t.w.Write(n[:])
+	t.w.Write(b)
+}
+
+func (t *tcpStore) readBytes() ([]byte, error) {
+	var n [8]byte
+	if _, err := io.ReadFull(t.r, n[:]); err != nil {
+		return nil, err
+	}
+	l := binary.LittleEndian.Uint64(n[:])
+	if l > 1<<30 {
+		return nil, errors.New("oversized reply")
+	}
+	b := make([]byte, l)
+	_, err := io.ReadFull(t.r, b)
+	return b, err
+}
+
+func (t *tcpStore) set(key string, v []byte) error {
+	t.w.WriteByte(tsSet)
+	t.str([]byte(key))
+	t.str(v)
+	return t.w.Flush() // no reply in the protocol
+}
+func (t *tcpStore) get(key string) ([]byte, error) {
+	t.w.WriteByte(tsGet)
+	t.str([]byte(key))
+	if err := t.w.Flush(); err != nil {
+		return nil, err
+	}
+	return t.readBytes()
+}
+func (t *tcpStore) add(key string, d int64) (int64, error) {
+	t.w.WriteByte(tsAdd)
+	t.str([]byte(key))
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(d))
+	t.w.Write(n[:])
+	if err := t.w.Flush(); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(t.r, n[:]); err != nil {
+		return 0, err
+	}
+	return int64(binary.LittleEndian.Uint64(n[:])), nil
+}
+func (t *tcpStore) compareSet(key string, e, d []byte) ([]byte, error) {
+	t.w.WriteByte(tsCompareSet)
+	t.str([]byte(key))
+	t.str(e)
+	t.str(d)
+	if err := t.w.Flush(); err != nil {
+		return nil, err
+	}
+	return t.readBytes()
+}
+func (t *tcpStore) close() { t.conn.Close() }
+
+type storeResult struct {
+	p50, p99 map[string]time.Duration
+	opsPerS  map[string]float64
+}
+
+// drive runs -ops of each kind from every client at once, kind by kind.
+func drive(newClient func(i int) (storeClient, error)) (storeResult, error) {
+	res := storeResult{p50: map[string]time.Duration{}, p99: map[string]time.Duration{}, opsPerS: map[string]float64{}}
+	cs := make([]storeClient, *clients)
+	for i := range cs {
+		c, err := newClient(i)
+		if err != nil {
+			return res, err
+		}
+		cs[i] = c
+		defer c.close()
+	}
+	value := []byte(strings.Repeat("v", 64))
+	for _, kind := range []string{"set", "get", "add", "compare_set"} {
+		lat := make([][]time.Duration, len(cs))
+		errs := make(chan error, len(cs))
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for i, c := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l := make([]time.Duration, 0, *ops)
+				key := fmt.Sprintf("/bench/%d", i)
+				prev := value
+				for k := range *ops {
+					s := time.Now()
+					var err error
+					switch kind {
+					case "set":
+						err = c.set(key, value)
+					case "get":
+						_, err = c.get(key)
+					case "add":
+						_, err = c.add("/bench/counter", 1)
+					case "compare_set":
+						next := []byte(fmt.Sprintf("%064d", k))
+						_, err = c.compareSet(key, prev, next)
+						prev = next
+					}
+					if err != nil {
+						errs <- fmt.Errorf("%s: %w", kind, err)
+						return
+					}
+					l = append(l, time.Since(s))
+				}
+				lat[i] = l
+			}()
+		}
+		wg.Wait()
+		wall := time.Since(t0)
+		select {
+		case err := <-errs:
+			return res, err
+		default:
+		}
+		all := slices.Concat(lat...)
+		slices.Sort(all)
+		res.p50[kind] = all[len(all)/2]
+		res.p99[kind] = all[len(all)*99/100]
+		res.opsPerS[kind] = float64(len(all)) / wall.Seconds()
+	}
+	return res, nil
+}
+
+func storeBench(dir, tokenFile string) error {
+	fmt.Printf("Store: %d concurrent clients, %d operations of each kind per client, 64-byte values\n", *clients, *ops)
+	results := map[string]storeResult{}
+	for _, state := range []string{"file", "mem"} {
+		url := "file://" + filepath.Join(dir, fmt.Sprintf("store-%d", time.Now().UnixNano()))
+		if state == "mem" {
+			url = "mem://"
+		}
+		m, err := startMaster(dir, tokenFile, url, 1)
+		if err != nil {
+			return err
+		}
+		r, err := drive(func(i int) (storeClient, error) {
+			conn, err := dial(m.addr)
+			if err != nil {
+				return nil, err
+			}
+			return &grpcStore{conn: conn, c: masterpb.NewMasterClient(conn), client: fmt.Sprintf("bench-%d", i)}, nil
+		})
+		m.stop()
+		if err != nil {
+			return fmt.Errorf("kfelastic store (%s): %w", state, err)
+		}
+		results[state] = r
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	storeCmd := exec.Command(python, "-c", torchStoreScript, strconv.Itoa(port))
+	out, _ := storeCmd.StdoutPipe()
+	storeCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := storeCmd.Start(); err != nil {
+		return err
+	}
+	bufio.NewReader(out).ReadString('\n')
+	r, err := drive(func(int) (storeClient, error) { return dialTCPStore(fmt.Sprintf("127.0.0.1:%d", port)) })
+	storeCmd.Process.Kill()
+	storeCmd.Wait()
+	if err != nil {
+		return fmt.Errorf("torch TCPStore: %w", err)
+	}
+	results["torch"] = r
+	fmt.Printf("%-12s %-34s %10s %10s %12s\n", "op", "server", "p50", "p99", "ops/s")
+	for _, kind := range []string{"set", "get", "add", "compare_set"} {
+		for _, s := range []struct{ key, name string }{{"file", "kfelastic master (durable, file://)"}, {"mem", "kfelastic master (mem://)"}, {"torch", "torch TCPStore (1.13, in memory)"}} {
+			r := results[s.key]
+			fmt.Printf("%-12s %-34s %10s %10s %12.0f\n", kind, s.name, r.p50[kind].Round(time.Microsecond), r.p99[kind].Round(time.Microsecond), r.opsPerS[kind])
+		}
+	}
+	fmt.Println("(torch's SET has no reply: its latency is the time to send; ours is the durable acknowledgement)")
+	return nil
+}
+
+// ---- helpers ----
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func raiseFDLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
+
+func numCPU() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(b), "processor\t:")
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildBinary builds this command once per test binary run.
+var buildBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "kfelastic-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "kfelastic")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// proc is a started kfelastic process whose output the test reads.
+type proc struct {
+	cmd *exec.Cmd
+	out *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startProc(t *testing.T, env []string, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(bin, args...), out: &lockedBuffer{}}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	})
+	return p
+}
+
+func (p *proc) waitFor(t *testing.T, re *regexp.Regexp, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !re.MatchString(p.out.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q within %v in:\n%s", re, d, p.out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The issue's real-process test: `kfelastic master` and three `kfelastic
+// agent --nnodes 2:3` over real torch workers. The round completes with 2;
+// the third joins, and all restart into a round of 3 with group_world_size=3
+// and restart_count unchanged (a membership change spends no budget), then
+// train to the end from the checkpoint.
+func TestMasterScaleUpRealTorch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real master, agents and torch workers")
+	}
+	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", torchPython, err)
+	}
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	_ = os.WriteFile(tokenFile, []byte("job-token\n"), 0o600)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePortForTest(t))
+	m := startProc(t, nil, bin, "master", "--listen", addr, "--nnodes", "2:3", "--rdzv-id", "scale", "--token-file", tokenFile,
+		"--state", "file://"+filepath.Join(dir, "state"), "--waiting-timeout", "1s", "--heartbeat-interval", "1s",
+		"--heartbeat-timeout", "10s")
+	script, _ := filepath.Abs("../../agent/testdata/train/train_steps.py")
+	ckpt := filepath.Join(dir, "ckpt")
+	agent := func(rank int) *proc {
+		return startProc(t, []string{fmt.Sprintf("POD_NAME=scale-worker-%d", rank), "OMP_NUM_THREADS=1"}, bin, "agent", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+			"--rdzv-endpoint", addr, "--rdzv-id", "scale", "--token-file", tokenFile, "--node-rank", fmt.Sprint(rank),
+			"--max-restarts", "0", "--master-addr", "127.0.0.1", "--error-prefix", "file://"+filepath.Join(dir, "out"),
+			"--", torchPython, script, "--steps", "300", "--sleep", "0.03", "--ckpt", ckpt)
+	}
+	a0, a1 := agent(0), agent(1)
+	two := regexp.MustCompile(`(?s)restart_count=0.*group_world_size=2`)
+	a0.waitFor(t, two, 60*time.Second)
+	a1.waitFor(t, two, 60*time.Second)
+	a0.waitFor(t, regexp.MustCompile(`\[default0\]:step 20 `), 60*time.Second)
+	a2 := agent(2)
+	three := regexp.MustCompile(`(?s)restart_count=0\s+master_addr=\S+\s+master_port=\d+\s+group_rank=\d\s+group_world_size=3`)
+	for _, a := range []*proc{a0, a1, a2} {
+		a.waitFor(t, three, 60*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for i, a := range []*proc{a0, a1, a2} {
+		done := make(chan error, 1)
+		go func() { done <- a.cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent %d: %v\n%s", i, err, a.out)
+			}
+		case <-ctx.Done():
+			t.Fatalf("agent %d did not finish:\n%s", i, a.out)
+		}
+	}
+	s0 := a0.out.String()
+	if strings.Contains(s0, "restart_count=1") {
+		t.Errorf("the scale-up spent restart budget:\n%s", s0)
+	}
+	if !strings.Contains(s0, "[default0]:step 299 ") {
+		t.Errorf("training did not reach its last step:\n%s", s0)
+	}
+	if !strings.Contains(m.out.String(), "rendezvous round completed") {
+		t.Errorf("master log:\n%s", m.out)
+	}
+}
+
+func freePortForTest(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

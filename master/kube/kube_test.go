@@ -1,0 +1,681 @@
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/kfoperator"
+	"github.com/kfelastic/kfelastic/master/relaunch"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// The kwok nodes pods are bound to, in this order of preference.
+var nodes = []string{"kwok-node-a", "kwok-node-b"}
+
+// TestOwnerWithTrainingOperator carries out decisions against the real
+// kube-apiserver, the real Kubeflow training operator (which recreates
+// deleted and failed pods from the current template) and kwok (simulated
+// nodes and kubelets; the test binds pods as a scheduler would, honouring
+// hostname affinity). Every Owner runs with a token of the service account
+// kfoperator.MasterObjects creates, so each case also proves that the Role
+// the plugin grants is enough.
+func TestOwnerWithTrainingOperator(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver, the training operator and kwok (scripts/deps.sh k8s); skipped under -short")
+	}
+	cfg := testenv.Kube(t)
+	testenv.StartOperator(t, cfg)
+	testenv.StartKwok(t, cfg, nodes...)
+
+	t.Run("OOMKilledWorkerComesBackWithTwiceTheMemory", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "oom")
+		e.watch(t)
+		worker0 := e.waitRunning(t, "worker-0", "")
+		old := e.waitRunning(t, "worker-1", "")
+		e.setStatus(t, "worker-1", exited(137, "OOMKilled"))
+		g := e.waitGone(t, "worker-1", CodeOOMKilled)
+		if g.UID != string(old.UID) || !g.Recoverable || g.Node != nodes[0] || g.Index != 1 {
+			t.Errorf("report %+v", g)
+		}
+		if err := e.owner.Carry(e.ctx, Action{Seq: 1, Kind: relaunch.MoreMemory, Rank: 1, Pod: e.name("worker-1"), UID: g.UID,
+			Reason: g.Code, Time: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		p := e.waitPod(t, "worker-1", "a Running pod with a 2Gi limit", func(p *corev1.Pod) bool {
+			l := limit(p)
+			return p.Status.Phase == corev1.PodRunning && l.Cmp(resource.MustParse("2Gi")) == 0
+		})
+		if req := p.Spec.Containers[0].Resources.Requests[corev1.ResourceMemory]; req.Cmp(resource.MustParse("1Gi")) != 0 {
+			t.Errorf("request %s, want 1Gi (512Mi doubled)", req.String())
+		}
+		if l, r := e.templateMemory(t); l != "2Gi" || r != "1Gi" {
+			t.Errorf("job template: limit %s request %s, want 2Gi 1Gi", l, r)
+		}
+		if now := e.pod(t, "worker-0"); now == nil || now.UID != worker0.UID {
+			t.Error("worker-0 was replaced; only worker-1 was OOM-killed")
+		}
+		e.noReport(t, CodePreempted) // deleting the stale replacement is ours, not a preemption
+	})
+
+	t.Run("FaultyNodeReplacementAvoidsItsHost", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "avoid")
+		e.watch(t)
+		w0 := e.waitRunning(t, "worker-0", "")
+		w1 := e.waitRunning(t, "worker-1", "")
+		if w0.Spec.NodeName != nodes[0] || w1.Spec.NodeName != nodes[0] {
+			t.Fatalf("pods on %s and %s, want both on %s", w0.Spec.NodeName, w1.Spec.NodeName, nodes[0])
+		}
+		// The agent names the node; the owner checks it against the pod.
+		if err := e.owner.Carry(e.ctx, Action{Seq: 1, Kind: relaunch.AvoidHost, Pod: e.name("worker-0"), Host: nodes[0],
+			UID: string(w0.UID), Reason: "NodeCheckFailed", Time: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		p := e.waitRunning(t, "worker-0", w0.UID)
+		if p.Spec.NodeName != nodes[1] || !avoids(p, nodes[0]) {
+			t.Errorf("replacement on %s with affinity %+v", p.Spec.NodeName, p.Spec.Affinity)
+		}
+		// A second faulty pod on the same host, no host named and no UID:
+		// the owner finds the node from the pod; the host is listed once.
+		if err := e.owner.Carry(e.ctx, Action{Seq: 2, Kind: relaunch.AvoidHost, Pod: e.name("worker-1"),
+			Reason: "Straggler", Time: time.Now().Add(time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		p = e.waitRunning(t, "worker-1", w1.UID)
+		if p.Spec.NodeName != nodes[1] || !avoids(p, nodes[0]) {
+			t.Errorf("replacement on %s with affinity %+v", p.Spec.NodeName, p.Spec.Affinity)
+		}
+		job := e.job(t)
+		aff := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec.Affinity
+		terms := aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+		if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || strings.Join(terms[0].MatchExpressions[0].Values, ",") != nodes[0] {
+			t.Errorf("template affinity %+v", terms)
+		}
+	})
+
+	t.Run("CarryIsIdempotent", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "idem")
+		e.watch(t)
+		old := e.waitRunning(t, "worker-1", "")
+		a := Action{Seq: 7, Kind: relaunch.MoreMemory, Rank: 1, Pod: e.name("worker-1"), UID: string(old.UID), Reason: CodeOOMKilled, Time: time.Now()}
+		for range 2 {
+			if err := e.owner.Carry(e.ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := e.waitRunning(t, "worker-1", old.UID)
+		if l := limit(p); l.Cmp(resource.MustParse("2Gi")) != 0 {
+			t.Fatalf("limit %s", l.String())
+		}
+		// Once more from this owner, and from a restarted master (a new
+		// owner with no memory): the job records carried decisions.
+		restarted := e.newOwner(t, relaunch.OOM{})
+		for _, o := range []*Owner{e.owner, restarted} {
+			if err := o.Carry(e.ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second) // time for a wrong deletion to show
+		if l, _ := e.templateMemory(t); l != "2Gi" {
+			t.Errorf("template limit %s after the same decision 4 times, want 2Gi", l)
+		}
+		if now := e.pod(t, "worker-1"); now == nil || now.UID != p.UID {
+			t.Error("the replacement that already had the memory was deleted again")
+		}
+		if recs := carriedOf(e.jobObject(t)); len(recs) != 1 || recs[0].Seq != 7 || recs[0].Memory != 2<<30 {
+			t.Errorf("carried record %+v", recs)
+		}
+		// The same Seq for another pod is a caller's bug, not a new edit.
+		b := a
+		b.Pod = e.name("worker-0")
+		if err := e.owner.Carry(e.ctx, b); !errors.Is(err, ErrInvalidAction) || !Permanent(err) {
+			t.Errorf("seq 7 for another pod: %v", err)
+		}
+	})
+
+	t.Run("OOMCapIsAnErrorAndChangesNothing", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "cap")
+		capped := e.newOwner(t, relaunch.OOM{Factor: 2, Max: 1 << 30}) // the job already has 1Gi
+		w0 := e.waitRunning(t, "worker-0", "")
+		w1 := e.waitRunning(t, "worker-1", "")
+		before := e.job(t)
+		err := capped.Carry(e.ctx, Action{Seq: 1, Kind: relaunch.MoreMemory, Pod: e.name("worker-1"), UID: string(w1.UID), Time: time.Now()})
+		if !errors.Is(err, ErrMemoryAtCap) || !Permanent(err) || !strings.Contains(err.Error(), "1Gi") {
+			t.Fatalf("err %v, want ErrMemoryAtCap naming 1Gi", err)
+		}
+		t.Logf("at the cap: %v", err)
+		time.Sleep(500 * time.Millisecond)
+		if after := e.job(t); after.ResourceVersion != before.ResourceVersion {
+			t.Errorf("job changed: resourceVersion %s → %s", before.ResourceVersion, after.ResourceVersion)
+		}
+		for _, p := range []*corev1.Pod{w0, w1} {
+			if now := e.pod(t, strings.TrimPrefix(p.Name, e.job0+"-")); now == nil || now.UID != p.UID {
+				t.Errorf("%s was replaced", p.Name)
+			}
+		}
+	})
+
+	t.Run("RoleIsScopedToItsJob", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "rbac")
+		other := e.createJob(t, e.job0+"-other")
+		o, err := New(Config{Host: e.rest.Host, CAData: e.rest.CAData, BearerToken: e.token, Namespace: e.ns, Job: other,
+			Logger: e.logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := e.waitPodOf(t, other, "worker-0", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		err = o.Carry(e.ctx, Action{Seq: 1, Kind: relaunch.MoreMemory, Pod: other + "-worker-0", UID: string(w.UID), Time: time.Now()})
+		var apiErr *APIError
+		if !errors.As(err, &apiErr) || apiErr.Code != 403 || !Permanent(err) {
+			t.Fatalf("updating another job with this job's token: %v, want 403", err)
+		}
+		// Nor another namespace's pods.
+		o2, _ := New(Config{Host: e.rest.Host, CAData: e.rest.CAData, BearerToken: e.token, Namespace: "default", Job: e.job0, Logger: e.logger})
+		if _, err := o2.list(e.ctx, func(PodGone) {}); !errors.As(err, &apiErr) || apiErr.Code != 403 {
+			t.Errorf("listing pods of another namespace: %v, want 403", err)
+		}
+	})
+
+	t.Run("WatchReportsEvictedAndDeletedPods", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "watch")
+		e.watch(t)
+		w0 := e.waitRunning(t, "worker-0", "")
+		w1 := e.waitRunning(t, "worker-1", "")
+		// Evicted by the kubelet (node pressure): phase Failed, reason
+		// Evicted, its container killed.
+		e.setStatus(t, "worker-0", func(s *corev1.PodStatus) {
+			exited(137, "Error")(s)
+			s.Reason, s.Message = "Evicted", "The node was low on resource: memory."
+		})
+		g := e.waitGone(t, "worker-0", CodeEvicted)
+		if g.UID != string(w0.UID) || !g.Recoverable || !strings.Contains(g.Message, "low on resource") {
+			t.Errorf("evicted: %+v", g)
+		}
+		// Deleted by someone else (a preemption, kubectl delete).
+		if err := e.admin.Delete(e.ctx, w1); err != nil {
+			t.Fatal(err)
+		}
+		g = e.waitGone(t, "worker-1", CodePreempted)
+		if g.UID != string(w1.UID) || !g.Recoverable {
+			t.Errorf("deleted: %+v", g)
+		}
+		// The operator recreates both; nothing more is reported.
+		e.waitRunning(t, "worker-0", w0.UID)
+		e.waitRunning(t, "worker-1", w1.UID)
+		time.Sleep(500 * time.Millisecond)
+		e.noReport(t, "")
+	})
+
+	t.Run("WatchReportsPodsThatFailedBeforeItStarted", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "level")
+		w1 := e.waitRunning(t, "worker-1", "")
+		e.setStatus(t, "worker-1", exited(1, "Error")) // a user error: the operator fails the job and keeps the pod
+		e.waitPod(t, "worker-1", "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		e.watch(t)
+		g := e.waitGone(t, "worker-1", CodeNonZeroExit)
+		if g.UID != string(w1.UID) || g.Recoverable {
+			t.Errorf("%+v", g)
+		}
+	})
+
+	t.Run("RelaunchForceDeletesPodsOfALostNode", func(t *testing.T) {
+		// A node without a kubelet (kwok does not manage it) takes the
+		// first pod of each index; replacements go to the kwok nodes.
+		var r [3]byte
+		_, _ = rand.Read(r[:])
+		lost := "lost-node-" + hex.EncodeToString(r[:])
+		var mu sync.Mutex
+		first := map[string]types.UID{}
+		e := newJobEnv(t, cfg, "lost", func(p *corev1.Pod) []string {
+			mu.Lock()
+			defer mu.Unlock()
+			if uid, ok := first[p.Name]; !ok || uid == p.UID {
+				first[p.Name] = p.UID
+				return []string{lost}
+			}
+			return nodes
+		})
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: lost, Labels: map[string]string{HostnameLabel: lost}}}
+		if err := e.admin.Create(e.ctx, node); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.admin.Delete(context.Background(), node) })
+		e.watch(t)
+		var was [2]*corev1.Pod
+		for i, w := range []string{"worker-0", "worker-1"} {
+			e.waitPod(t, w, "bound to "+lost, func(p *corev1.Pod) bool { return p.Spec.NodeName == lost })
+			e.setStatus(t, w, running) // as its kubelet reported before the node went away
+			was[i] = e.waitRunning(t, w, "")
+		}
+		// worker-0: the taint manager evicts it from the NotReady node; the
+		// graceful deletion waits for a kubelet that is gone.
+		e.setStatus(t, "worker-0", func(s *corev1.PodStatus) {
+			s.Conditions = append(s.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+				Reason: "DeletionByTaintManager", LastTransitionTime: metav1.Now()})
+		})
+		if err := e.admin.Delete(e.ctx, was[0]); err != nil {
+			t.Fatal(err)
+		}
+		// worker-1: marked by the node controller.
+		e.setStatus(t, "worker-1", func(s *corev1.PodStatus) {
+			s.Phase, s.Reason, s.Message = corev1.PodUnknown, "NodeLost", "Node "+lost+" which was running the pod is unresponsive"
+		})
+		var actions []Action
+		for i, w := range []string{"worker-0", "worker-1"} {
+			g := e.waitGone(t, w, CodeNodeLost)
+			if g.UID != string(was[i].UID) || g.Node != lost {
+				t.Errorf("%s: %+v", w, g)
+			}
+			a := Action{Seq: int64(i + 1), Kind: relaunch.Relaunch, Pod: g.Pod, UID: g.UID, Reason: g.Code, Time: time.Now()}
+			if err := e.owner.Carry(e.ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			actions = append(actions, a)
+		}
+		var now [2]*corev1.Pod
+		for i, w := range []string{"worker-0", "worker-1"} {
+			now[i] = e.waitRunning(t, w, was[i].UID)
+			if now[i].Spec.NodeName != nodes[0] {
+				t.Errorf("%s replaced on %s", w, now[i].Spec.NodeName)
+			}
+		}
+		// Carried again (a retry, a restarted master that knows only the
+		// decision time): the replacements stay.
+		restarted := e.newOwner(t, relaunch.OOM{})
+		for _, a := range actions {
+			if err := e.owner.Carry(e.ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			a.UID = ""
+			if err := restarted.Carry(e.ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		for i, w := range []string{"worker-0", "worker-1"} {
+			if p := e.pod(t, w); p == nil || p.UID != now[i].UID {
+				t.Errorf("%s's replacement was deleted", w)
+			}
+		}
+		e.noReport(t, "")
+	})
+}
+
+// jobEnv is one test's namespace with the master's RBAC objects, a
+// two-worker PyTorchJob (restartPolicy ExitCode, 1Gi limit, 512Mi
+// request), a binder standing in for the scheduler, and an Owner running as
+// the master's service account.
+type jobEnv struct {
+	ctx    context.Context
+	rest   *rest.Config
+	admin  client.Client
+	ns     string
+	job0   string
+	token  string
+	owner  *Owner
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	reports []PodGone
+	used    []bool
+}
+
+// newJobEnv makes the job; bind (optional) picks the nodes a pod may be
+// bound to, default nodes.
+func newJobEnv(t *testing.T, cfg *rest.Config, name string, bind ...func(*corev1.Pod) []string) *jobEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	admin, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r [3]byte
+	_, _ = rand.Read(r[:])
+	w := &testWriter{t: t}
+	t.Cleanup(w.stop) // last: after the owner's goroutines
+	e := &jobEnv{ctx: ctx, rest: cfg, admin: admin, ns: "kube-" + name + "-" + hex.EncodeToString(r[:]), job0: name,
+		logger: slog.New(slog.NewTextHandler(w, nil))}
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.cleanup(t) })
+	// The master's objects as the plugin creates them, and a token for its
+	// service account as the kubelet would mount one.
+	for _, o := range kfoperator.MasterObjects(name, e.ns, "job-token", nil, nil) {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: kfoperator.MasterAccountName(name), Namespace: e.ns}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}
+	if err := admin.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatal(err)
+	}
+	e.token = tr.Status.Token
+	e.createJob(t, name)
+	e.owner = e.newOwner(t, relaunch.OOM{})
+	// The scheduler's part: bind pending pods to the first node their
+	// affinity allows.
+	nodesFor := testenv.Nodes(nodes...)
+	if len(bind) > 0 {
+		nodesFor = bind[0]
+	}
+	bctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for bctx.Err() == nil {
+			if err := testenv.BindPods(bctx, admin, e.ns, nil, nodesFor); err != nil && bctx.Err() == nil {
+				t.Logf("binding: %v", err)
+			}
+			select {
+			case <-bctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	return e
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// newOwner is an Owner of the test's job running with the master's token.
+func (e *jobEnv) newOwner(t *testing.T, oom relaunch.OOM) *Owner {
+	t.Helper()
+	o, err := New(Config{Host: e.rest.Host, CAData: e.rest.CAData, BearerToken: e.token, Namespace: e.ns, Job: e.job0,
+		OOM: oom, Logger: e.logger, Resync: 500 * time.Millisecond, ForceAfter: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// watch runs the Owner's Watch for the rest of the test.
+func (e *jobEnv) watch(t *testing.T) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.owner.Watch(ctx, func(g PodGone) {
+			e.mu.Lock()
+			e.reports, e.used = append(e.reports, g), append(e.used, false)
+			e.mu.Unlock()
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+	})
+}
+
+func (e *jobEnv) createJob(t *testing.T, name string) string {
+	t.Helper()
+	two := int32(2)
+	none := kubeflowv1.CleanPodPolicyNone
+	job := &kubeflowv1.PyTorchJob{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: kubeflowv1.PyTorchJobSpec{
+			RunPolicy: kubeflowv1.RunPolicy{CleanPodPolicy: &none},
+			PyTorchReplicaSpecs: map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec{
+				kubeflowv1.PyTorchJobReplicaTypeWorker: {
+					Replicas:      &two,
+					RestartPolicy: kubeflowv1.RestartPolicyExitCode,
+					Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+						Name: "pytorch", Image: "trainer:1", Command: []string{"python", "train.py"},
+						Resources: corev1.ResourceRequirements{
+							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+							Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
+						},
+					}}}},
+				},
+			},
+		},
+	}
+	if err := e.admin.Create(e.ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// cleanup removes what the test made (there is no garbage collector or
+// namespace controller in envtest): the jobs, the pods, the namespace.
+func (e *jobEnv) cleanup(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = e.admin.DeleteAllOf(ctx, &kubeflowv1.PyTorchJob{}, client.InNamespace(e.ns))
+	_ = e.admin.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(e.ns), client.GracePeriodSeconds(0))
+	if err := e.admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}); err != nil && !apierrors.IsNotFound(err) {
+		t.Logf("deleting namespace %s: %v", e.ns, err)
+	}
+}
+
+func (e *jobEnv) name(suffix string) string { return e.job0 + "-" + suffix }
+
+func (e *jobEnv) pod(t *testing.T, suffix string) *corev1.Pod {
+	t.Helper()
+	return e.podOf(t, e.job0, suffix)
+}
+
+func (e *jobEnv) podOf(t *testing.T, job, suffix string) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{}
+	err := e.admin.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: job + "-" + suffix}, p)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (e *jobEnv) waitPod(t *testing.T, suffix, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	return e.waitPodOf(t, e.job0, suffix, what, ok)
+}
+
+func (e *jobEnv) waitPodOf(t *testing.T, job, suffix, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var last *corev1.Pod
+	for {
+		last = e.podOf(t, job, suffix)
+		if last != nil && last.DeletionTimestamp == nil && ok(last) {
+			return last
+		}
+		select {
+		case <-e.ctx.Done():
+			t.Fatalf("timed out waiting for %s-%s: %s; last %+v", job, suffix, what, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitRunning waits for a Running pod of that name whose UID is not
+// notUID (a replacement), or any if notUID is "".
+func (e *jobEnv) waitRunning(t *testing.T, suffix string, notUID types.UID) *corev1.Pod {
+	t.Helper()
+	return e.waitPod(t, suffix, "Running, UID other than "+string(notUID), func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && p.UID != notUID
+	})
+}
+
+// setStatus changes a pod's status as the kubelet would (kwok writes it
+// too: retried on conflict).
+func (e *jobEnv) setStatus(t *testing.T, suffix string, change func(*corev1.PodStatus)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := &corev1.Pod{}
+		if err := e.admin.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: e.name(suffix)}, p); err != nil {
+			return err
+		}
+		change(&p.Status)
+		return e.admin.Status().Update(e.ctx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// running is the status a kubelet reports for a started pod.
+func running(s *corev1.PodStatus) {
+	now := metav1.Now()
+	s.Phase = corev1.PodRunning
+	s.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+	s.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", Image: "trainer:1", Ready: true, Started: ptr(true),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
+}
+
+// exited ends the primary container with code (and reason), the pod
+// Failed.
+func exited(code int32, reason string) func(*corev1.PodStatus) {
+	return func(s *corev1.PodStatus) {
+		at := metav1.Now()
+		s.Phase = corev1.PodFailed
+		for i := range s.ContainerStatuses {
+			cs := &s.ContainerStatuses[i]
+			if cs.Name == "pytorch" {
+				cs.Ready, cs.Started = false, ptr(false)
+				cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: reason, ExitCode: code,
+					StartedAt: metav1.NewTime(at.Add(-time.Minute)), FinishedAt: at}}
+			}
+		}
+	}
+}
+
+// waitGone waits for the Owner's report of that pod with that code, and
+// marks it seen.
+func (e *jobEnv) waitGone(t *testing.T, suffix, code string) PodGone {
+	t.Helper()
+	for {
+		e.mu.Lock()
+		for i, g := range e.reports {
+			if !e.used[i] && g.Pod == e.name(suffix) && g.Code == code {
+				e.used[i] = true
+				e.mu.Unlock()
+				return g
+			}
+		}
+		e.mu.Unlock()
+		select {
+		case <-e.ctx.Done():
+			t.Fatalf("no %s report for %s; reports %+v", code, suffix, e.allReports())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// noReport fails if a report (of code, or any if "") came that no waitGone
+// took.
+func (e *jobEnv) noReport(t *testing.T, code string) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, g := range e.reports {
+		if !e.used[i] && (code == "" || g.Code == code) {
+			t.Errorf("unexpected report %+v", g)
+		}
+	}
+}
+
+func (e *jobEnv) allReports() []PodGone {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]PodGone(nil), e.reports...)
+}
+
+func (e *jobEnv) job(t *testing.T) *kubeflowv1.PyTorchJob {
+	t.Helper()
+	job := &kubeflowv1.PyTorchJob{}
+	if err := e.admin.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: e.job0}, job); err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+func (e *jobEnv) jobObject(t *testing.T) object {
+	t.Helper()
+	var job object
+	if err := e.owner.c.do(e.ctx, "GET", e.owner.jobPath, nil, nil, &job); err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+func (e *jobEnv) templateMemory(t *testing.T) (limit, request string) {
+	t.Helper()
+	c := e.job(t).Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec.Containers[0]
+	l, r := c.Resources.Limits[corev1.ResourceMemory], c.Resources.Requests[corev1.ResourceMemory]
+	return l.String(), r.String()
+}
+
+func limit(p *corev1.Pod) resource.Quantity {
+	return p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]
+}
+
+func avoids(p *corev1.Pod, host string) bool {
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return false
+	}
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		found := false
+		for _, r := range term.MatchExpressions {
+			if r.Key == HostnameLabel && r.Operator == corev1.NodeSelectorOpNotIn {
+				for _, v := range r.Values {
+					found = found || v == host
+				}
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// testWriter sends the Owner's logs to the test log while the test runs.
+type testWriter struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+}
+
+var _ io.Writer = (*testWriter)(nil)
