@@ -36,6 +36,8 @@ import (
 //	signal:NAME        die of signal NAME (via an exec'd shell)
 //	grandchild:FILE    start a sleeping grandchild, write its pid to FILE, exit 1
 //	torcherr:TYPE      write a torch error file (TYPE: msg, timestamp), exit 1
+//	torchts:TS         write a torch error file whose timestamp is TS (verbatim), exit 1
+//	bigerror:MB        write a sparse error file of MB megabytes, exit 1
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
@@ -118,6 +120,16 @@ func runHelper(modes string) int {
 		<-dumped
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
 		return 0
+	case "torchts":
+		data := `{"message":{"message":"ValueError: stamped ` + arg + `","extraInfo":{"py_callstack":"Traceback","timestamp":"` + arg + `"}}}`
+		_ = os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(data), 0o644)
+		return 1
+	case "bigerror":
+		mb, _ := strconv.Atoi(arg)
+		p := os.Getenv("TORCHELASTIC_ERROR_FILE")
+		_ = os.WriteFile(p, []byte(`{"message":"`), 0o644)
+		_ = os.Truncate(p, int64(mb)<<20)
+		return 1
 	case "breakprefix":
 		// The error prefix becomes unwritable while the pod runs (storage
 		// gone): a regular file where its folder was.
@@ -661,5 +673,48 @@ func TestErrorDocumentKeptLocallyWhenPrefixFails(t *testing.T) {
 	f := readDocument(t, filepath.Dir(ee.Document), filepath.Base(ee.Document))
 	if f.Code != kferrors.CodeNonZeroExit || f.Worker != "pod-0/0" {
 		t.Errorf("local document = %+v", f)
+	}
+}
+
+// A torch error file whose timestamp is in milliseconds (or beyond the year
+// 9999) does not name the document by a wrapped-around time: the agent
+// falls back to the observed exit time, and the reader ranks the document
+// by it.
+func TestTorchErrorTimestampValidated(t *testing.T) {
+	for _, ts := range []string{strconv.FormatInt(time.Now().UnixMilli(), 10), "253402300800", "-3"} {
+		cfg, out := helperConfig(t, 1, "torchts:"+ts)
+		dir := t.TempDir()
+		cfg.ErrorPrefix = "file://" + dir
+		start := time.Now()
+		ee, _ := runAgent(t, t.Context(), cfg)
+		if ee == nil || ee.Failure.Code != "ValueError" {
+			t.Fatalf("%s: want the ValueError, got %+v\n%s", ts, ee, out)
+		}
+		if ee.Failure.Time.Before(start) || ee.Failure.Time.After(time.Now()) {
+			t.Errorf("%s: document time %v, want the observed exit in the run", ts, ee.Failure.Time)
+		}
+		keyTime, ok := kferrors.TimeFromKey(ee.Document)
+		if !ok || !keyTime.Equal(ee.Failure.Time) {
+			t.Errorf("%s: key %s does not carry the document's time", ts, ee.Document)
+		}
+		if got := readDocument(t, dir, ee.Document); !got.Time.Equal(ee.Failure.Time) {
+			t.Errorf("%s: stored time %v", ts, got.Time)
+		}
+	}
+}
+
+// An error file of 300 MB is not read: the exit is documented with the
+// reason, and the agent's memory does not follow the file.
+func TestHugeErrorFileIsCapped(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "bigerror:300")
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Failure.Code != kferrors.CodeNonZeroExit || !strings.Contains(ee.Failure.Message, "error file was not usable") ||
+		!strings.Contains(ee.Failure.Message, "too large") {
+		t.Fatalf("want a NonZeroExit naming the oversized error file, got %+v\n%s", ee, out)
+	}
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if ru.Maxrss > 250<<10 { // KiB
+		t.Errorf("max RSS %d MiB after a 300 MB error file", ru.Maxrss>>10)
 	}
 }

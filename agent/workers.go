@@ -54,7 +54,11 @@ type worker struct {
 	errorFile    string
 	progressFile string
 	lastOutput   atomic.Int64 // unix ns of the last output line
-	exited       atomic.Bool
+	// startedAt (unix ns) is when the process started as this worker: its
+	// start, or a spare's release. An error file's time before it is not
+	// this worker's.
+	startedAt atomic.Int64
+	exited    atomic.Bool
 	// releasePipe is the write end of a warm spare's env pipe, nil otherwise.
 	releasePipe *os.File
 	// active: a worker, not a spare waiting for release; spoken: it has
@@ -198,6 +202,7 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 	}
 	w.pgid = w.cmd.Process.Pid
 	w.lastOutput.Store(time.Now().UnixNano())
+	w.startedAt.Store(time.Now().UnixNano())
 	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
 	go w.wait(gs, w.attempt, &readers)
 	return nil
@@ -245,7 +250,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 	case <-done:
 	case <-time.After(100 * time.Millisecond):
 	}
-	e := kferrors.Exit{Worker: w.name, ObservedAt: at}
+	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load())}
 	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		e.Signal = ws.Signal()
 	} else {
@@ -255,6 +260,8 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
 		if err == nil {
 			e.TorchError = te
+		} else {
+			e.ErrorFileProblem = err.Error()
 		}
 		e.RecoverableMarker = recoverable
 		if e.Signal == syscall.SIGKILL && gs.oomKnown {

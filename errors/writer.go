@@ -2,6 +2,7 @@ package errors
 
 import (
 	"context"
+	goerrors "errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -71,27 +72,54 @@ func NewWriter(bucket *blob.Bucket, opts *WriterOptions) *Writer {
 	return w
 }
 
+// ErrExists is what Put returns when an object of that name exists already.
+var ErrExists = goerrors.New("error document exists")
+
+// Prepare encodes f, its message capped, as Write would store it, and names
+// it (NewKey with a fresh RandomSuffix). A caller that must retry an upload
+// whose outcome it does not know (a timeout) Puts the same key and bytes
+// again, so that a retry never stores the document twice.
+func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
+	data, err = Encode(f.Document(w.messageCap))
+	if err != nil {
+		return "", nil, fmt.Errorf("encode error document: %w", err)
+	}
+	return NewKey(f.Time, f.Worker, RandomSuffix()), data, nil
+}
+
+// Put stores data under key, conditionally (IfNotExist): an existing object
+// is never replaced, and its existence is an error wrapping ErrExists.
+func (w *Writer) Put(ctx context.Context, key string, data []byte) error {
+	err := w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
+		ContentType: "application/octet-stream",
+		IfNotExist:  true,
+	})
+	switch {
+	case err == nil:
+		return nil
+	case gcerrors.Code(err) == gcerrors.FailedPrecondition:
+		return fmt.Errorf("write error document %s: %w", key, ErrExists)
+	}
+	return fmt.Errorf("write error document %s: %w", key, err)
+}
+
 // Write stores f under a new error-<ns>-<worker>-<random>.pb key and returns
 // the key. The write is conditional (IfNotExist): an existing document is
 // never replaced, and a name collision is retried with a fresh suffix.
 func (w *Writer) Write(ctx context.Context, f Failure) (string, error) {
-	data, err := Encode(f.Document(w.messageCap))
+	key, data, err := w.Prepare(f)
 	if err != nil {
-		return "", fmt.Errorf("encode error document: %w", err)
+		return "", err
 	}
 	const attempts = 3
 	for range attempts {
-		key := NewKey(f.Time, f.Worker, RandomSuffix())
-		err = w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
-			ContentType: "application/octet-stream",
-			IfNotExist:  true,
-		})
-		if err == nil {
+		if err = w.Put(ctx, key, data); !goerrors.Is(err, ErrExists) {
+			if err != nil {
+				return "", err
+			}
 			return key, nil
 		}
-		if gcerrors.Code(err) != gcerrors.FailedPrecondition {
-			return "", fmt.Errorf("write error document %s: %w", key, err)
-		}
+		key = NewKey(f.Time, f.Worker, RandomSuffix())
 	}
 	return "", fmt.Errorf("write error document: %d name collisions: %w", attempts, err)
 }
