@@ -4,7 +4,10 @@ import (
 	"context"
 	goerrors "errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"gocloud.dev/blob"
@@ -18,6 +21,10 @@ import (
 // whose keys are relative to it: s3://bucket/path/to/outputs?endpoint=…
 // opens bucket "bucket" under "path/to/outputs/"; file:///dir opens the
 // directory itself (created when create is true). The caller closes it.
+//
+// A file:// prefix that is a symbolic link is opened where it leads (the
+// listing walks the folder itself, which it would not do through a link),
+// and one that cannot be read is refused here, rather than listed as empty.
 func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -27,6 +34,14 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 		return nil, fmt.Errorf("error prefix %q: not a URL (want file://, s3://, mem://, …)", rawURL)
 	}
 	if u.Scheme == "file" {
+		if real, err := filepath.EvalSymlinks(u.Path); err == nil {
+			u.Path = real
+		}
+		if !create {
+			if err := readableDir(u.Path); err != nil {
+				return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
+			}
+		}
 		q := u.Query()
 		if create {
 			q.Set("create_dir", "true")
@@ -49,6 +64,19 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 		return b, nil
 	}
 	return blob.PrefixedBucket(b, prefix+"/"), nil
+}
+
+// readableDir fails unless dir is a folder this process can list.
+func readableDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
 }
 
 // Writer writes error documents under a prefix, never overwriting one.
