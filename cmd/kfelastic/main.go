@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
 var rootCmd = &cobra.Command{
@@ -24,7 +26,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := rootCmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "kfelastic:", err)
+		// Errors quote URLs, pod names and messages: escaped, as all output.
+		fmt.Fprintln(os.Stderr, "kfelastic:", termsafe.Text(err.Error()))
 		os.Exit(exitCode(err))
 	}
 }
