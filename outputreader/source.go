@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"sync"
 	"time"
 
 	"gocloud.dev/blob"
@@ -167,7 +168,8 @@ var ErrNoAnswer = goerrors.New("storage gave no answer in time")
 
 // WithCallTimeout bounds every List and Read of src by d (d ≤ 0: src as it
 // is). A call that runs out fails with an error wrapping ErrNoAnswer and the
-// store's own.
+// store's own. The bound holds even for a Source that ignores its context
+// (flytestdlib's stow stores do): see CallWithin.
 func WithCallTimeout(src Source, d time.Duration) Source {
 	if d <= 0 {
 		return src
@@ -183,26 +185,64 @@ type timeoutSource struct {
 	d time.Duration
 }
 
-var errCallTimedOut = goerrors.New("call timed out")
-
 func (s timeoutSource) List(ctx context.Context, yield func(Object) error) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, s.d, errCallTimedOut)
-	defer cancel()
-	return s.explain(ctx, s.Source.List(ctx, yield))
+	// An abandoned listing may still be yielding: after the abandon its
+	// objects go nowhere, so the caller's yield is never called late.
+	var mu sync.Mutex
+	abandoned := false
+	guarded := func(o Object) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			return ErrNoAnswer
+		}
+		return yield(o)
+	}
+	_, err := CallWithin(ctx, s.d, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, s.Source.List(ctx, guarded)
+	})
+	if goerrors.Is(err, ErrNoAnswer) {
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+	}
+	return err
 }
 
 func (s timeoutSource) Read(ctx context.Context, key string, max int) ([]byte, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, s.d, errCallTimedOut)
-	defer cancel()
-	data, err := s.Source.Read(ctx, key, max)
-	return data, s.explain(ctx, err)
+	return CallWithin(ctx, s.d, func(ctx context.Context) ([]byte, error) { return s.Source.Read(ctx, key, max) })
 }
 
-// explain says that a call failed because its own time ran out, rather than
-// the caller's.
-func (s timeoutSource) explain(ctx context.Context, err error) error {
-	if err != nil && context.Cause(ctx) == errCallTimedOut {
-		return fmt.Errorf("%w within %v: %w", ErrNoAnswer, s.d, err)
+var errCallTimedOut = goerrors.New("call timed out")
+
+// CallWithin runs call with a context that ends after d and returns its
+// result, or, once d has passed, an error wrapping ErrNoAnswer without
+// waiting for call any longer. A call that ignores its context (the AWS SDK
+// v1 under flytestdlib's stow stores takes none) is abandoned: it goes on in
+// the background until the store answers or the connection dies, and its
+// result is dropped. Leaking that goroutine is the price of never hanging
+// the caller (a propeller worker, the CLI) on a store that does not answer.
+func CallWithin[T any](ctx context.Context, d time.Duration, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, d, errCallTimedOut)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
 	}
-	return err
+	done := make(chan result, 1)
+	go func() {
+		v, err := call(ctx)
+		done <- result{v, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	if r.err != nil && context.Cause(ctx) == errCallTimedOut {
+		var zero T
+		return zero, fmt.Errorf("%w within %v: %w", ErrNoAnswer, d, r.err)
+	}
+	return r.v, r.err
 }

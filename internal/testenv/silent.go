@@ -11,8 +11,9 @@ import (
 // SilentServer is a TCP server that accepts every connection and never
 // answers: the S3 endpoint that hangs a client without a timeout. Until
 // ForwardTo, connections are held open, unread and unanswered; after it,
-// new ones are relayed to a real server (the store came back). Tests that
-// use one must bound their own time.
+// new ones are relayed to a real server (the store came back); Silence
+// cuts the relayed ones and holds new ones again (the store went quiet).
+// Tests that use one must bound their own time.
 type SilentServer struct {
 	// Addr is host:port; Endpoint is http://Addr.
 	Addr, Endpoint string
@@ -21,6 +22,7 @@ type SilentServer struct {
 	mu      sync.Mutex
 	target  string
 	held    []net.Conn
+	relayed map[net.Conn]bool
 	closed  bool
 	serving sync.WaitGroup
 }
@@ -32,7 +34,7 @@ func Silent(t testing.TB) *SilentServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &SilentServer{Addr: ln.Addr().String(), ln: ln}
+	s := &SilentServer{Addr: ln.Addr().String(), ln: ln, relayed: map[net.Conn]bool{}}
 	s.Endpoint = "http://" + s.Addr
 	s.serving.Add(1)
 	go s.serve()
@@ -66,20 +68,39 @@ func (s *SilentServer) serve() {
 		}
 		s.mu.Lock()
 		target, closed := s.target, s.closed
-		if target == "" && !closed {
+		switch {
+		case closed:
+		case target == "":
 			s.held = append(s.held, c)
+		default:
+			s.relayed[c] = true
 		}
 		s.mu.Unlock()
 		switch {
 		case closed:
 			c.Close()
 		case target != "":
-			go relay(c, target)
+			go s.relay(c, target)
 		}
 	}
 }
 
-func relay(c net.Conn, target string) {
+// Silence cuts every relayed connection and holds new ones unanswered.
+func (s *SilentServer) Silence() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.target = ""
+	for c := range s.relayed {
+		c.Close()
+	}
+}
+
+func (s *SilentServer) relay(c net.Conn, target string) {
+	defer func() {
+		s.mu.Lock()
+		delete(s.relayed, c)
+		s.mu.Unlock()
+	}()
 	defer c.Close()
 	up, err := net.Dial("tcp", target)
 	if err != nil {
@@ -102,6 +123,9 @@ func (s *SilentServer) Close() {
 	s.closed = true
 	held := s.held
 	s.held = nil
+	for c := range s.relayed {
+		held = append(held, c)
+	}
 	s.mu.Unlock()
 	s.ln.Close()
 	for _, c := range held {
