@@ -8,14 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"gocloud.dev/blob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
@@ -56,6 +53,10 @@ type Config struct {
 	DumpTimeout time.Duration
 	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
 	StopGrace time.Duration
+	// StorageTimeout bounds the agent's storage work: the upload of the
+	// pod's error document, retried until it has passed (document.go), and
+	// the superseding at each group start. DefaultStorageTimeout when 0.
+	StorageTimeout time.Duration
 	// WarmSpares starts the next attempt's Python interpreters ahead, with
 	// Preload (comma-separated modules, default "torch") imported, so that a
 	// restart skips the interpreter start and imports (see spare.go).
@@ -93,9 +94,9 @@ type Config struct {
 type ExitError struct {
 	Code    int
 	Failure kferrors.Failure
-	// Document is the key the error document was written under, if any; a
-	// local file path when the prefix was unreachable and it was kept in the
-	// run's log folder instead.
+	// Document is the key the error document was uploaded under; a local
+	// file path (in the run's log folder, where it is always kept) when
+	// there is no prefix or storage did not take it within StorageTimeout.
 	Document string
 }
 
@@ -136,6 +137,9 @@ func (c *Config) validate() error {
 	}
 	if c.StopGrace <= 0 {
 		c.StopGrace = 5 * time.Second
+	}
+	if c.StorageTimeout <= 0 {
+		c.StorageTimeout = DefaultStorageTimeout
 	}
 	if c.Pod == "" {
 		c.Pod, _ = os.Hostname()
@@ -481,84 +485,6 @@ func pyList(xs []int) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// write stores the pod's error document under ErrorPrefix and returns its
-// key; without a prefix, or when the write fails, the document is logged
-// and the agent exits with the same code regardless.
-func (l *loop) write(f kferrors.Failure) string {
-	l.log.Info("pod error document", "code", f.Code, "worker", f.Worker, "time", f.Time, "recoverable", f.Recoverable,
-		"message", firstLine(f.Message))
-	if l.cfg.ErrorPrefix == "" {
-		return ""
-	}
-	ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
-	defer cancel()
-	key, err := l.writeTo(ctx, l.cfg.ErrorPrefix, f, true)
-	if err == nil {
-		return key
-	}
-	// Storage is unreachable now (it opened at start): keep the document
-	// next to the workers' logs rather than lose the pod's root cause.
-	l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
-	local := "file://" + l.runDir
-	if key, err := l.writeTo(ctx, local, f, false); err == nil {
-		l.log.Warn("error document kept locally instead", "prefix", local, "key", key)
-		return filepath.Join(l.runDir, key)
-	}
-	return ""
-}
-
-// writeTo stores f under prefix, or, when ownFirst, finds the document the
-// failed worker already wrote there itself (flytekit with _F_DES set).
-func (l *loop) writeTo(ctx context.Context, prefix string, f kferrors.Failure, ownFirst bool) (string, error) {
-	b, err := kferrors.OpenPrefix(ctx, prefix, true)
-	if err != nil {
-		return "", err
-	}
-	defer b.Close()
-	if ownFirst {
-		if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
-			l.log.Info("worker wrote its own error document", "prefix", prefix, "key", key, "worker", f.Worker)
-			return key, nil
-		}
-	}
-	key, err := kferrors.NewWriter(b, nil).Write(ctx, f)
-	if err != nil {
-		return "", err
-	}
-	l.log.Info("error document written", "prefix", prefix, "key", key)
-	return key, nil
-}
-
-// supersede moves this pod's documents dated before a group start out of the
-// reader's way (kferrors.Supersede): the start is their recovery. It runs
-// beside the group so that a restart is not delayed by storage; it touches
-// only documents dated before the start, the write path only later ones.
-func (l *loop) supersede(start time.Time) {
-	if l.cfg.ErrorPrefix == "" {
-		return
-	}
-	l.superseding.Add(1)
-	go func() {
-		defer l.superseding.Done()
-		ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
-		defer cancel()
-		b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
-		if err != nil {
-			l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
-			return
-		}
-		defer b.Close()
-		moved, err := kferrors.Supersede(ctx, b, l.cfg.Pod, start)
-		if err != nil {
-			l.log.Error("cannot supersede recovered error documents", "prefix", l.cfg.ErrorPrefix, "err", err)
-		}
-		if len(moved) > 0 {
-			l.log.Info("recovered error documents superseded", "count", len(moved), "to", kferrors.SupersededPrefix,
-				"keys", moved)
-		}
-	}()
-}
-
 // cleanup leaves nothing behind: no rendezvous call, no worker, no process
 // group. The policy only exits once all workers ended, so the SIGKILL is
 // for the paths where Run returns early.
@@ -646,38 +572,4 @@ func (l *loop) logExit(we WorkerExited) {
 		attrs = append(attrs, "start_error", we.StartError)
 	}
 	l.log.Info("worker exited", attrs...)
-}
-
-// workerDocument finds a document the failed worker wrote itself (flytekit
-// with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
-// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
-// are skipped unread; at most 64 others are read. Only a document from the
-// last attempt (timed at or after since) counts: worker names repeat across
-// attempts.
-func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
-	if worker == "" {
-		return "", false
-	}
-	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
-	for read := 0; read < 64; {
-		obj, err := it.Next(ctx)
-		if err != nil {
-			return "", false
-		}
-		if !kferrors.IsDocumentKey(obj.Key) {
-			continue
-		}
-		if _, ours := kferrors.TimeFromKey(obj.Key); ours {
-			continue
-		}
-		read++
-		data, err := b.ReadAll(ctx, obj.Key)
-		if err != nil {
-			continue
-		}
-		if f, err := kferrors.DecodeFailure(data, 1<<20); err == nil && f.Worker == worker && !f.Time.Before(since) {
-			return obj.Key, true
-		}
-	}
-	return "", false
 }

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/outputreader"
 )
 
 // helperEnv selects the helper mode of a re-executed test binary. Its value
@@ -52,7 +54,7 @@ func TestMain(m *testing.M) {
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}
-	os.Exit(m.Run())
+	testenv.Main(m)
 }
 
 func runHelper(modes string) int {
@@ -661,11 +663,13 @@ func TestBadErrorPrefixRefusedAtStart(t *testing.T) {
 }
 
 // Storage that fails when the pod's root cause is written does not lose it:
-// the document is kept in the run's log folder.
+// the document is kept in the run's log folder, after the retries of
+// StorageTimeout.
 func TestErrorDocumentKeptLocallyWhenPrefixFails(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "outputs")
 	cfg, out := helperConfig(t, 1, "breakprefix:"+prefix)
 	cfg.ErrorPrefix = "file://" + prefix
+	cfg.StorageTimeout = time.Second
 	ee, _ := runAgent(t, t.Context(), cfg)
 	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, cfg.LogDir) {
 		t.Fatalf("want exit 1 with a local document under %s, got %+v\n%s", cfg.LogDir, ee, out)
@@ -716,5 +720,61 @@ func TestHugeErrorFileIsCapped(t *testing.T) {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	if ru.Maxrss > 250<<10 { // KiB
 		t.Errorf("max RSS %d MiB after a 300 MB error file", ru.Maxrss>>10)
+	}
+}
+
+// An S3 endpoint that accepts connections and never answers: the pod's
+// document is kept locally and the agent exits within StorageTimeout (it
+// used to wait 30 s, then write nowhere). The test bounds itself.
+func TestErrorDocumentKeptLocallyWhenStorageIsSilent(t *testing.T) {
+	silent := testenv.Silent(t)
+	testenv.SetCredentialEnv()
+	cfg, out := helperConfig(t, 1, "exit:3")
+	cfg.ErrorPrefix = silent.URL("flyte", "metadata/attempt-0")
+	cfg.StorageTimeout = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	ee, took := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, cfg.LogDir) {
+		t.Fatalf("want exit 1 with a local document under %s, got %+v\n%s", cfg.LogDir, ee, out)
+	}
+	if f := readDocument(t, filepath.Dir(ee.Document), filepath.Base(ee.Document)); f.Code != kferrors.CodeNonZeroExit || f.Worker != "pod-0/0" {
+		t.Errorf("local document = %+v", f)
+	}
+	if took > 5*time.Second {
+		t.Errorf("agent took %v with a 1.5s storage timeout", took)
+	}
+}
+
+// Storage that comes back while the agent still retries gets the document:
+// the first attempts meet a silent endpoint, a later one MinIO, under the
+// same key (one document, not two), and the local copy stays.
+func TestErrorDocumentUploadRetried(t *testing.T) {
+	minio := testenv.MinIO(t)
+	silent := testenv.Silent(t)
+	cfg, out := helperConfig(t, 1, "exit:3")
+	cfg.ErrorPrefix = silent.URL(minio.Bucket, "metadata/attempt-0")
+	cfg.StorageTimeout = 3 * time.Second
+	go func() {
+		waitFor(t, out, "error document not uploaded yet", 10*time.Second)
+		silent.ForwardTo(minio.Endpoint)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ee, _ := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, "error-") {
+		t.Fatalf("want the document uploaded after a retry, got %+v\n%s", ee, out)
+	}
+	b, err := kferrors.OpenPrefix(ctx, minio.MinIOProcess.URL(minio.Bucket, "metadata/attempt-0"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil || r.RootCause == nil || r.RootCause.Key != ee.Document || len(r.Others) != 0 || r.RootCause.Failure.Worker != "pod-0/0" {
+		t.Fatalf("in MinIO: %+v, %v", r, err)
+	}
+	if local, _ := filepath.Glob(filepath.Join(cfg.LogDir, "*", ee.Document)); len(local) != 1 {
+		t.Errorf("no local copy of %s under %s", ee.Document, cfg.LogDir)
 	}
 }

@@ -44,6 +44,7 @@ type agentFlags struct {
 	dumpSignal      string
 	dumpTimeout     time.Duration
 	stopGrace       time.Duration
+	storageTimeout  time.Duration
 	warmSpares      bool
 	preload         string
 	tokenFile       string
@@ -127,6 +128,7 @@ workers the same one. --store-proxy=false restores that.`,
 	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them (e.g. SIGUSR1)")
 	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal")
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
+	fl.DurationVar(&f.storageTimeout, "storage-timeout", agent.DefaultStorageTimeout, "how long the pod's error document upload is retried (it is always kept in --log-dir too), and the bound on moving recovered documents at each group start")
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
@@ -159,7 +161,7 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
 		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, NoStoreProxy: !f.storeProxy,
-		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
 		Pod: podName(),
 		// Key=value lines with millisecond times: restarts are sub-second.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
