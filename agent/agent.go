@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -77,9 +79,11 @@ type Config struct {
 	// local engine).
 	Rendezvous Rendezvous
 	// Stdout, Stderr receive the workers' tee and the rendezvous block;
-	// os.Stdout/os.Stderr when nil.
+	// os.Stdout/os.Stderr when nil. Run writes to them through an Output,
+	// which never blocks (pass Outputs to share them with the Logger).
 	Stdout, Stderr io.Writer
-	// Logger is the agent's own log; slog.Default() when nil.
+	// Logger is the agent's own log; a text log on Stderr when nil. Its
+	// writer should be an Output too, or never block.
 	Logger *slog.Logger
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
@@ -153,9 +157,6 @@ func (c *Config) validate() error {
 	if c.Stderr == nil {
 		c.Stderr = os.Stderr
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
@@ -183,6 +184,19 @@ func (c *Config) validate() error {
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
+	}
+	// Never blocked by a reader that does not read (output.go); the Outputs
+	// made here are closed here.
+	var own []io.Writer
+	for _, w := range []*io.Writer{&cfg.Stdout, &cfg.Stderr} {
+		if o := NewOutput(*w); o != *w {
+			*w = o
+			own = append(own, o)
+		}
+	}
+	defer CloseOutputs(time.Second, own...)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	}
 	// A prefix that cannot be opened is refused before any worker runs, not
 	// discovered when the pod's root cause has to be written.
@@ -315,8 +329,9 @@ func (l *loop) run(ctx context.Context) error {
 			l.startSparesNow()
 		case <-terminated:
 			terminated = nil
-			l.log.Info("agent got SIGTERM", "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
-			actions = l.policy.Step(Terminate{}, time.Now())
+			sig := stopSignal(ctx)
+			l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
+			actions = l.policy.Step(Terminate{Signal: sig}, time.Now())
 		case <-tick:
 			now := time.Now()
 			if g := l.group; g != nil {

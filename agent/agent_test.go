@@ -40,6 +40,7 @@ import (
 //	torcherr:TYPE      write a torch error file (TYPE: msg, timestamp), exit 1
 //	torchts:TS         write a torch error file whose timestamp is TS (verbatim), exit 1
 //	bigerror:MB        write a sparse error file of MB megabytes, exit 1
+//	chatty:DUR         print a 200-byte line every millisecond for DUR, exit 0
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
@@ -54,7 +55,94 @@ func TestMain(m *testing.M) {
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}
+	if spec, ok := os.LookupEnv(agentProcessEnv); ok {
+		os.Exit(runAgentProcess(spec))
+	}
 	testenv.Main(m)
+}
+
+// agentProcessEnv makes the re-executed test binary an agent process, wired
+// as `kfelastic agent` is (NotifyContext, Outputs), over helper workers: the
+// tests that signal the agent, SIGKILL it or leave its output unread.
+const agentProcessEnv = "KFELASTIC_AGENT_PROCESS"
+
+// agentProcess is an agent process's configuration, as JSON in
+// agentProcessEnv.
+type agentProcess struct {
+	NProc          int
+	Modes          string // helper modes of the workers (helperEnv)
+	MaxRestarts    int
+	HangTimeout    time.Duration
+	StopGrace      time.Duration
+	DumpSignal     syscall.Signal
+	DumpTimeout    time.Duration
+	ErrorPrefix    string
+	LogDir         string
+	StorageTimeout time.Duration
+}
+
+func runAgentProcess(spec string) int {
+	var p agentProcess
+	if err := json.Unmarshal([]byte(spec), &p); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := NotifyContext(context.Background())
+	defer stop()
+	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
+	defer CloseOutputs(2*time.Second, stdout, stderr)
+	err := Run(ctx, Config{
+		Command: []string{os.Args[0]}, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
+		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,
+		DumpSignal: p.DumpSignal, DumpTimeout: p.DumpTimeout, ErrorPrefix: p.ErrorPrefix, StorageTimeout: p.StorageTimeout,
+		Tee: true, Stdout: stdout, Stderr: stderr, MasterAddr: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(stderr, nil)),
+		Env: append(os.Environ(), helperEnv+"="+p.Modes),
+	})
+	var ee *ExitError
+	switch {
+	case errors.As(err, &ee):
+		fmt.Fprintln(stderr, "agent:", ee)
+		return ee.Code
+	case err != nil:
+		fmt.Fprintln(stderr, "agent:", err)
+		return 2
+	}
+	return 0
+}
+
+// startAgentProcess starts an agent process with p; stdout and stderr are
+// what the test gives it (a buffer, a pipe nobody reads, a closed pipe).
+// The process is SIGKILLed when the test ends.
+func startAgentProcess(t *testing.T, p agentProcess, stdout, stderr io.Writer) *exec.Cmd {
+	t.Helper()
+	if p.LogDir == "" {
+		p.LogDir = t.TempDir()
+	}
+	spec, _ := json.Marshal(p)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), agentProcessEnv+"="+string(spec))
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd
+}
+
+// waitExit waits for an agent process, at most limit, and returns its
+// exit code (-1 if a signal ended it).
+func waitExit(t *testing.T, cmd *exec.Cmd, limit time.Duration) int {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("agent process still running after %v", limit)
+	}
+	return cmd.ProcessState.ExitCode()
 }
 
 func runHelper(modes string) int {
@@ -132,6 +220,14 @@ func runHelper(modes string) int {
 		_ = os.WriteFile(p, []byte(`{"message":"`), 0o644)
 		_ = os.Truncate(p, int64(mb)<<20)
 		return 1
+	case "chatty":
+		d, _ := time.ParseDuration(arg)
+		line := strings.Repeat("x", 199) + "\n"
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			_, _ = os.Stdout.WriteString(line)
+			time.Sleep(time.Millisecond)
+		}
+		return 0
 	case "breakprefix":
 		// The error prefix becomes unwritable while the pod runs (storage
 		// gone): a regular file where its folder was.

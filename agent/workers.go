@@ -72,11 +72,12 @@ type output struct {
 	stdout, stderr io.Writer
 }
 
+// line writes one teed line, prefixed, in one write: w is an Output, which
+// never blocks (output.go), and keeps a write whole.
 func (o *output) line(w io.Writer, prefix string, line []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	_, _ = io.WriteString(w, prefix)
-	_, _ = w.Write(line)
+	_, _ = w.Write(append([]byte(prefix), line...))
 }
 
 // groupStart is what startGroup needs besides the StartGroup action.

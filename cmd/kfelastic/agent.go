@@ -95,7 +95,9 @@ workers the same one. --store-proxy=false restores that.`,
 				cfg.Logger.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
 					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
 			}
-			return run(cmd.Context(), cfg)
+			err = run(cmd.Context(), cfg)
+			agent.CloseOutputs(2*time.Second, cfg.Stdout, cfg.Stderr)
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -163,9 +165,11 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, NoStoreProxy: !f.storeProxy,
 		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
 		Pod: podName(),
-		// Key=value lines with millisecond times: restarts are sub-second.
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		// Never blocked by a reader that does not read (agent.Output).
+		Stdout: agent.NewOutput(os.Stdout), Stderr: agent.NewOutput(os.Stderr),
 	}
+	// Key=value lines with millisecond times: restarts are sub-second.
+	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	n, err := parseNProc(f.nprocPerNode)
 	if err != nil {
 		return cfg, err

@@ -5,13 +5,12 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kfelastic/kfelastic/agent"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
@@ -23,11 +22,18 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGTERM, SIGINT, SIGHUP and SIGQUIT end the context, with the signal
+	// as its cause: the agent tells a preemption from an interruption by it.
+	ctx, stop := agent.NotifyContext(context.Background())
 	defer stop()
 	if err := rootCmd.ExecuteContext(ctx); err != nil {
 		// Errors quote URLs, pod names and messages: escaped, as all output.
-		fmt.Fprintln(os.Stderr, "kfelastic:", termsafe.Text(err.Error()))
+		// Written without waiting on a stderr nobody reads: the exit code
+		// is what the training operator acts on.
+		msg := "kfelastic: " + termsafe.Text(err.Error()) + "\n"
+		out := agent.NewOutput(os.Stderr)
+		_, _ = out.Write([]byte(msg))
+		out.Close(2 * time.Second)
 		os.Exit(exitCode(err))
 	}
 }
