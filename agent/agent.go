@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -225,11 +226,20 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("agent starting", "pod", cfg.Pod, "nproc_per_node", cfg.NProcPerNode, "nnodes_min", cfg.MinNodes,
 		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
 
+	// Nothing the workers start outlives the agent, even a SIGKILLed one
+	// (procs.go).
+	agentID := newAgentID()
+	guard, err := startGuardian(agentID, filepath.Join(runDir, "guardian.log"))
+	if err != nil {
+		log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
+	}
+	defer guard.stop()
+
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
-		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
+		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
@@ -272,6 +282,10 @@ type loop struct {
 
 	pendingDoc kferrors.Failure
 	docKey     string
+	// agentID marks the workers' processes; guard is the guardian, nil
+	// without one (procs.go).
+	agentID string
+	guard   *guardian
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
@@ -314,7 +328,7 @@ func (l *loop) run(ctx context.Context) error {
 				}
 				l.logExit(we)
 				if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
-					g.stopProxy() // the store is gone with rank 0
+					g.end() // the store is gone with rank 0, and all the group started
 				}
 			}
 			actions = l.policy.Step(ev, time.Now())
@@ -423,7 +437,8 @@ func (l *loop) start(a StartGroup) {
 		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
+		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
+		agentID: l.agentID, guard: l.guard}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -517,6 +532,9 @@ func (l *loop) cleanup() {
 			w.discard()
 		}
 	}
+	// Whatever any attempt started and still lives (a daemon of the last
+	// one) ends with the agent.
+	sweep(l.agentID+"/", true, nil)
 	l.superseding.Wait()
 }
 
@@ -559,7 +577,8 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 	for local := range l.cfg.NProcPerNode {
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
-			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile})
+			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
+			mark: attemptMark(gs.agentID, next.Attempt)})
 		w, err := startSpare(gs, next.Attempt, local, env, preload)
 		if err != nil {
 			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)

@@ -41,6 +41,10 @@ import (
 //	torchts:TS         write a torch error file whose timestamp is TS (verbatim), exit 1
 //	bigerror:MB        write a sparse error file of MB megabytes, exit 1
 //	chatty:DUR         print a 200-byte line every millisecond for DUR, exit 0
+//	family:DIR         start a sleeping child in its group and a sleeping daemon in a session of its
+//	                   own, write DIR/{worker,child,daemon}-<rank> with their pids, then sleep
+//	daemon:FILE        start a sleeping daemon in a session of its own, write its pid to FILE, exit 1
+//	checkdead:FILE     exit 5 if the pid in FILE lives; else start a daemon as daemon:FILE.next, exit 0
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
@@ -52,6 +56,7 @@ import (
 const helperEnv = "KFELASTIC_AGENT_HELPER"
 
 func TestMain(m *testing.M) {
+	MaybeGuard()
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}
@@ -228,6 +233,36 @@ func runHelper(modes string) int {
 			time.Sleep(time.Millisecond)
 		}
 		return 0
+	case "family":
+		rank := os.Getenv("LOCAL_RANK")
+		_ = os.WriteFile(filepath.Join(arg, "worker-"+rank), []byte(strconv.Itoa(os.Getpid())), 0o644)
+		for _, kind := range []string{"child", "daemon"} {
+			pid, err := startSleeper(kind == "daemon")
+			if err != nil {
+				return 98
+			}
+			_ = os.WriteFile(filepath.Join(arg, kind+"-"+rank), []byte(strconv.Itoa(pid)), 0o644)
+		}
+		time.Sleep(time.Hour)
+	case "daemon":
+		pid, err := startSleeper(true)
+		if err != nil {
+			return 98
+		}
+		_ = os.WriteFile(arg, []byte(strconv.Itoa(pid)), 0o644)
+		return 1
+	case "checkdead":
+		data, _ := os.ReadFile(arg)
+		if pid, _ := strconv.Atoi(string(data)); pid == 0 || alive(pid) {
+			fmt.Fprintf(os.Stderr, "the daemon of the last attempt (pid %s) lives\n", data)
+			return 5
+		}
+		pid, err := startSleeper(true)
+		if err != nil {
+			return 98
+		}
+		_ = os.WriteFile(arg+".next", []byte(strconv.Itoa(pid)), 0o644)
+		return 0
 	case "breakprefix":
 		// The error prefix becomes unwritable while the pod runs (storage
 		// gone): a regular file where its folder was.
@@ -259,6 +294,19 @@ func runHelper(modes string) int {
 		}
 	}
 	return 97
+}
+
+// startSleeper starts this binary sleeping (helper mode "sleep"), in a
+// session of its own when daemon (as a daemon detaches), and returns its pid.
+// It inherits this process's environment, the agent's mark included.
+func startSleeper(daemon bool) (int, error) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"=sleep")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: daemon}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	return cmd.Process.Pid, nil
 }
 
 func storeHelper(delay string) int {

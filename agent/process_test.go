@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -127,4 +128,91 @@ func TestStopSignals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pidsIn reads the pids the helpers wrote into files matching pattern,
+// waiting until there are n; they are SIGKILLed when the test ends, should
+// it fail.
+func pidsIn(t *testing.T, pattern string, n int) []int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		files, _ := filepath.Glob(pattern)
+		var pids []int
+		for _, f := range files {
+			data, _ := os.ReadFile(f)
+			if pid, err := strconv.Atoi(string(data)); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		if len(pids) >= n {
+			t.Cleanup(func() {
+				for _, pid := range pids {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			})
+			return pids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pids in %s, want %d", len(pids), pattern, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitDead fails the test unless every pid is gone (or a zombie) within limit.
+func waitDead(t *testing.T, pids []int, limit time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Errorf("%s: process %d still alive after %v", what, pid, limit)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// A SIGKILLed agent cannot clean up: its guardian does. The workers, a
+// child in each worker's process group (what `sh -c 'python …; echo'`
+// leaves) and a daemon in a session of its own all die with the agent.
+func TestNoProcessOutlivesKilledAgent(t *testing.T) {
+	dir := t.TempDir()
+	logDir := t.TempDir()
+	cmd := startAgentProcess(t, agentProcess{NProc: 2, Modes: "family:" + dir, StopGrace: time.Second, LogDir: logDir}, nil, nil)
+	pids := pidsIn(t, filepath.Join(dir, "*-*"), 6)
+	_ = cmd.Process.Kill()
+	if code := waitExit(t, cmd, 10*time.Second); code != -1 {
+		t.Fatalf("agent exit %d, want death by SIGKILL", code)
+	}
+	waitDead(t, pids, 3*time.Second, "after SIGKILL of the agent")
+	// The guardian notes what it did once its sweep is over.
+	waitFor(t, fileText(filepath.Join(logDir, "*", "guardian.log")), "killed", 3*time.Second)
+}
+
+// A daemon a worker started (in a session of its own, out of its process
+// group) does not live into the next attempt, nor past the agent's exit.
+func TestDaemonDoesNotSurviveRestartOrExit(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "daemon")
+	cfg, out := helperConfig(t, 1, "daemon:"+pidFile+";checkdead:"+pidFile)
+	cfg.MaxRestarts = 1
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v (the first attempt's daemon survived the restart?)\n%s", ee, out)
+	}
+	waitDead(t, pidsIn(t, pidFile+".next", 1), 2*time.Second, "after the agent returned")
+}
+
+// fileText is the content of the first file matching a pattern, as a
+// Stringer for waitFor.
+type fileText string
+
+func (p fileText) String() string {
+	files, _ := filepath.Glob(string(p))
+	if len(files) == 0 {
+		return ""
+	}
+	data, _ := os.ReadFile(files[0])
+	return string(data)
 }

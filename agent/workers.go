@@ -25,12 +25,25 @@ type group struct {
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
 	proxy *storeProxy
+	// mark is what every process of the group carries (procs.go).
+	mark string
 }
 
 // stopProxy stops the group's store proxy, if any; idempotent.
 func (g *group) stopProxy() {
 	if g.proxy != nil {
 		g.proxy.Stop()
+	}
+}
+
+// end is called once every worker of the group has exited: the store
+// proxy stops (the store is gone with rank 0) and whatever the workers
+// started that still lives, a daemon in a session of its own included, is
+// killed, so that nothing of this attempt outlives it. Idempotent.
+func (g *group) end() {
+	g.stopProxy()
+	if g.mark != "" {
+		sweep(g.mark, false, nil)
 	}
 }
 
@@ -99,6 +112,10 @@ type groupStart struct {
 	send func(Event) bool
 	// spoke, if set, is called once per worker on its first output line.
 	spoke func(*worker)
+	// agentID names the agent in its workers' marks; guard is its guardian
+	// (nil without one), told of every worker's process group.
+	agentID string
+	guard   *guardian
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
@@ -107,11 +124,14 @@ type groupStart struct {
 // them.
 func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
 	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
+	if gs.agentID != "" {
+		g.mark = attemptMark(gs.agentID, sg.Attempt)
+	}
 	for local := range gs.workers {
 		env := func(w *worker) []string {
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
-				storePort: gs.storePort})
+				storePort: gs.storePort, mark: g.mark})
 		}
 		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
 			w := spares[local]
@@ -202,6 +222,7 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 		return err
 	}
 	w.pgid = w.cmd.Process.Pid
+	gs.guard.register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
 	w.startedAt.Store(time.Now().UnixNano())
 	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
@@ -243,6 +264,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 	w.exited.Store(true)
 	// The group's leader is gone: whatever it left in its group is an orphan.
 	_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
+	gs.guard.register(w.pgid, false)
 	// Let the last lines (a traceback) reach the log before the event, but
 	// never wait long: a grandchild may hold the pipe.
 	done := make(chan struct{})

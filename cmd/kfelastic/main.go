@@ -22,6 +22,8 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
+	// The agent's guardian is this binary, re-executed (agent/procs.go).
+	agent.MaybeGuard()
 	// SIGTERM, SIGINT, SIGHUP and SIGQUIT end the context, with the signal
 	// as its cause: the agent tells a preemption from an interruption by it.
 	ctx, stop := agent.NotifyContext(context.Background())
