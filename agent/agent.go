@@ -131,14 +131,8 @@ func (c *Config) validate() error {
 	if len(c.Command) == 0 {
 		return errors.New("no worker command (give it after --)")
 	}
-	if c.NProcPerNode < 1 {
-		return fmt.Errorf("--nproc-per-node %d: want ≥ 1", c.NProcPerNode)
-	}
-	if c.MinNodes < 1 || c.MaxNodes < c.MinNodes {
-		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", c.MinNodes, c.MaxNodes)
-	}
-	if c.MaxRestarts < 0 {
-		return fmt.Errorf("--max-restarts %d: want ≥ 0", c.MaxRestarts)
+	if err := c.CheckRanges(); err != nil {
+		return err
 	}
 	if c.StopGrace <= 0 {
 		c.StopGrace = 5 * time.Second
@@ -170,6 +164,9 @@ func (c *Config) validate() error {
 	case c.RdzvBackend == "static" && c.MinNodes == c.MaxNodes:
 		if c.MasterAddr == "" || c.MasterPort == 0 || c.NodeRank < 0 {
 			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
+		}
+		if c.NodeRank >= c.MaxNodes {
+			return fmt.Errorf("--node-rank %d: want 0 to %d with --nnodes %d", c.NodeRank, c.MaxNodes-1, c.MaxNodes)
 		}
 		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
 	default:
@@ -282,6 +279,11 @@ type loop struct {
 
 	pendingDoc kferrors.Failure
 	docKey     string
+	// pending are events the loop made itself (workers that failed to
+	// start, or were not started), stepped before it waits again.
+	pending []Event
+	// stopping is closed by a stop signal (Run's ctx).
+	stopping <-chan struct{}
 	// agentID marks the workers' processes; guard is the guardian, nil
 	// without one (procs.go).
 	agentID string
@@ -305,6 +307,7 @@ func (l *loop) run(ctx context.Context) error {
 		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout})
 	actions := l.policy.Start()
 	terminated := ctx.Done()
+	l.stopping = ctx.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -314,6 +317,19 @@ func (l *loop) run(ctx context.Context) error {
 			}
 		}
 		actions = nil
+		// A stop signal goes before the events left to step: a start it
+		// interrupted leaves those of the workers it did not start.
+		if terminated != nil && ctx.Err() != nil {
+			terminated = nil
+			actions = l.terminate(ctx)
+			continue
+		}
+		if len(l.pending) > 0 {
+			ev := l.pending[0]
+			l.pending = l.pending[1:]
+			actions = l.step(ev)
+			continue
+		}
 		timer.Stop()
 		var tick <-chan time.Time
 		if d := l.policy.Deadline(); !d.IsZero() {
@@ -322,16 +338,7 @@ func (l *loop) run(ctx context.Context) error {
 		}
 		select {
 		case ev := <-l.events:
-			if we, ok := ev.(WorkerExited); ok {
-				if !l.current(we) {
-					break // a spare that was never released
-				}
-				l.logExit(we)
-				if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
-					g.end() // the store is gone with rank 0, and all the group started
-				}
-			}
-			actions = l.policy.Step(ev, time.Now())
+			actions = l.step(ev)
 		case w := <-l.spoke:
 			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
 				sw.spoke[w] = true
@@ -343,9 +350,7 @@ func (l *loop) run(ctx context.Context) error {
 			l.startSparesNow()
 		case <-terminated:
 			terminated = nil
-			sig := stopSignal(ctx)
-			l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
-			actions = l.policy.Step(Terminate{Signal: sig}, time.Now())
+			actions = l.terminate(ctx)
 		case <-tick:
 			now := time.Now()
 			if g := l.group; g != nil {
@@ -356,6 +361,28 @@ func (l *loop) run(ctx context.Context) error {
 			actions = append(actions, l.policy.Step(Tick{}, now)...)
 		}
 	}
+}
+
+// step feeds one event to the policy, after the loop's own part in a
+// worker's exit: log it, and end its group when it was the last.
+func (l *loop) step(ev Event) []Action {
+	if we, ok := ev.(WorkerExited); ok {
+		if !l.current(we) {
+			return nil // a spare that was never released
+		}
+		l.logExit(we)
+		if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
+			g.end() // the store is gone with rank 0, and all the group started
+		}
+	}
+	return l.policy.Step(ev, time.Now())
+}
+
+// terminate feeds the stop signal that ended ctx to the policy.
+func (l *loop) terminate(ctx context.Context) []Action {
+	sig := stopSignal(ctx)
+	l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
+	return l.policy.Step(Terminate{Signal: sig}, time.Now())
 }
 
 // do carries out one action; done is true when the agent is finished.
@@ -438,7 +465,7 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -457,7 +484,11 @@ func (l *loop) start(a StartGroup) {
 	}
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
-	l.group = startGroup(gs, a, l.spares)
+	var notStarted []WorkerExited
+	l.group, notStarted = startGroup(gs, a, l.spares)
+	for _, we := range notStarted {
+		l.pending = append(l.pending, we)
+	}
 	l.group.proxy = proxy
 	for _, w := range l.spares {
 		if w != nil && !slices.Contains(l.group.workers, w) {

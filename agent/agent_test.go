@@ -922,3 +922,70 @@ func TestErrorDocumentUploadRetried(t *testing.T) {
 		t.Errorf("no local copy of %s under %s", ee.Document, cfg.LogDir)
 	}
 }
+
+// runBounded runs the agent in the background and fails the test if it has
+// not returned within limit (a deadlock must not stall the suite).
+func runBounded(t *testing.T, ctx context.Context, cfg Config, limit time.Duration) (*ExitError, time.Duration) {
+	t.Helper()
+	type result struct {
+		ee   *ExitError
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		err := Run(ctx, cfg)
+		var ee *ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Errorf("Run: %v", err)
+		}
+		done <- result{ee, time.Since(start)}
+	}()
+	select {
+	case r := <-done:
+		return r.ee, r.took
+	case <-time.After(limit):
+		t.Fatalf("Run still running after %v", limit)
+		return nil, 0
+	}
+}
+
+// Workers that cannot start, more of them than the loop's event queue
+// holds, fail the pod with StartFailed; the agent used to deadlock on its
+// own queue.
+func TestManyStartFailuresDoNotDeadlock(t *testing.T) {
+	cfg, out := helperConfig(t, 40, "ok")
+	cfg.Command = []string{filepath.Join(t.TempDir(), "no-such-program")}
+	ee, _ := runBounded(t, t.Context(), cfg, 20*time.Second)
+	if ee == nil || ee.Code != 1 || ee.Failure.Code != "StartFailed" {
+		t.Fatalf("want StartFailed, got %+v\n%s", ee, out)
+	}
+}
+
+// A stop signal during the start of a large group ends the start: the rest
+// is not started, the started are stopped, the pod is Preempted at once.
+func TestStopInterruptsStart(t *testing.T) {
+	cfg, out := helperConfig(t, MaxNProcPerNode, "ok")
+	cfg.Command = []string{"/bin/sleep", "3600"}
+	cfg.StopGrace = time.Second
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if dirs, _ := filepath.Glob(filepath.Join(cfg.LogDir, "test_*", "attempt_1", "0")); len(dirs) > 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	ee, took := runBounded(t, ctx, cfg, 30*time.Second)
+	if ee == nil || ee.Code != 143 || ee.Failure.Code != kferrors.CodePreempted {
+		t.Fatalf("want Preempted, got %+v\n%s", ee, out)
+	}
+	started, _ := filepath.Glob(filepath.Join(cfg.LogDir, "test_*", "attempt_1", "*"))
+	if len(started) >= MaxNProcPerNode {
+		t.Errorf("all %d workers started before the stop (took %v)", len(started), took)
+	}
+	t.Logf("%d of %d workers started; agent done in %v", len(started), MaxNProcPerNode, took)
+}

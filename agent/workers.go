@@ -27,6 +27,8 @@ type group struct {
 	proxy *storeProxy
 	// mark is what every process of the group carries (procs.go).
 	mark string
+	// swept: end has run.
+	swept bool
 }
 
 // stopProxy stops the group's store proxy, if any; idempotent.
@@ -39,8 +41,13 @@ func (g *group) stopProxy() {
 // end is called once every worker of the group has exited: the store
 // proxy stops (the store is gone with rank 0) and whatever the workers
 // started that still lives, a daemon in a session of its own included, is
-// killed, so that nothing of this attempt outlives it. Idempotent.
+// killed, so that nothing of this attempt outlives it. Idempotent; called
+// by the loop only.
 func (g *group) end() {
+	if g.swept {
+		return
+	}
+	g.swept = true
 	g.stopProxy()
 	if g.mark != "" {
 		sweep(g.mark, false, nil)
@@ -116,18 +123,37 @@ type groupStart struct {
 	// (nil without one), told of every worker's process group.
 	agentID string
 	guard   *guardian
+	// stop, closed by a stop signal, interrupts a start in progress.
+	stop <-chan struct{}
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
-// are live ones for this attempt. A worker that fails to start is reported as
-// a WorkerExited with StartError; the others run on, and the policy stops
-// them.
-func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
+// are live ones for this attempt. A worker that fails to start is returned
+// as a WorkerExited with StartError, for the loop to step (not sent: the
+// loop is the caller, and hundreds of failures would fill its queue); the
+// others run on, and the policy stops them. A stop signal (gs.stop) ends the
+// start: the workers not started yet are returned as such too, so that the
+// stop does not wait for a thousand workers to start first.
+func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
 	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
 	if gs.agentID != "" {
 		g.mark = attemptMark(gs.agentID, sg.Attempt)
 	}
+	var failed []WorkerExited
+	notStarted := func(w *worker, why string) {
+		w.exited.Store(true)
+		failed = append(failed, WorkerExited{Attempt: sg.Attempt, LocalRank: w.localRank,
+			Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
+	}
 	for local := range gs.workers {
+		select {
+		case <-gs.stop:
+			w := newWorker(gs, sg.Attempt, local)
+			g.workers = append(g.workers, w)
+			notStarted(w, "not started: the agent got a stop signal while it started the group")
+			continue
+		default:
+		}
 		env := func(w *worker) []string {
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
@@ -144,12 +170,10 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
 		w := newWorker(gs, sg.Attempt, local)
 		g.workers = append(g.workers, w)
 		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
-			w.exited.Store(true)
-			gs.send(WorkerExited{Attempt: sg.Attempt, LocalRank: local,
-				Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: err.Error()})
+			notStarted(w, err.Error())
 		}
 	}
-	return g
+	return g, failed
 }
 
 func attemptDir(runDir string, attempt int) string {
