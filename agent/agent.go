@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
 // Config is the agent's configuration: torchrun's flags plus kfelastic's.
@@ -460,7 +461,7 @@ func (l *loop) start(a StartGroup) {
 	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+
 		"  restart_count=%d\n  master_addr=%s\n  master_port=%d\n  group_rank=%d\n  group_world_size=%d\n"+
 		"  local_ranks=%s\n  role_ranks=%s\n  global_ranks=%s\n  role_world_sizes=%s\n  global_world_sizes=%s\n\n",
-		RoleName, a.RestartCount, r.MasterAddr, r.MasterPort, r.GroupRank, r.GroupWorldSize,
+		RoleName, a.RestartCount, termsafe.Line(r.MasterAddr), r.MasterPort, r.GroupRank, r.GroupWorldSize,
 		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,

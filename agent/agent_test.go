@@ -22,6 +22,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
@@ -988,4 +989,25 @@ func TestStopInterruptsStart(t *testing.T) {
 		t.Errorf("all %d workers started before the stop (took %v)", len(started), took)
 	}
 	t.Logf("%d of %d workers started; agent done in %v", len(started), MaxNProcPerNode, took)
+}
+
+// The agent's own lines (its log, the rendezvous block, its error) show
+// pod names, addresses and messages with control characters escaped; only
+// the workers' own output, teed, passes as it is.
+func TestAgentLinesEscapeControlCharacters(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "torcherr:Bad\x1b[2J\x1b[H")
+	cfg.Pod = "pod\x1b]0;pwned\x07\n*fake"
+	cfg.MasterAddr = "127.0.0.1\x1b[1A"
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil {
+		t.Fatalf("want a failure\n%s", out)
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(line, "[default0]:") && strings.ContainsAny(line, "\x1b\x07") {
+			t.Errorf("raw control character in %q", line)
+		}
+	}
+	if msg := termsafe.Text(ee.Error()); strings.ContainsAny(msg, "\x1b\x07") {
+		t.Errorf("error as printed: %q", msg)
+	}
 }

@@ -139,7 +139,7 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 		if err != nil {
 			return "", false
 		}
-		if !kferrors.IsDocumentKey(obj.Key) {
+		if !kferrors.IsDocumentKey(obj.Key) || kferrors.Irregular(obj) != "" {
 			continue
 		}
 		if _, ours := kferrors.TimeFromKey(obj.Key); ours {

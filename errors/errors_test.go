@@ -639,3 +639,27 @@ func FuzzParseTorchError(f *testing.F) {
 		}
 	})
 }
+
+// A link in the prefix is never followed by Supersede: a document of the
+// pod outside the prefix is neither copied into superseded/ nor unlinked.
+func TestSupersedeLeavesLinksAlone(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	b, err := kferrors.OpenPrefix(ctx, "file://"+filepath.Join(root, "prefix"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	data, _ := kferrors.Encode(kferrors.UserError("E", "outside", "job-worker-1/0", t0).Document(0))
+	os.WriteFile(filepath.Join(root, "outside.pb"), data, 0o644)
+	link := filepath.Join(root, "prefix", "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb")
+	os.Symlink(filepath.Join(root, "outside.pb"), link)
+	os.Symlink("error-loop.pb", filepath.Join(root, "prefix", "error-loop.pb"))
+	moved, err := kferrors.Supersede(ctx, b, "job-worker-1", t0.Add(time.Hour))
+	if err != nil || len(moved) != 0 {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	if _, err := os.Lstat(link); err != nil {
+		t.Errorf("link removed: %v", err)
+	}
+}

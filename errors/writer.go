@@ -66,6 +66,22 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 	return blob.PrefixedBucket(b, prefix+"/"), nil
 }
 
+// Irregular says why a listed object is not a document anyone should open,
+// or "" when it may be one. Only file:// buckets tell (fileblob lists with
+// lstat): a symbolic link is never followed (it may lead out of the prefix,
+// into a loop, or to a document listed already), and a FIFO or device is
+// never opened (a read could block on it).
+func Irregular(obj *blob.ListObject) string {
+	var fi os.FileInfo
+	if !obj.As(&fi) || fi.Mode().IsRegular() {
+		return ""
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return "a symbolic link, not followed"
+	}
+	return "not a regular file (" + fi.Mode().Type().String() + ")"
+}
+
 // readableDir fails unless dir is a folder this process can list.
 func readableDir(dir string) error {
 	f, err := os.Open(dir)

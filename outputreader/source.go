@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"sync"
 	"time"
 
@@ -101,14 +100,8 @@ func (s *bucketSource) List(ctx context.Context, yield func(Object) error) error
 				continue
 			}
 			o := Object{Key: obj.Key, Size: obj.Size, Modified: obj.ModTime}
-			var fi os.FileInfo
-			if obj.As(&fi) && !fi.Mode().IsRegular() {
-				// fileblob lists with lstat: fi is the entry itself.
-				what := "not a regular file (" + fi.Mode().Type().String() + ")"
-				if fi.Mode()&fs.ModeSymlink != 0 {
-					what = "a symbolic link, not followed"
-				}
-				o.Unusable = fmt.Errorf("%w: %s", ErrUnreadable, what)
+			if why := kferrors.Irregular(obj); why != "" {
+				o.Unusable = fmt.Errorf("%w: %s", ErrUnreadable, why)
 			}
 			if err := yield(o); err != nil {
 				return err
