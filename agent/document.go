@@ -146,11 +146,11 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 			continue
 		}
 		read++
-		data, err := b.ReadAll(ctx, obj.Key)
+		data, err := kferrors.ReadDocument(ctx, b, obj.Key, 0)
 		if err != nil {
 			continue
 		}
-		if f, err := kferrors.DecodeFailure(data, 1<<20); err == nil && f.Worker == worker && !f.Time.Before(since) {
+		if f, err := kferrors.DecodeFailure(data, 0); err == nil && f.Worker == worker && !f.Time.Before(since) {
 			return obj.Key, true
 		}
 	}

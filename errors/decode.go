@@ -1,9 +1,13 @@
 package errors
 
 import (
+	"context"
 	goerrors "errors"
 	"fmt"
+	"io"
 	"strings"
+
+	"gocloud.dev/blob"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -96,6 +100,31 @@ func repairUTF8(data []byte, md protoreflect.MessageDescriptor) ([]byte, error) 
 		out = protowire.AppendBytes(out, v)
 	}
 	return out, nil
+}
+
+// ReadDocument reads the stored document key from b, at most maxBytes of it
+// (DefaultMaxDocumentBytes when ≤ 0; a larger one is ErrTooLarge): a file of
+// hundreds of megabytes named like a document costs its reader nothing.
+func ReadDocument(ctx context.Context, b *blob.Bucket, key string, maxBytes int) ([]byte, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxDocumentBytes
+	}
+	r, err := b.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if r.Size() > int64(maxBytes) {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.Size(), maxBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, int64(maxBytes)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxBytes {
+		return nil, fmt.Errorf("%w: over %d bytes", ErrTooLarge, maxBytes)
+	}
+	return data, nil
 }
 
 // DecodeFailure is Decode followed by FromDocument.

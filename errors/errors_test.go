@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 123456789, time.UTC)
@@ -645,11 +646,7 @@ func FuzzParseTorchError(f *testing.F) {
 func TestSupersedeLeavesLinksAlone(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	b, err := kferrors.OpenPrefix(ctx, "file://"+filepath.Join(root, "prefix"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := testenv.FilePrefix(t, filepath.Join(root, "prefix"))
 	data, _ := kferrors.Encode(kferrors.UserError("E", "outside", "job-worker-1/0", t0).Document(0))
 	os.WriteFile(filepath.Join(root, "outside.pb"), data, 0o644)
 	link := filepath.Join(root, "prefix", "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb")
@@ -661,5 +658,27 @@ func TestSupersedeLeavesLinksAlone(t *testing.T) {
 	}
 	if _, err := os.Lstat(link); err != nil {
 		t.Errorf("link removed: %v", err)
+	}
+}
+
+// A huge file named like a flytekit document is not read whole by
+// Supersede (nor by anything that reads through ReadDocument).
+func TestSupersedeDoesNotReadHugeFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b := testenv.FilePrefix(t, dir)
+	huge := filepath.Join(dir, "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb")
+	os.WriteFile(huge, []byte{0x0a}, 0o644)
+	os.Truncate(huge, 300<<20)
+	if moved, err := kferrors.Supersede(ctx, b, "job-worker-1", t0.Add(time.Hour)); err != nil || len(moved) != 0 {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	if _, err := kferrors.ReadDocument(ctx, b, filepath.Base(huge), 0); !isErr(err, kferrors.ErrTooLarge) {
+		t.Fatalf("ReadDocument: %v", err)
+	}
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if ru.Maxrss > 200<<10 {
+		t.Errorf("max RSS %d MiB", ru.Maxrss>>10)
 	}
 }

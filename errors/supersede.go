@@ -59,9 +59,9 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 	}
 	var moved []string
 	for _, key := range candidates {
-		data, err := b.ReadAll(ctx, key)
+		data, err := ReadDocument(ctx, b, key, DefaultMaxDocumentBytes)
 		if err != nil {
-			continue // vanished or unreadable: left for the reader
+			continue // vanished, unreadable, oversized: left for the reader
 		}
 		f, err := DecodeFailure(data, DefaultMaxDocumentBytes)
 		if err != nil || !ofPod(f.Worker, pod) || f.Time.IsZero() || !f.Time.Before(before) {

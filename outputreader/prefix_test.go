@@ -10,6 +10,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 
@@ -21,11 +22,7 @@ func TestFilePrefixBadEntriesAreSkipped(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	dir := filepath.Join(root, "attempt-0")
-	b, err := kferrors.OpenPrefix(ctx, "file://"+dir, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := testenv.FilePrefix(t, dir)
 	w := kferrors.NewWriter(b, nil)
 	first, _ := w.Write(ctx, kferrors.UserError("ValueError", "first", "job-worker-1", t0))
 	second, _ := w.Write(ctx, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(time.Second)))
@@ -102,6 +99,34 @@ func TestFilePrefixBadEntriesAreSkipped(t *testing.T) {
 		if b, err := kferrors.OpenPrefix(ctx, "file://"+bad, false); err == nil {
 			b.Close()
 			t.Errorf("%s: opened", bad)
+		}
+	}
+}
+
+// An object's modification time stands in for a missing timestamp only if
+// it is usable: a file dated 1970 (touch -d @0) ranks by the listing time,
+// not as the root cause; so does a synthesized failure dated 1970.
+func TestModificationTimeOf1970IsNotUsed(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b := testenv.FilePrefix(t, dir)
+	root, _ := kferrors.NewWriter(b, nil).Write(ctx, kferrors.UserError("ValueError", "first", "job-worker-1", t0))
+	untimed, _ := kferrors.Encode(kferrors.UserError("OldError", "legacy", "", time.Time{}).Document(0))
+	os.WriteFile(filepath.Join(dir, kferrors.LegacyKey), untimed, 0o644)
+	if err := os.Chtimes(filepath.Join(dir, kferrors.LegacyKey), time.Unix(0, 0), time.Unix(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	synthesized := kferrors.SystemFailure(kferrors.CodeOOMKilled, "pod OOMKilled", "job-worker-2", time.Unix(1, 0))
+	r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), nil, synthesized)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.RootCause == nil || r.RootCause.Key != root || len(r.Others) != 2 {
+		t.Fatalf("root %+v, others %+v", r.RootCause, r.Others)
+	}
+	for _, d := range r.Others {
+		if d.AtSource != outputreader.TimeFromListing || d.At.Before(t0) {
+			t.Errorf("%s (%s) ranked at %v (%s)", d.Key, d.Failure.Code, d.At, d.AtSource)
 		}
 	}
 }

@@ -256,7 +256,8 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	c := &collector{messageCap: o.MessageCap}
 	for _, f := range extra {
 		d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
-		if f.Time.IsZero() {
+		if !kferrors.UsableTime(f.Time) {
+			d.Failure.Time = time.Time{}
 			d.At, d.AtSource = listedAt, TimeFromListing
 		}
 		c.add(d)
@@ -367,7 +368,9 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 			d := Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
 			switch {
 			case !f.Time.IsZero():
-			case !l.modified.IsZero():
+			case kferrors.UsableTime(l.modified):
+				// A modification time can be anything too (touch -d @0):
+				// only a usable one stands in, else the listing time.
 				d.At, d.AtSource = l.modified.UTC(), TimeFromModified
 			default:
 				d.At, d.AtSource = listedAt, TimeFromListing
