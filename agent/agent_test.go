@@ -47,6 +47,7 @@ import (
 //	daemon:FILE        start a sleeping daemon in a session of its own, write its pid to FILE, exit 1
 //	checkdead:FILE     exit 5 if the pid in FILE lives; else start a daemon as daemon:FILE.next, exit 0
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
+//	futuretouch        date $KFELASTIC_PROGRESS_FILE in the year 2100, then hang without output
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
 //	breakprefix:DIR    replace the folder DIR by a file, exit 3
@@ -212,6 +213,12 @@ func runHelper(modes string) int {
 			time.Sleep(100 * time.Millisecond)
 		}
 		return 0
+	case "futuretouch":
+		p := os.Getenv(ProgressFileEnv)
+		_ = os.WriteFile(p, nil, 0o644)
+		future := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+		_ = os.Chtimes(p, future, future)
+		time.Sleep(time.Hour)
 	case "dump":
 		<-dumped
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
@@ -1009,5 +1016,15 @@ func TestAgentLinesEscapeControlCharacters(t *testing.T) {
 	}
 	if msg := termsafe.Text(ee.Error()); strings.ContainsAny(msg, "\x1b\x07") {
 		t.Errorf("error as printed: %q", msg)
+	}
+}
+
+// A progress file dated in the future does not switch the watchdog off.
+func TestHangWatchdogProgressFileInTheFuture(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "futuretouch")
+	cfg.HangTimeout = 500 * time.Millisecond
+	ee, took := runBounded(t, t.Context(), cfg, 20*time.Second)
+	if ee == nil || ee.Failure.Code != kferrors.CodeHang || took > 5*time.Second {
+		t.Fatalf("want Hang within seconds, got %+v after %v\n%s", ee, took, out)
 	}
 }

@@ -337,10 +337,12 @@ func (g *group) signal(sig syscall.Signal) {
 }
 
 // progress is the latest sign of life of a worker: its last output line or
-// the modification time of its progress file.
+// the modification time of its progress file. A file dated in the future
+// (touch -d 2100) is no sign of life: taken as one it would switch the
+// watchdog off for good.
 func (w *worker) progress() time.Time {
 	t := time.Unix(0, w.lastOutput.Load())
-	if fi, err := os.Stat(w.progressFile); err == nil && fi.ModTime().After(t) {
+	if fi, err := os.Stat(w.progressFile); err == nil && fi.ModTime().After(t) && !fi.ModTime().After(time.Now()) {
 		t = fi.ModTime()
 	}
 	return t
