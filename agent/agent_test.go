@@ -538,9 +538,11 @@ func TestHangWatchdog(t *testing.T) {
 }
 
 // Touching the progress file counts as progress even without output.
+// The timeout covers the helper's own start, which under -race alone takes
+// 0.6 s here.
 func TestHangProgressFile(t *testing.T) {
-	cfg, out := helperConfig(t, 1, "touch:1500ms")
-	cfg.HangTimeout = 600 * time.Millisecond
+	cfg, out := helperConfig(t, 1, "touch:2s")
+	cfg.HangTimeout = 1200 * time.Millisecond
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}

@@ -237,7 +237,8 @@ func (g *guardian) register(pgid int, live bool) {
 }
 
 // stop ends the guardian: the closed pipe makes it sweep (there is nothing
-// left by then) and exit; it is waited for at most a few seconds.
+// left by then) and exit. It is reaped in the background: the agent does
+// not wait for it to start up and finish.
 func (g *guardian) stop() {
 	if g == nil {
 		return
@@ -252,11 +253,5 @@ func (g *guardian) stop() {
 	g.mu.Unlock()
 	<-g.done
 	g.pipe.Close()
-	exited := make(chan struct{})
-	go func() { _ = g.cmd.Wait(); close(exited) }()
-	select {
-	case <-exited:
-	case <-time.After(3 * time.Second):
-		_ = g.cmd.Process.Kill()
-	}
+	go func() { _ = g.cmd.Wait() }()
 }
