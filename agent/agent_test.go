@@ -97,7 +97,7 @@ func runAgentProcess(spec string) int {
 	ctx, stop := NotifyContext(context.Background())
 	defer stop()
 	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
-	defer CloseOutputs(2*time.Second, stdout, stderr)
+	defer CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
 	err := Run(ctx, Config{
 		Command: []string{os.Args[0]}, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
 		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,

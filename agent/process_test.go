@@ -29,7 +29,7 @@ func TestUnreadOutputDoesNotStallWorkers(t *testing.T) {
 	}
 	stdout, stderr := pipe(), pipe()
 	logDir := t.TempDir()
-	cmd := startAgentProcess(t, agentProcess{NProc: 2, Modes: "chatty:3s", HangTimeout: 1500 * time.Millisecond,
+	cmd := startAgentProcess(t, agentProcess{NProc: 2, Modes: "chatty:2s", HangTimeout: time.Second,
 		StopGrace: time.Second, LogDir: logDir}, stdout, stderr)
 	stdout.Close()
 	stderr.Close()
@@ -41,7 +41,7 @@ func TestUnreadOutputDoesNotStallWorkers(t *testing.T) {
 		t.Fatalf("worker logs %v", logs)
 	}
 	for _, l := range logs {
-		// 3 s at a line per millisecond, give or take the sleeps: far more
+		// 2 s at a line per millisecond, give or take the sleeps: far more
 		// than the 64 KiB a pipe holds.
 		if fi, err := os.Stat(l); err != nil || fi.Size() < 200*500 {
 			t.Errorf("%s: %v bytes: the worker was held back", l, fi.Size())
