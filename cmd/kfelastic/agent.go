@@ -77,7 +77,17 @@ on by default) and forwards the workers' store connections to the rank-0 worker'
 store on a private port: torch 1.13 retries a refused store connection only after
 a whole second, which a worker that starts before rank 0 has bound its port would
 otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
-workers the same one. --store-proxy=false restores that.`,
+workers the same one. --store-proxy=false restores that.
+
+Signals: SIGTERM is a preemption (--dump-signal, --dump-timeout, then the stop;
+a Preempted document, exit 143). SIGINT, SIGHUP and SIGQUIT stop the workers
+without the dump (a Signal<NAME> document, exit 128+N). A repeated signal is
+ignored; SIGPIPE is ignored (a closed stdout is given up, training goes on).
+Nothing the workers start outlives the agent, even a SIGKILLed one: its guardian
+process kills what is left.
+
+The pod's document is kept in --log-dir and uploaded to --error-prefix, retried
+until --storage-timeout.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
