@@ -607,6 +607,11 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 	}
 	l.spares = make([]*worker, l.cfg.NProcPerNode)
 	for local := range l.cfg.NProcPerNode {
+		select {
+		case <-l.stopping:
+			return // a stop signal: no next attempt to start spares for
+		default:
+		}
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
 			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
