@@ -15,9 +15,10 @@ import (
 	"syscall"
 	"time"
 
-	"gocloud.dev/blob"
+	"golang.org/x/sys/unix"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
 // Config is the agent's configuration: torchrun's flags plus kfelastic's.
@@ -56,6 +57,10 @@ type Config struct {
 	DumpTimeout time.Duration
 	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
 	StopGrace time.Duration
+	// StorageTimeout bounds the agent's storage work: the upload of the
+	// pod's error document, retried until it has passed (document.go), and
+	// the superseding at each group start. DefaultStorageTimeout when 0.
+	StorageTimeout time.Duration
 	// WarmSpares starts the next attempt's Python interpreters ahead, with
 	// Preload (comma-separated modules, default "torch") imported, so that a
 	// restart skips the interpreter start and imports (see spare.go).
@@ -76,9 +81,11 @@ type Config struct {
 	// local engine).
 	Rendezvous Rendezvous
 	// Stdout, Stderr receive the workers' tee and the rendezvous block;
-	// os.Stdout/os.Stderr when nil.
+	// os.Stdout/os.Stderr when nil. Run writes to them through an Output,
+	// which never blocks (pass Outputs to share them with the Logger).
 	Stdout, Stderr io.Writer
-	// Logger is the agent's own log; slog.Default() when nil.
+	// Logger is the agent's own log; a text log on Stderr when nil. Its
+	// writer should be an Output too, or never block.
 	Logger *slog.Logger
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
@@ -99,9 +106,9 @@ type Config struct {
 type ExitError struct {
 	Code    int
 	Failure kferrors.Failure
-	// Document is the key the error document was written under, if any; a
-	// local file path when the prefix was unreachable and it was kept in the
-	// run's log folder instead.
+	// Document is the key the error document was uploaded under; a local
+	// file path (in the run's log folder, where it is always kept) when
+	// there is no prefix or storage did not take it within StorageTimeout.
 	Document string
 }
 
@@ -131,17 +138,14 @@ func (c *Config) validate() error {
 	if len(c.Command) == 0 {
 		return errors.New("no worker command (give it after --)")
 	}
-	if c.NProcPerNode < 1 {
-		return fmt.Errorf("--nproc-per-node %d: want ≥ 1", c.NProcPerNode)
-	}
-	if c.MinNodes < 1 || c.MaxNodes < c.MinNodes {
-		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", c.MinNodes, c.MaxNodes)
-	}
-	if c.MaxRestarts < 0 {
-		return fmt.Errorf("--max-restarts %d: want ≥ 0", c.MaxRestarts)
+	if err := c.CheckRanges(); err != nil {
+		return err
 	}
 	if c.StopGrace <= 0 {
 		c.StopGrace = 5 * time.Second
+	}
+	if c.StorageTimeout <= 0 {
+		c.StorageTimeout = DefaultStorageTimeout
 	}
 	if c.Pod == "" {
 		c.Pod, _ = os.Hostname()
@@ -155,9 +159,6 @@ func (c *Config) validate() error {
 	if c.Stderr == nil {
 		c.Stderr = os.Stderr
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
@@ -170,6 +171,9 @@ func (c *Config) validate() error {
 	case c.RdzvBackend == "static" && c.MinNodes == c.MaxNodes:
 		if c.MasterAddr == "" || c.MasterPort == 0 || c.NodeRank < 0 {
 			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
+		}
+		if c.NodeRank >= c.MaxNodes {
+			return fmt.Errorf("--node-rank %d: want 0 to %d with --nnodes %d", c.NodeRank, c.MaxNodes-1, c.MaxNodes)
 		}
 		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
 	case c.RdzvEndpoint == "":
@@ -233,6 +237,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	// Never blocked by a reader that does not read (output.go); the Outputs
+	// made here are closed here.
+	var own []io.Writer
+	for _, w := range []*io.Writer{&cfg.Stdout, &cfg.Stderr} {
+		if o := NewOutput(*w); o != *w {
+			*w = o
+			own = append(own, o)
+		}
+	}
+	defer CloseOutputs(time.Second, own...)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
+	}
 	// A prefix that cannot be opened is refused before any worker runs, not
 	// discovered when the pod's root cause has to be written.
 	if cfg.ErrorPrefix != "" {
@@ -260,11 +277,20 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("agent starting", "pod", cfg.Pod, "nproc_per_node", cfg.NProcPerNode, "nnodes_min", cfg.MinNodes,
 		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
 
+	// Nothing the workers start outlives the agent, even a SIGKILLed one
+	// (procs.go).
+	agentID := newAgentID()
+	guard, err := startGuardian(agentID, filepath.Join(runDir, "guardian.log"))
+	if err != nil {
+		log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
+	}
+	defer guard.stop()
+
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
-		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
+		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
@@ -310,6 +336,15 @@ type loop struct {
 
 	pendingDoc kferrors.Failure
 	docKey     string
+	// pending are events the loop made itself (workers that failed to
+	// start, or were not started), stepped before it waits again.
+	pending []Event
+	// stopping is closed by a stop signal (Run's ctx).
+	stopping <-chan struct{}
+	// agentID marks the workers' processes; guard is the guardian, nil
+	// without one (procs.go).
+	agentID string
+	guard   *guardian
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
@@ -329,6 +364,7 @@ func (l *loop) run(ctx context.Context) error {
 		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout})
 	actions := l.policy.Start()
 	terminated := ctx.Done()
+	l.stopping = ctx.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -338,6 +374,19 @@ func (l *loop) run(ctx context.Context) error {
 			}
 		}
 		actions = nil
+		// A stop signal goes before the events left to step: a start it
+		// interrupted leaves those of the workers it did not start.
+		if terminated != nil && ctx.Err() != nil {
+			terminated = nil
+			actions = l.terminate(ctx)
+			continue
+		}
+		if len(l.pending) > 0 {
+			ev := l.pending[0]
+			l.pending = l.pending[1:]
+			actions = l.step(ev)
+			continue
+		}
 		timer.Stop()
 		var tick <-chan time.Time
 		if d := l.policy.Deadline(); !d.IsZero() {
@@ -346,16 +395,7 @@ func (l *loop) run(ctx context.Context) error {
 		}
 		select {
 		case ev := <-l.events:
-			if we, ok := ev.(WorkerExited); ok {
-				if !l.current(we) {
-					break // a spare that was never released
-				}
-				l.logExit(we)
-				if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
-					g.stopProxy() // the store is gone with rank 0
-				}
-			}
-			actions = l.policy.Step(ev, time.Now())
+			actions = l.step(ev)
 		case w := <-l.spoke:
 			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
 				sw.spoke[w] = true
@@ -367,8 +407,7 @@ func (l *loop) run(ctx context.Context) error {
 			l.startSparesNow()
 		case <-terminated:
 			terminated = nil
-			l.log.Info("agent got SIGTERM", "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
-			actions = l.policy.Step(Terminate{}, time.Now())
+			actions = l.terminate(ctx)
 		case <-tick:
 			now := time.Now()
 			if g := l.group; g != nil {
@@ -379,6 +418,28 @@ func (l *loop) run(ctx context.Context) error {
 			actions = append(actions, l.policy.Step(Tick{}, now)...)
 		}
 	}
+}
+
+// step feeds one event to the policy, after the loop's own part in a
+// worker's exit: log it, and end its group when it was the last.
+func (l *loop) step(ev Event) []Action {
+	if we, ok := ev.(WorkerExited); ok {
+		if !l.current(we) {
+			return nil // a spare that was never released
+		}
+		l.logExit(we)
+		if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
+			g.end() // the store is gone with rank 0, and all the group started
+		}
+	}
+	return l.policy.Step(ev, time.Now())
+}
+
+// terminate feeds the stop signal that ended ctx to the policy.
+func (l *loop) terminate(ctx context.Context) []Action {
+	sig := stopSignal(ctx)
+	l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
+	return l.policy.Step(Terminate{Signal: sig}, time.Now())
 }
 
 // do carries out one action; done is true when the agent is finished.
@@ -483,11 +544,12 @@ func (l *loop) start(a StartGroup) {
 	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+
 		"  restart_count=%d\n  master_addr=%s\n  master_port=%d\n  group_rank=%d\n  group_world_size=%d\n"+
 		"  local_ranks=%s\n  role_ranks=%s\n  global_ranks=%s\n  role_world_sizes=%s\n  global_world_sizes=%s\n\n",
-		RoleName, a.RestartCount, r.MasterAddr, r.MasterPort, r.GroupRank, r.GroupWorldSize,
+		RoleName, a.RestartCount, termsafe.Line(r.MasterAddr), r.MasterPort, r.GroupRank, r.GroupWorldSize,
 		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send}
+		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
+		agentID: l.agentID, guard: l.guard, stop: l.stopping}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -506,7 +568,11 @@ func (l *loop) start(a StartGroup) {
 	}
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
-	l.group = startGroup(gs, a, l.spares)
+	var notStarted []WorkerExited
+	l.group, notStarted = startGroup(gs, a, l.spares)
+	for _, we := range notStarted {
+		l.pending = append(l.pending, we)
+	}
 	l.group.proxy = proxy
 	for _, w := range l.spares {
 		if w != nil && !slices.Contains(l.group.workers, w) {
@@ -564,84 +630,6 @@ func pyList(xs []int) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// write stores the pod's error document under ErrorPrefix and returns its
-// key; without a prefix, or when the write fails, the document is logged
-// and the agent exits with the same code regardless.
-func (l *loop) write(f kferrors.Failure) string {
-	l.log.Info("pod error document", "code", f.Code, "worker", f.Worker, "time", f.Time, "recoverable", f.Recoverable,
-		"message", firstLine(f.Message))
-	if l.cfg.ErrorPrefix == "" {
-		return ""
-	}
-	ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
-	defer cancel()
-	key, err := l.writeTo(ctx, l.cfg.ErrorPrefix, f, true)
-	if err == nil {
-		return key
-	}
-	// Storage is unreachable now (it opened at start): keep the document
-	// next to the workers' logs rather than lose the pod's root cause.
-	l.log.Error("cannot write error document", "prefix", l.cfg.ErrorPrefix, "err", err)
-	local := "file://" + l.runDir
-	if key, err := l.writeTo(ctx, local, f, false); err == nil {
-		l.log.Warn("error document kept locally instead", "prefix", local, "key", key)
-		return filepath.Join(l.runDir, key)
-	}
-	return ""
-}
-
-// writeTo stores f under prefix, or, when ownFirst, finds the document the
-// failed worker already wrote there itself (flytekit with _F_DES set).
-func (l *loop) writeTo(ctx context.Context, prefix string, f kferrors.Failure, ownFirst bool) (string, error) {
-	b, err := kferrors.OpenPrefix(ctx, prefix, true)
-	if err != nil {
-		return "", err
-	}
-	defer b.Close()
-	if ownFirst {
-		if key, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
-			l.log.Info("worker wrote its own error document", "prefix", prefix, "key", key, "worker", f.Worker)
-			return key, nil
-		}
-	}
-	key, err := kferrors.NewWriter(b, nil).Write(ctx, f)
-	if err != nil {
-		return "", err
-	}
-	l.log.Info("error document written", "prefix", prefix, "key", key)
-	return key, nil
-}
-
-// supersede moves this pod's documents dated before a group start out of the
-// reader's way (kferrors.Supersede): the start is their recovery. It runs
-// beside the group so that a restart is not delayed by storage; it touches
-// only documents dated before the start, the write path only later ones.
-func (l *loop) supersede(start time.Time) {
-	if l.cfg.ErrorPrefix == "" {
-		return
-	}
-	l.superseding.Add(1)
-	go func() {
-		defer l.superseding.Done()
-		ctx, cancel := context.WithTimeout(l.work, 30*time.Second)
-		defer cancel()
-		b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
-		if err != nil {
-			l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
-			return
-		}
-		defer b.Close()
-		moved, err := kferrors.Supersede(ctx, b, l.cfg.Pod, start)
-		if err != nil {
-			l.log.Error("cannot supersede recovered error documents", "prefix", l.cfg.ErrorPrefix, "err", err)
-		}
-		if len(moved) > 0 {
-			l.log.Info("recovered error documents superseded", "count", len(moved), "to", kferrors.SupersededPrefix,
-				"keys", moved)
-		}
-	}()
-}
-
 // cleanup leaves nothing behind: no rendezvous call, no worker, no process
 // group. The policy only exits once all workers ended, so the SIGKILL is
 // for the paths where Run returns early.
@@ -659,6 +647,9 @@ func (l *loop) cleanup() {
 			w.discard()
 		}
 	}
+	// Whatever any attempt started and still lives (a daemon of the last
+	// one) ends with the agent.
+	sweep(l.agentID+"/", true, nil)
 	l.superseding.Wait()
 }
 
@@ -699,9 +690,15 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 	}
 	l.spares = make([]*worker, l.cfg.NProcPerNode)
 	for local := range l.cfg.NProcPerNode {
+		select {
+		case <-l.stopping:
+			return // a stop signal: no next attempt to start spares for
+		default:
+		}
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
-			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile})
+			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
+			mark: attemptMark(gs.agentID, next.Attempt)})
 		w, err := startSpare(gs, next.Attempt, local, env, preload)
 		if err != nil {
 			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)
@@ -729,38 +726,4 @@ func (l *loop) logExit(we WorkerExited) {
 		attrs = append(attrs, "start_error", we.StartError)
 	}
 	l.log.Info("worker exited", attrs...)
-}
-
-// workerDocument finds a document the failed worker wrote itself (flytekit
-// with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
-// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
-// are skipped unread; at most 64 others are read. Only a document from the
-// last attempt (timed at or after since) counts: worker names repeat across
-// attempts.
-func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
-	if worker == "" {
-		return "", false
-	}
-	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
-	for read := 0; read < 64; {
-		obj, err := it.Next(ctx)
-		if err != nil {
-			return "", false
-		}
-		if !kferrors.IsDocumentKey(obj.Key) {
-			continue
-		}
-		if _, ours := kferrors.TimeFromKey(obj.Key); ours {
-			continue
-		}
-		read++
-		data, err := b.ReadAll(ctx, obj.Key)
-		if err != nil {
-			continue
-		}
-		if f, err := kferrors.DecodeFailure(data, 1<<20); err == nil && f.Worker == worker && !f.Time.Before(since) {
-			return obj.Key, true
-		}
-	}
-	return "", false
 }

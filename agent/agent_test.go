@@ -22,7 +22,10 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
+	"github.com/kfelastic/kfelastic/outputreader"
 )
 
 // helperEnv selects the helper mode of a re-executed test binary. Its value
@@ -37,7 +40,15 @@ import (
 //	signal:NAME        die of signal NAME (via an exec'd shell)
 //	grandchild:FILE    start a sleeping grandchild, write its pid to FILE, exit 1
 //	torcherr:TYPE      write a torch error file (TYPE: msg, timestamp), exit 1
+//	torchts:TS         write a torch error file whose timestamp is TS (verbatim), exit 1
+//	bigerror:MB        write a sparse error file of MB megabytes, exit 1
+//	chatty:DUR         print a 200-byte line every millisecond for DUR, exit 0
+//	family:DIR         start a sleeping child in its group and a sleeping daemon in a session of its
+//	                   own, write DIR/{worker,child,daemon}-<rank> with their pids, then sleep
+//	daemon:FILE        start a sleeping daemon in a session of its own, write its pid to FILE, exit 1
+//	checkdead:FILE     exit 5 if the pid in FILE lives; else start a daemon as daemon:FILE.next, exit 0
 //	touch:DUR          touch $KFELASTIC_PROGRESS_FILE every 100ms without output for DUR, exit 0
+//	futuretouch        date $KFELASTIC_PROGRESS_FILE in the year 2100, then hang without output
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
 //	breakprefix:DIR    replace the folder DIR by a file, exit 3
@@ -48,10 +59,98 @@ import (
 const helperEnv = "KFELASTIC_AGENT_HELPER"
 
 func TestMain(m *testing.M) {
+	MaybeGuard()
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}
-	os.Exit(m.Run())
+	if spec, ok := os.LookupEnv(agentProcessEnv); ok {
+		os.Exit(runAgentProcess(spec))
+	}
+	testenv.Main(m)
+}
+
+// agentProcessEnv makes the re-executed test binary an agent process, wired
+// as `kfelastic agent` is (NotifyContext, Outputs), over helper workers: the
+// tests that signal the agent, SIGKILL it or leave its output unread.
+const agentProcessEnv = "KFELASTIC_AGENT_PROCESS"
+
+// agentProcess is an agent process's configuration, as JSON in
+// agentProcessEnv.
+type agentProcess struct {
+	NProc          int
+	Modes          string // helper modes of the workers (helperEnv)
+	MaxRestarts    int
+	HangTimeout    time.Duration
+	StopGrace      time.Duration
+	DumpSignal     syscall.Signal
+	DumpTimeout    time.Duration
+	ErrorPrefix    string
+	LogDir         string
+	StorageTimeout time.Duration
+}
+
+func runAgentProcess(spec string) int {
+	var p agentProcess
+	if err := json.Unmarshal([]byte(spec), &p); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := NotifyContext(context.Background())
+	defer stop()
+	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
+	defer CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
+	err := Run(ctx, Config{
+		Command: []string{os.Args[0]}, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
+		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,
+		DumpSignal: p.DumpSignal, DumpTimeout: p.DumpTimeout, ErrorPrefix: p.ErrorPrefix, StorageTimeout: p.StorageTimeout,
+		Tee: true, Stdout: stdout, Stderr: stderr, MasterAddr: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(stderr, nil)),
+		Env: append(os.Environ(), helperEnv+"="+p.Modes),
+	})
+	var ee *ExitError
+	switch {
+	case errors.As(err, &ee):
+		fmt.Fprintln(stderr, "agent:", ee)
+		return ee.Code
+	case err != nil:
+		fmt.Fprintln(stderr, "agent:", err)
+		return 2
+	}
+	return 0
+}
+
+// startAgentProcess starts an agent process with p; stdout and stderr are
+// what the test gives it (a buffer, a pipe nobody reads, a closed pipe).
+// The process is SIGKILLed when the test ends.
+func startAgentProcess(t *testing.T, p agentProcess, stdout, stderr io.Writer) *exec.Cmd {
+	t.Helper()
+	if p.LogDir == "" {
+		p.LogDir = t.TempDir()
+	}
+	spec, _ := json.Marshal(p)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), agentProcessEnv+"="+string(spec))
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd
+}
+
+// waitExit waits for an agent process, at most limit, and returns its
+// exit code (-1 if a signal ended it).
+func waitExit(t *testing.T, cmd *exec.Cmd, limit time.Duration) int {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("agent process still running after %v", limit)
+	}
+	return cmd.ProcessState.ExitCode()
 }
 
 func runHelper(modes string) int {
@@ -115,9 +214,63 @@ func runHelper(modes string) int {
 			time.Sleep(100 * time.Millisecond)
 		}
 		return 0
+	case "futuretouch":
+		p := os.Getenv(ProgressFileEnv)
+		_ = os.WriteFile(p, nil, 0o644)
+		future := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+		_ = os.Chtimes(p, future, future)
+		time.Sleep(time.Hour)
 	case "dump":
 		<-dumped
 		_ = os.WriteFile(filepath.Join(arg, "dumped-"+os.Getenv("RANK")), nil, 0o644)
+		return 0
+	case "torchts":
+		data := `{"message":{"message":"ValueError: stamped ` + arg + `","extraInfo":{"py_callstack":"Traceback","timestamp":"` + arg + `"}}}`
+		_ = os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(data), 0o644)
+		return 1
+	case "bigerror":
+		mb, _ := strconv.Atoi(arg)
+		p := os.Getenv("TORCHELASTIC_ERROR_FILE")
+		_ = os.WriteFile(p, []byte(`{"message":"`), 0o644)
+		_ = os.Truncate(p, int64(mb)<<20)
+		return 1
+	case "chatty":
+		d, _ := time.ParseDuration(arg)
+		line := strings.Repeat("x", 199) + "\n"
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			_, _ = os.Stdout.WriteString(line)
+			time.Sleep(time.Millisecond)
+		}
+		return 0
+	case "family":
+		rank := os.Getenv("LOCAL_RANK")
+		_ = os.WriteFile(filepath.Join(arg, "worker-"+rank), []byte(strconv.Itoa(os.Getpid())), 0o644)
+		for _, kind := range []string{"child", "daemon"} {
+			pid, err := startSleeper(kind == "daemon")
+			if err != nil {
+				return 98
+			}
+			_ = os.WriteFile(filepath.Join(arg, kind+"-"+rank), []byte(strconv.Itoa(pid)), 0o644)
+		}
+		time.Sleep(time.Hour)
+	case "daemon":
+		pid, err := startSleeper(true)
+		if err != nil {
+			return 98
+		}
+		_ = os.WriteFile(arg, []byte(strconv.Itoa(pid)), 0o644)
+		return 1
+	case "checkdead":
+		data, _ := os.ReadFile(arg)
+		if pid, _ := strconv.Atoi(string(data)); pid == 0 || alive(pid) {
+			fmt.Fprintf(os.Stderr, "the daemon of the last attempt (pid %s) lives\n", data)
+			return 5
+		}
+		pid, err := startSleeper(true)
+		if err != nil {
+			return 98
+		}
+		_ = os.WriteFile(arg+".next", []byte(strconv.Itoa(pid)), 0o644)
 		return 0
 	case "breakprefix":
 		// The error prefix becomes unwritable while the pod runs (storage
@@ -150,6 +303,19 @@ func runHelper(modes string) int {
 		}
 	}
 	return 97
+}
+
+// startSleeper starts this binary sleeping (helper mode "sleep"), in a
+// session of its own when daemon (as a daemon detaches), and returns its pid.
+// It inherits this process's environment, the agent's mark included.
+func startSleeper(daemon bool) (int, error) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"=sleep")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: daemon}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	return cmd.Process.Pid, nil
 }
 
 func storeHelper(delay string) int {
@@ -373,9 +539,11 @@ func TestHangWatchdog(t *testing.T) {
 }
 
 // Touching the progress file counts as progress even without output.
+// The timeout covers the helper's own start, which under -race alone takes
+// 0.6 s here.
 func TestHangProgressFile(t *testing.T) {
-	cfg, out := helperConfig(t, 1, "touch:1500ms")
-	cfg.HangTimeout = 600 * time.Millisecond
+	cfg, out := helperConfig(t, 1, "touch:2s")
+	cfg.HangTimeout = 1200 * time.Millisecond
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}
@@ -652,11 +820,13 @@ func TestBadErrorPrefixRefusedAtStart(t *testing.T) {
 }
 
 // Storage that fails when the pod's root cause is written does not lose it:
-// the document is kept in the run's log folder.
+// the document is kept in the run's log folder, after the retries of
+// StorageTimeout.
 func TestErrorDocumentKeptLocallyWhenPrefixFails(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "outputs")
 	cfg, out := helperConfig(t, 1, "breakprefix:"+prefix)
 	cfg.ErrorPrefix = "file://" + prefix
+	cfg.StorageTimeout = time.Second
 	ee, _ := runAgent(t, t.Context(), cfg)
 	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, cfg.LogDir) {
 		t.Fatalf("want exit 1 with a local document under %s, got %+v\n%s", cfg.LogDir, ee, out)
@@ -664,5 +834,202 @@ func TestErrorDocumentKeptLocallyWhenPrefixFails(t *testing.T) {
 	f := readDocument(t, filepath.Dir(ee.Document), filepath.Base(ee.Document))
 	if f.Code != kferrors.CodeNonZeroExit || f.Worker != "pod-0/0" {
 		t.Errorf("local document = %+v", f)
+	}
+}
+
+// A torch error file whose timestamp is in milliseconds (or beyond the year
+// 9999) does not name the document by a wrapped-around time: the agent
+// falls back to the observed exit time, and the reader ranks the document
+// by it.
+func TestTorchErrorTimestampValidated(t *testing.T) {
+	for _, ts := range []string{strconv.FormatInt(time.Now().UnixMilli(), 10), "253402300800", "-3"} {
+		cfg, out := helperConfig(t, 1, "torchts:"+ts)
+		dir := t.TempDir()
+		cfg.ErrorPrefix = "file://" + dir
+		start := time.Now()
+		ee, _ := runAgent(t, t.Context(), cfg)
+		if ee == nil || ee.Failure.Code != "ValueError" {
+			t.Fatalf("%s: want the ValueError, got %+v\n%s", ts, ee, out)
+		}
+		if ee.Failure.Time.Before(start) || ee.Failure.Time.After(time.Now()) {
+			t.Errorf("%s: document time %v, want the observed exit in the run", ts, ee.Failure.Time)
+		}
+		keyTime, ok := kferrors.TimeFromKey(ee.Document)
+		if !ok || !keyTime.Equal(ee.Failure.Time) {
+			t.Errorf("%s: key %s does not carry the document's time", ts, ee.Document)
+		}
+		if got := readDocument(t, dir, ee.Document); !got.Time.Equal(ee.Failure.Time) {
+			t.Errorf("%s: stored time %v", ts, got.Time)
+		}
+	}
+}
+
+// An error file of 300 MB is not read: the exit is documented with the
+// reason, and the agent's memory does not follow the file.
+func TestHugeErrorFileIsCapped(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "bigerror:300")
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Failure.Code != kferrors.CodeNonZeroExit || !strings.Contains(ee.Failure.Message, "error file was not usable") ||
+		!strings.Contains(ee.Failure.Message, "too large") {
+		t.Fatalf("want a NonZeroExit naming the oversized error file, got %+v\n%s", ee, out)
+	}
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if ru.Maxrss > 250<<10 { // KiB
+		t.Errorf("max RSS %d MiB after a 300 MB error file", ru.Maxrss>>10)
+	}
+}
+
+// An S3 endpoint that accepts connections and never answers: the pod's
+// document is kept locally and the agent exits within StorageTimeout (it
+// used to wait 30 s, then write nowhere). The test bounds itself.
+func TestErrorDocumentKeptLocallyWhenStorageIsSilent(t *testing.T) {
+	silent := testenv.Silent(t)
+	testenv.SetCredentialEnv()
+	cfg, out := helperConfig(t, 1, "exit:3")
+	cfg.ErrorPrefix = silent.URL("flyte", "metadata/attempt-0")
+	cfg.StorageTimeout = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	ee, took := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, cfg.LogDir) {
+		t.Fatalf("want exit 1 with a local document under %s, got %+v\n%s", cfg.LogDir, ee, out)
+	}
+	if f := readDocument(t, filepath.Dir(ee.Document), filepath.Base(ee.Document)); f.Code != kferrors.CodeNonZeroExit || f.Worker != "pod-0/0" {
+		t.Errorf("local document = %+v", f)
+	}
+	if took > 5*time.Second {
+		t.Errorf("agent took %v with a 1.5s storage timeout", took)
+	}
+}
+
+// Storage that comes back while the agent still retries gets the document:
+// the first attempts meet a silent endpoint, a later one MinIO, under the
+// same key (one document, not two), and the local copy stays.
+func TestErrorDocumentUploadRetried(t *testing.T) {
+	minio := testenv.MinIO(t)
+	silent := testenv.Silent(t)
+	cfg, out := helperConfig(t, 1, "exit:3")
+	cfg.ErrorPrefix = silent.URL(minio.Bucket, "metadata/attempt-0")
+	cfg.StorageTimeout = 3 * time.Second
+	go func() {
+		waitFor(t, out, "error document not uploaded yet", 10*time.Second)
+		silent.ForwardTo(minio.Endpoint)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ee, _ := runAgent(t, ctx, cfg)
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, "error-") {
+		t.Fatalf("want the document uploaded after a retry, got %+v\n%s", ee, out)
+	}
+	b, err := kferrors.OpenPrefix(ctx, minio.MinIOProcess.URL(minio.Bucket, "metadata/attempt-0"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil || r.RootCause == nil || r.RootCause.Key != ee.Document || len(r.Others) != 0 || r.RootCause.Failure.Worker != "pod-0/0" {
+		t.Fatalf("in MinIO: %+v, %v", r, err)
+	}
+	if local, _ := filepath.Glob(filepath.Join(cfg.LogDir, "*", ee.Document)); len(local) != 1 {
+		t.Errorf("no local copy of %s under %s", ee.Document, cfg.LogDir)
+	}
+}
+
+// runBounded runs the agent in the background and fails the test if it has
+// not returned within limit (a deadlock must not stall the suite).
+func runBounded(t *testing.T, ctx context.Context, cfg Config, limit time.Duration) (*ExitError, time.Duration) {
+	t.Helper()
+	type result struct {
+		ee   *ExitError
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		err := Run(ctx, cfg)
+		var ee *ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Errorf("Run: %v", err)
+		}
+		done <- result{ee, time.Since(start)}
+	}()
+	select {
+	case r := <-done:
+		return r.ee, r.took
+	case <-time.After(limit):
+		t.Fatalf("Run still running after %v", limit)
+		return nil, 0
+	}
+}
+
+// Workers that cannot start, more of them than the loop's event queue
+// holds, fail the pod with StartFailed; the agent used to deadlock on its
+// own queue.
+func TestManyStartFailuresDoNotDeadlock(t *testing.T) {
+	cfg, out := helperConfig(t, 40, "ok")
+	cfg.Command = []string{filepath.Join(t.TempDir(), "no-such-program")}
+	ee, _ := runBounded(t, t.Context(), cfg, 20*time.Second)
+	if ee == nil || ee.Code != 1 || ee.Failure.Code != "StartFailed" {
+		t.Fatalf("want StartFailed, got %+v\n%s", ee, out)
+	}
+}
+
+// A stop signal during the start of a large group ends the start: the rest
+// is not started, the started are stopped, the pod is Preempted at once.
+func TestStopInterruptsStart(t *testing.T) {
+	cfg, out := helperConfig(t, MaxNProcPerNode, "ok")
+	cfg.Command = []string{"/bin/sleep", "3600"}
+	cfg.StopGrace = time.Second
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if dirs, _ := filepath.Glob(filepath.Join(cfg.LogDir, "test_*", "attempt_1", "0")); len(dirs) > 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	ee, took := runBounded(t, ctx, cfg, 30*time.Second)
+	if ee == nil || ee.Code != 143 || ee.Failure.Code != kferrors.CodePreempted {
+		t.Fatalf("want Preempted, got %+v\n%s", ee, out)
+	}
+	started, _ := filepath.Glob(filepath.Join(cfg.LogDir, "test_*", "attempt_1", "*"))
+	if len(started) >= MaxNProcPerNode {
+		t.Errorf("all %d workers started before the stop (took %v)", len(started), took)
+	}
+	t.Logf("%d of %d workers started; agent done in %v", len(started), MaxNProcPerNode, took)
+}
+
+// The agent's own lines (its log, the rendezvous block, its error) show
+// pod names, addresses and messages with control characters escaped; only
+// the workers' own output, teed, passes as it is.
+func TestAgentLinesEscapeControlCharacters(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "torcherr:Bad\x1b[2J\x1b[H")
+	cfg.Pod = "pod\x1b]0;pwned\x07\n*fake"
+	cfg.MasterAddr = "127.0.0.1\x1b[1A"
+	ee, _ := runAgent(t, t.Context(), cfg)
+	if ee == nil {
+		t.Fatalf("want a failure\n%s", out)
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(line, "[default0]:") && strings.ContainsAny(line, "\x1b\x07") {
+			t.Errorf("raw control character in %q", line)
+		}
+	}
+	if msg := termsafe.Text(ee.Error()); strings.ContainsAny(msg, "\x1b\x07") {
+		t.Errorf("error as printed: %q", msg)
+	}
+}
+
+// A progress file dated in the future does not switch the watchdog off.
+func TestHangWatchdogProgressFileInTheFuture(t *testing.T) {
+	cfg, out := helperConfig(t, 1, "futuretouch")
+	cfg.HangTimeout = 500 * time.Millisecond
+	ee, took := runBounded(t, t.Context(), cfg, 20*time.Second)
+	if ee == nil || ee.Failure.Code != kferrors.CodeHang || took > 5*time.Second {
+		t.Fatalf("want Hang within seconds, got %+v after %v\n%s", ee, took, out)
 	}
 }

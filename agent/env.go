@@ -29,6 +29,8 @@ type workerSpec struct {
 	// storePort, when not 0, is global rank 0's MASTER_PORT: the private
 	// port its store binds behind the agent's store proxy (storeproxy.go).
 	storePort int
+	// mark is the attempt's KFELASTIC_AGENT value (procs.go).
+	mark string
 }
 
 // WorkerEnv is base (the agent's own environment) plus torchrun's worker
@@ -51,7 +53,9 @@ type workerSpec struct {
 //     command, and line-by-line output feeds the hang watchdog and the logs;
 //   - _F_WN=<pod>/<local rank> and _F_DES=Earliest so that flytekit writes
 //     one error document per worker (the long names too, when inherited);
-//   - KFELASTIC_PROGRESS_FILE, the file the hang watchdog watches.
+//   - KFELASTIC_PROGRESS_FILE, the file the hang watchdog watches;
+//   - KFELASTIC_AGENT=<agent id>/<attempt>, the mark by which the agent
+//     and its guardian find every process the workers started (procs.go).
 func WorkerEnv(base []string, w workerSpec) []string {
 	env := map[string]string{}
 	for _, kv := range base {
@@ -81,6 +85,9 @@ func WorkerEnv(base []string, w workerSpec) []string {
 		"_F_WN":                        workerName(w.pod, w.localRank),
 		"_F_DES":                       "Earliest",
 		ProgressFileEnv:                w.progressFile,
+	}
+	if w.mark != "" {
+		set[agentMarkEnv] = w.mark
 	}
 	if rank == 0 && w.storePort != 0 {
 		set["MASTER_PORT"] = strconv.Itoa(w.storePort)

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -56,6 +58,10 @@ type Policy struct {
 	signaled   bool      // whether the current group got a stop signal from us
 	killAt     time.Time // SIGKILL deadline of a stopping group
 	dumpUntil  time.Time // end of the dying-gasp window
+
+	// stopSig is the stop signal that arrived at terminated: SIGTERM for a
+	// preemption, or SIGINT, SIGHUP, SIGQUIT (see Terminate).
+	stopSig syscall.Signal
 }
 
 type phase int
@@ -120,8 +126,11 @@ type Progress struct {
 // current round is outdated.
 type MembershipChanged struct{ Round int }
 
-// Terminate: the agent got SIGTERM (preemption, eviction, node drain).
-type Terminate struct{}
+// Terminate: the agent got a stop signal. SIGTERM (or none) is a
+// preemption, eviction or node drain: dump signal, stop, Preempted. Another
+// (SIGINT, SIGHUP, SIGQUIT: a person or a session ended the run) stops the
+// workers without the dump and documents Signal<NAME>.
+type Terminate struct{ Signal syscall.Signal }
 
 // Tick: a deadline the Policy asked for (Deadline) has come.
 type Tick struct{}
@@ -245,7 +254,7 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 		}
 		return p.stop(reasonMembership, now)
 	case Terminate:
-		return p.terminate(now)
+		return p.terminate(ev.Signal, now)
 	case Tick:
 		return p.tick(now)
 	}
@@ -335,11 +344,14 @@ func (p *Policy) signalStop(now time.Time) []Action {
 	return []Action{SignalGroup{Attempt: p.attempt, Signal: syscall.SIGTERM}}
 }
 
-func (p *Policy) terminate(now time.Time) []Action {
+func (p *Policy) terminate(sig syscall.Signal, now time.Time) []Action {
 	if !p.terminated.IsZero() {
 		return nil
 	}
-	p.terminated = now
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	p.terminated, p.stopSig = now, sig
 	switch p.phase {
 	case phaseRendezvous:
 		return p.finish(p.preempted())
@@ -349,7 +361,7 @@ func (p *Policy) terminate(now time.Time) []Action {
 		if !p.anyAlive() {
 			return p.stopped(now)
 		}
-		if p.cfg.DumpSignal != 0 && p.cfg.DumpTimeout > 0 {
+		if sig == syscall.SIGTERM && p.cfg.DumpSignal != 0 && p.cfg.DumpTimeout > 0 {
 			p.dumpUntil = now.Add(p.cfg.DumpTimeout)
 			return []Action{SignalGroup{Attempt: p.attempt, Signal: p.cfg.DumpSignal}}
 		}
@@ -413,7 +425,15 @@ func (p *Policy) stopped(now time.Time) []Action {
 	return []Action{JoinRound{}}
 }
 
+// preempted is the document of a stop signal: Preempted for SIGTERM,
+// Signal<NAME> (exit 128+N, see ExitCode) for the others.
 func (p *Policy) preempted() kferrors.Failure {
+	if p.stopSig != syscall.SIGTERM {
+		name := unix.SignalName(p.stopSig)
+		return kferrors.SystemFailure("Signal"+name,
+			fmt.Sprintf("pod %s got %s (interrupted by a person or its session); workers stopped without a dump", p.cfg.Pod, name),
+			p.cfg.Pod, p.terminated)
+	}
 	return kferrors.SystemFailure(kferrors.CodePreempted,
 		fmt.Sprintf("pod %s got SIGTERM (preemption, eviction or node drain); workers stopped", p.cfg.Pod),
 		p.cfg.Pod, p.terminated)

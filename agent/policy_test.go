@@ -24,7 +24,7 @@ import (
 //	at 1s round 1
 //	at 2s exit attempt=1 rank=0 code=1|signal=KILL [torch="Type: msg"@1.25s] [oom] [recoverable]
 //	at 2s progress attempt=1 rank=0 at=1.5s
-//	at 2s membership round=1 | sigterm | tick | rdzv-failed
+//	at 2s membership round=1 | sigterm | signal SIGINT | tick | rdzv-failed
 //	deadline 7s         (the policy's Deadline, "none" if zero)
 func TestPolicyScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/policy/*.txt")
@@ -197,6 +197,8 @@ func scriptEvent(t *testing.T, fields []string) Event {
 		return MembershipChanged{Round: num(t, m["round"])}
 	case "sigterm":
 		return Terminate{}
+	case "signal":
+		return Terminate{Signal: unix.SignalNum(fields[1])}
 	case "tick":
 		return Tick{}
 	}

@@ -110,6 +110,7 @@ func (w *worker) release(env []string) error {
 	w.releasePipe = nil
 	if err == nil {
 		w.lastOutput.Store(nowNano())
+		w.startedAt.Store(nowNano())
 		w.active.Store(true)
 	}
 	return err

@@ -153,7 +153,7 @@ func TestTorchEnvMatchesTorchrun(t *testing.T) {
 		t.Errorf("torchrun: MASTER_PORT %s for rank 0, %s for rank 1; want the same", b0, b1)
 	}
 	differ := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
-	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED"}
+	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", agentMarkEnv}
 	for rank := range 2 {
 		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
 		for _, k := range sortedKeys(a, b) {
@@ -283,7 +283,7 @@ func TestTorchWarmSpareRestart(t *testing.T) {
 	if !strings.Contains(out.String(), "[default1]:step 39 ") {
 		t.Errorf("training did not resume to step 39:\n%s", out)
 	}
-	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT"}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
 	for rank := range 2 {
 		cold, warm := readEnv(t, dir, 0, rank), readEnv(t, dir, 1, rank)
 		if warm["TORCHELASTIC_RESTART_COUNT"] != "1" {

@@ -25,12 +25,32 @@ type group struct {
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
 	proxy *storeProxy
+	// mark is what every process of the group carries (procs.go).
+	mark string
+	// swept: end has run.
+	swept bool
 }
 
 // stopProxy stops the group's store proxy, if any; idempotent.
 func (g *group) stopProxy() {
 	if g.proxy != nil {
 		g.proxy.Stop()
+	}
+}
+
+// end is called once every worker of the group has exited: the store
+// proxy stops (the store is gone with rank 0) and whatever the workers
+// started that still lives, a daemon in a session of its own included, is
+// killed, so that nothing of this attempt outlives it. Idempotent; called
+// by the loop only.
+func (g *group) end() {
+	if g.swept {
+		return
+	}
+	g.swept = true
+	g.stopProxy()
+	if g.mark != "" {
+		sweep(g.mark, false, nil)
 	}
 }
 
@@ -54,7 +74,11 @@ type worker struct {
 	errorFile    string
 	progressFile string
 	lastOutput   atomic.Int64 // unix ns of the last output line
-	exited       atomic.Bool
+	// startedAt (unix ns) is when the process started as this worker: its
+	// start, or a spare's release. An error file's time before it is not
+	// this worker's.
+	startedAt atomic.Int64
+	exited    atomic.Bool
 	// releasePipe is the write end of a warm spare's env pipe, nil otherwise.
 	releasePipe *os.File
 	// active: a worker, not a spare waiting for release; spoken: it has
@@ -68,11 +92,12 @@ type output struct {
 	stdout, stderr io.Writer
 }
 
+// line writes one teed line, prefixed, in one write: w is an Output, which
+// never blocks (output.go), and keeps a write whole.
 func (o *output) line(w io.Writer, prefix string, line []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	_, _ = io.WriteString(w, prefix)
-	_, _ = w.Write(line)
+	_, _ = w.Write(append([]byte(prefix), line...))
 }
 
 // groupStart is what startGroup needs besides the StartGroup action.
@@ -94,19 +119,45 @@ type groupStart struct {
 	send func(Event) bool
 	// spoke, if set, is called once per worker on its first output line.
 	spoke func(*worker)
+	// agentID names the agent in its workers' marks; guard is its guardian
+	// (nil without one), told of every worker's process group.
+	agentID string
+	guard   *guardian
+	// stop, closed by a stop signal, interrupts a start in progress.
+	stop <-chan struct{}
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
-// are live ones for this attempt. A worker that fails to start is reported as
-// a WorkerExited with StartError; the others run on, and the policy stops
-// them.
-func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
+// are live ones for this attempt. A worker that fails to start is returned
+// as a WorkerExited with StartError, for the loop to step (not sent: the
+// loop is the caller, and hundreds of failures would fill its queue); the
+// others run on, and the policy stops them. A stop signal (gs.stop) ends the
+// start: the workers not started yet are returned as such too, so that the
+// stop does not wait for a thousand workers to start first.
+func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
 	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
+	if gs.agentID != "" {
+		g.mark = attemptMark(gs.agentID, sg.Attempt)
+	}
+	var failed []WorkerExited
+	notStarted := func(w *worker, why string) {
+		w.exited.Store(true)
+		failed = append(failed, WorkerExited{Attempt: sg.Attempt, LocalRank: w.localRank,
+			Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
+	}
 	for local := range gs.workers {
+		select {
+		case <-gs.stop:
+			w := newWorker(gs, sg.Attempt, local)
+			g.workers = append(g.workers, w)
+			notStarted(w, "not started: the agent got a stop signal while it started the group")
+			continue
+		default:
+		}
 		env := func(w *worker) []string {
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
-				storePort: gs.storePort})
+				storePort: gs.storePort, mark: g.mark})
 		}
 		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
 			w := spares[local]
@@ -119,12 +170,10 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) *group {
 		w := newWorker(gs, sg.Attempt, local)
 		g.workers = append(g.workers, w)
 		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
-			w.exited.Store(true)
-			gs.send(WorkerExited{Attempt: sg.Attempt, LocalRank: local,
-				Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: err.Error()})
+			notStarted(w, err.Error())
 		}
 	}
-	return g
+	return g, failed
 }
 
 func attemptDir(runDir string, attempt int) string {
@@ -197,7 +246,9 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 		return err
 	}
 	w.pgid = w.cmd.Process.Pid
+	gs.guard.register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
+	w.startedAt.Store(time.Now().UnixNano())
 	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
 	go w.wait(gs, w.attempt, &readers)
 	return nil
@@ -237,6 +288,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 	w.exited.Store(true)
 	// The group's leader is gone: whatever it left in its group is an orphan.
 	_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
+	gs.guard.register(w.pgid, false)
 	// Let the last lines (a traceback) reach the log before the event, but
 	// never wait long: a grandchild may hold the pipe.
 	done := make(chan struct{})
@@ -245,7 +297,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 	case <-done:
 	case <-time.After(100 * time.Millisecond):
 	}
-	e := kferrors.Exit{Worker: w.name, ObservedAt: at}
+	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load())}
 	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		e.Signal = ws.Signal()
 	} else {
@@ -255,6 +307,8 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
 		if err == nil {
 			e.TorchError = te
+		} else {
+			e.ErrorFileProblem = err.Error()
 		}
 		e.RecoverableMarker = recoverable
 		if e.Signal == syscall.SIGKILL && gs.oomKnown {
@@ -283,10 +337,12 @@ func (g *group) signal(sig syscall.Signal) {
 }
 
 // progress is the latest sign of life of a worker: its last output line or
-// the modification time of its progress file.
+// the modification time of its progress file. A file dated in the future
+// (touch -d 2100) is no sign of life: taken as one it would switch the
+// watchdog off for good.
 func (w *worker) progress() time.Time {
 	t := time.Unix(0, w.lastOutput.Load())
-	if fi, err := os.Stat(w.progressFile); err == nil && fi.ModTime().After(t) {
+	if fi, err := os.Stat(w.progressFile); err == nil && fi.ModTime().After(t) && !fi.ModTime().After(time.Now()) {
 		t = fi.ModTime()
 	}
 	return t

@@ -3,10 +3,13 @@ package errors
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +30,9 @@ type Exit struct {
 	Signal syscall.Signal
 	// ObservedAt is when the supervisor saw the exit; the fallback timestamp.
 	ObservedAt time.Time
+	// StartedAt is when the worker started, zero if unknown. With
+	// ObservedAt it bounds the time an error file may claim.
+	StartedAt time.Time
 	// OOM is evidence of the kernel OOM killer (cgroup oom_kill count rose,
 	// or the pod status says OOMKilled).
 	OOM bool
@@ -37,6 +43,10 @@ type Exit struct {
 	TorchError *TorchError
 	// RecoverableMarker is true if flytekit's recoverable_error file exists.
 	RecoverableMarker bool
+	// ErrorFileProblem says why the worker's error file exists but could not
+	// be used (too large, not JSON, not a regular file); Classify adds it to
+	// the message of a failure classified without it.
+	ErrorFileProblem string
 }
 
 // Classify maps an observed exit to a Failure following DESIGN.md §2. The
@@ -44,6 +54,14 @@ type Exit struct {
 // process managed to write, and an exception named in the error file wins
 // over a bare exit status or signal.
 func Classify(e Exit) Failure {
+	f := classify(e)
+	if e.ErrorFileProblem != "" && e.TorchError == nil {
+		f.Message += fmt.Sprintf(" (its error file was not usable: %s)", e.ErrorFileProblem)
+	}
+	return f
+}
+
+func classify(e Exit) Failure {
 	at := e.ObservedAt
 	switch {
 	case e.OOM:
@@ -52,7 +70,7 @@ func Classify(e Exit) Failure {
 		return SystemFailure(CodePreempted, fmt.Sprintf("worker %s was terminated from outside (preemption, eviction or node drain)", e.Worker), e.Worker, at)
 	case e.TorchError != nil:
 		te := e.TorchError
-		if !te.Time.IsZero() {
+		if e.plausible(te.Time) {
 			at = te.Time
 		}
 		msg := te.Message
@@ -78,6 +96,18 @@ func Classify(e Exit) Failure {
 	default:
 		return UserError(CodeNonZeroExit, fmt.Sprintf("worker %s exited with code %d", e.Worker, e.ExitCode), e.Worker, at)
 	}
+}
+
+// plausible reports whether an error file's time can be the failure's: it
+// is usable and lies in the worker's life, [StartedAt, ObservedAt], give or
+// take the second torch truncates to. Anything else (milliseconds taken for
+// seconds, a file copied from another run, a clock that jumped) gives way to
+// the observed exit time, as a missing time does.
+func (e Exit) plausible(t time.Time) bool {
+	const slack = time.Second
+	return UsableTime(t) &&
+		(e.StartedAt.IsZero() || !t.Before(e.StartedAt.Add(-slack))) &&
+		(e.ObservedAt.IsZero() || !t.After(e.ObservedAt.Add(slack)))
 }
 
 // TorchError is the content of a TORCHELASTIC_ERROR_FILE as torch's @record
@@ -118,14 +148,16 @@ func ParseTorchError(data []byte, mtime time.Time) (*TorchError, error) {
 	var text string
 	if err := json.Unmarshal(raw.Message, &text); err == nil {
 		te.Message = text
-		te.Time = mtime
+		te.Time = refineSeconds(time.Time{}, mtime)
 		return te, nil
 	}
 	var structured struct {
 		Message   string `json:"message"`
 		ExtraInfo struct {
 			PyCallstack string `json:"py_callstack"`
-			Timestamp   string `json:"timestamp"`
+			// A string as torch writes it; a number is taken too. Any other
+			// type, or none, counts as no time rather than a bad file.
+			Timestamp json.RawMessage `json:"timestamp"`
 		} `json:"extraInfo"`
 	}
 	if err := json.Unmarshal(raw.Message, &structured); err != nil {
@@ -133,40 +165,84 @@ func ParseTorchError(data []byte, mtime time.Time) (*TorchError, error) {
 	}
 	te.Message = structured.Message
 	te.Traceback = structured.ExtraInfo.PyCallstack
-	te.Time = refineSeconds(structured.ExtraInfo.Timestamp, mtime)
+	te.Time = refineSeconds(epochSeconds(structured.ExtraInfo.Timestamp), mtime)
 	return te, nil
 }
 
-// refineSeconds combines torch's "<epoch seconds>" with the file's mtime: the
-// mtime wins if it lies in [s, s+1s], the second the error was recorded in;
-// otherwise (clock skew, file copied) the whole second stands.
-func refineSeconds(seconds string, mtime time.Time) time.Time {
-	s, err := strconv.ParseInt(seconds, 10, 64)
-	if err != nil || s <= 0 {
-		return mtime
+// epochSeconds reads torch's "timestamp": "<epoch seconds>" (or a bare
+// number, or a fraction) as a time; zero if it is none or not usable, e.g.
+// milliseconds, which would lie beyond the year 58000.
+func epochSeconds(raw json.RawMessage) time.Time {
+	var text string
+	if json.Unmarshal(raw, &text) != nil {
+		text = string(raw)
 	}
-	whole := time.Unix(s, 0).UTC()
+	s, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+	// Checked before the conversion: a float beyond int64 has no defined
+	// integer value.
+	if err != nil || math.IsNaN(s) || s < float64(EarliestUsableTime.Unix()) || s > float64(LatestUsableTime.Unix()) {
+		return time.Time{}
+	}
+	whole, frac := math.Modf(s)
+	return time.Unix(int64(whole), int64(frac*1e9)).UTC()
+}
+
+// refineSeconds combines torch's time (whole seconds) with the file's mtime:
+// the mtime wins if it lies in [t, t+1s], the second the error was recorded
+// in; otherwise (clock skew, file copied) torch's time stands. Without a
+// usable torch time the usable mtime stands in, else zero.
+func refineSeconds(whole, mtime time.Time) time.Time {
+	if !UsableTime(mtime) {
+		mtime = time.Time{}
+	}
+	if whole.IsZero() {
+		return mtime.UTC()
+	}
 	if !mtime.IsZero() && !mtime.Before(whole) && mtime.Sub(whole) <= time.Second {
 		return mtime.UTC()
 	}
 	return whole
 }
 
+// MaxTorchErrorBytes bounds what ReadTorchError reads of an error file. A
+// traceback is kilobytes; a worker that wrote hundreds of megabytes there
+// must not take the supervisor's memory with it (the document's message is
+// capped to DefaultMessageCap anyway).
+const MaxTorchErrorBytes = 4 << 20
+
 // ReadTorchError reads and parses path, and reports whether flytekit's
 // recoverable marker exists next to it. A missing file is (nil, false, nil).
+// It reads only a regular file, without blocking (a FIFO left there by the
+// worker is refused, not waited on), and at most MaxTorchErrorBytes of it:
+// a larger one is an error wrapping ErrTooLarge.
 func ReadTorchError(path string) (te *TorchError, recoverable bool, err error) {
 	_, statErr := os.Stat(filepath.Join(filepath.Dir(path), RecoverableMarkerName))
 	recoverable = statErr == nil
-	fi, err := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if os.IsNotExist(err) {
 		return nil, recoverable, nil
 	}
 	if err != nil {
 		return nil, recoverable, err
 	}
-	data, err := os.ReadFile(path)
+	defer f.Close()
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, recoverable, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, recoverable, fmt.Errorf("torch error file %s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > MaxTorchErrorBytes {
+		return nil, recoverable, fmt.Errorf("torch error file %s: %w: %d bytes, limit %d", path, ErrTooLarge, fi.Size(), MaxTorchErrorBytes)
+	}
+	// The size can grow between Stat and read: the limit holds regardless.
+	data, err := io.ReadAll(io.LimitReader(f, MaxTorchErrorBytes+1))
+	if err != nil {
+		return nil, recoverable, err
+	}
+	if len(data) > MaxTorchErrorBytes {
+		return nil, recoverable, fmt.Errorf("torch error file %s: %w: over %d bytes", path, ErrTooLarge, MaxTorchErrorBytes)
 	}
 	te, err = ParseTorchError(data, fi.ModTime())
 	return te, recoverable, err

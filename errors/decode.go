@@ -1,11 +1,18 @@
 package errors
 
 import (
+	"context"
 	goerrors "errors"
 	"fmt"
+	"io"
+	"strings"
+
+	"gocloud.dev/blob"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Reasons a stored document is unusable. Readers skip such documents and
@@ -40,12 +47,84 @@ func Decode(data []byte, maxBytes int) (*core.ErrorDocument, error) {
 	}
 	doc := &core.ErrorDocument{}
 	if err := proto.Unmarshal(data, doc); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		// proto3 refuses a string field that is not UTF-8, and with it the
+		// whole document. A worker that wrote its message in another
+		// encoding (a Latin-1 traceback, a cut multi-byte character) still
+		// failed, at that time, with that code: repair the strings, keep it.
+		repaired, rerr := repairUTF8(data, doc.ProtoReflect().Descriptor())
+		if rerr != nil || proto.Unmarshal(repaired, doc) != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
 	}
 	if doc.GetError() == nil {
 		return nil, ErrMissingError
 	}
 	return doc, nil
+}
+
+// repairUTF8 re-encodes a serialized message of type md with every string
+// field, at any depth, made valid UTF-8 (invalid bytes become U+FFFD), and
+// every other field copied as it is. It fails only on malformed wire data.
+func repairUTF8(data []byte, md protoreflect.MessageDescriptor) ([]byte, error) {
+	out := make([]byte, 0, len(data))
+	for len(data) > 0 {
+		num, typ, n := protowire.ConsumeTag(data)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		out = append(out, data[:n]...)
+		data = data[n:]
+		fd := md.Fields().ByNumber(num)
+		if typ != protowire.BytesType || fd == nil || (fd.Kind() != protoreflect.StringKind && fd.Kind() != protoreflect.MessageKind) {
+			m := protowire.ConsumeFieldValue(num, typ, data)
+			if m < 0 {
+				return nil, protowire.ParseError(m)
+			}
+			out = append(out, data[:m]...)
+			data = data[m:]
+			continue
+		}
+		v, m := protowire.ConsumeBytes(data)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		data = data[m:]
+		if fd.Kind() == protoreflect.StringKind {
+			v = []byte(strings.ToValidUTF8(string(v), "\uFFFD"))
+		} else {
+			var err error
+			if v, err = repairUTF8(v, fd.Message()); err != nil {
+				return nil, err
+			}
+		}
+		out = protowire.AppendBytes(out, v)
+	}
+	return out, nil
+}
+
+// ReadDocument reads the stored document key from b, at most maxBytes of it
+// (DefaultMaxDocumentBytes when ≤ 0; a larger one is ErrTooLarge): a file of
+// hundreds of megabytes named like a document costs its reader nothing.
+func ReadDocument(ctx context.Context, b *blob.Bucket, key string, maxBytes int) ([]byte, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxDocumentBytes
+	}
+	r, err := b.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if r.Size() > int64(maxBytes) {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.Size(), maxBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, int64(maxBytes)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxBytes {
+		return nil, fmt.Errorf("%w: over %d bytes", ErrTooLarge, maxBytes)
+	}
+	return data, nil
 }
 
 // DecodeFailure is Decode followed by FromDocument.

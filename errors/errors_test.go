@@ -13,8 +13,10 @@ import (
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/memblob"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 123456789, time.UTC)
@@ -237,10 +239,21 @@ func FuzzDecode(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x00})
+	f.Add(containerError("E\xff", "caf\xe9", "w\xfe", timestamp(0, 0)))
+	f.Add(containerError("E", "m", "w", timestamp(253402300800, 0)))
+	f.Add(containerError("E", "m", "w", timestamp(t0.Unix(), -1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fl, err := kferrors.DecodeFailure(data, 4096)
 		if err != nil {
 			return
+		}
+		// Never 1970, never out of range: a time is usable or absent.
+		if !fl.Time.IsZero() && !kferrors.UsableTime(fl.Time) {
+			t.Fatalf("decoded unusable time %v", fl.Time)
+		}
+		// Repaired, not refused: every string is UTF-8.
+		if !utf8.ValidString(fl.Code) || !utf8.ValidString(fl.Message) || !utf8.ValidString(fl.Worker) {
+			t.Fatalf("decoded invalid UTF-8: %+v", fl)
 		}
 		// Whatever decodes must re-encode and decode to the same failure.
 		again, err := kferrors.Encode(fl.Document(1 << 20))
@@ -385,5 +398,287 @@ func forEachBucket(t *testing.T, f func(t *testing.T, b *blob.Bucket)) {
 			defer b.Close()
 			f(t, b)
 		})
+	}
+}
+
+// containerError encodes a ContainerError by hand, field by field, so that a
+// test can store what our encoder never writes: invalid UTF-8, timestamps
+// present but empty, out of range or invalid.
+func containerError(code, message, worker string, timestamp []byte) []byte {
+	var ce []byte
+	for _, f := range []struct {
+		num protowire.Number
+		v   string
+	}{{1, code}, {2, message}, {6, worker}} {
+		ce = protowire.AppendTag(ce, f.num, protowire.BytesType)
+		ce = protowire.AppendString(ce, f.v)
+	}
+	ce = protowire.AppendTag(ce, 3, protowire.VarintType)
+	ce = protowire.AppendVarint(ce, uint64(core.ContainerError_RECOVERABLE))
+	if timestamp != nil {
+		ce = protowire.AppendTag(ce, 5, protowire.BytesType)
+		ce = protowire.AppendBytes(ce, timestamp)
+	}
+	doc := protowire.AppendTag(nil, 1, protowire.BytesType)
+	return protowire.AppendBytes(doc, ce)
+}
+
+// timestamp encodes a google.protobuf.Timestamp by hand (seconds, nanos),
+// out-of-range values included.
+func timestamp(seconds int64, nanos int32) []byte {
+	var ts []byte
+	if seconds != 0 {
+		ts = protowire.AppendTag(ts, 1, protowire.VarintType)
+		ts = protowire.AppendVarint(ts, uint64(seconds))
+	}
+	if nanos != 0 {
+		ts = protowire.AppendTag(ts, 2, protowire.VarintType)
+		ts = protowire.AppendVarint(ts, uint64(int64(nanos)))
+	}
+	if ts == nil {
+		ts = []byte{}
+	}
+	return ts
+}
+
+// Every way a document's time can be missing or unusable decodes as "no
+// time" with the rest of the document intact: never as 1970, never as a
+// corrupt document.
+func TestTimestampMissingOrInvalidIsNoTime(t *testing.T) {
+	for name, ts := range map[string][]byte{
+		"absent":                   nil,
+		"present but empty":        timestamp(0, 0),
+		"one nanosecond past 1970": timestamp(0, 1),
+		"1970 plus uptime":         timestamp(86400*3, 0),
+		"negative":                 timestamp(-5, 0),
+		"nanos out of range":       timestamp(t0.Unix(), 2_000_000_000),
+		"negative nanos":           timestamp(t0.Unix(), -1),
+		"milliseconds as seconds":  timestamp(t0.UnixMilli(), 0),
+		"after year 9999":          timestamp(253402300800, 0),
+		"beyond int64 nanoseconds": timestamp(kferrors.LatestUsableTime.Unix()+1, 0),
+	} {
+		f, err := kferrors.DecodeFailure(containerError("RuntimeError", "boom", "pod-1/0", ts), 0)
+		if err != nil {
+			t.Errorf("%s: %v, want the document with no time", name, err)
+			continue
+		}
+		if !f.Time.IsZero() || f.Code != "RuntimeError" || f.Message != "boom" || f.Worker != "pod-1/0" || !f.Recoverable {
+			t.Errorf("%s: decoded %+v", name, f)
+		}
+	}
+	// The edges of the range are usable.
+	for _, at := range []time.Time{kferrors.EarliestUsableTime, kferrors.LatestUsableTime, t0} {
+		f, err := kferrors.DecodeFailure(containerError("E", "m", "w", timestamp(at.Unix(), int32(at.Nanosecond()))), 0)
+		if err != nil || !f.Time.Equal(at) {
+			t.Errorf("%v: decoded %v, %v", at, f.Time, err)
+		}
+	}
+	// The writer never stores an unusable time, nor names a key by one.
+	doc := kferrors.UserError("E", "m", "w", time.Unix(3, 0)).Document(0)
+	if doc.GetError().GetTimestamp() != nil {
+		t.Errorf("1970 written as %v", doc.GetError().GetTimestamp())
+	}
+	for _, at := range []time.Time{{}, time.Unix(3, 0), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		k := kferrors.NewKey(at, "w", "r")
+		if _, ok := kferrors.TimeFromKey(k); ok || !strings.HasPrefix(k, "error-0000000000000000000-") {
+			t.Errorf("%v named %s", at, k)
+		}
+	}
+	if _, ok := kferrors.TimeFromKey("error-0000000000000000001-w-r.pb"); ok {
+		t.Error("a key 1 ns after 1970 read as a time")
+	}
+}
+
+// A message (or code, or worker) that is not UTF-8 is repaired, and the
+// document is used: its worker, time and code stand.
+func TestNonUTF8DocumentIsRepaired(t *testing.T) {
+	data := containerError("Runtime\xffError", "caf\xe9 au lait\n\xc3", "pod-\xfe1/0", timestamp(t0.Unix(), int32(t0.Nanosecond())))
+	f, err := kferrors.DecodeFailure(data, 0)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if f.Message != "caf\uFFFD au lait\n\uFFFD" || f.Code != "Runtime\uFFFDError" || f.Worker != "pod-\uFFFD1/0" || !f.Time.Equal(t0) {
+		t.Fatalf("decoded %+v", f)
+	}
+	// Malformed wire data stays corrupt.
+	if _, err := kferrors.Decode(append(data[:len(data)-3:len(data)-3], 0xff), 0); !isErr(err, kferrors.ErrCorrupt) {
+		t.Fatalf("truncated document: %v", err)
+	}
+}
+
+func TestParseTorchErrorTimestamps(t *testing.T) {
+	whole := time.Unix(1795264324, 0).UTC()
+	mtime := whole.Add(420 * time.Millisecond)
+	doc := func(ts string) []byte {
+		return []byte(`{"message":{"message":"ValueError: x","extraInfo":{"py_callstack":"tb","timestamp":` + ts + `}}}`)
+	}
+	for ts, want := range map[string]time.Time{
+		`"1795264324"`:    mtime,                             // torch's form, refined by mtime
+		`1795264324`:      mtime,                             // a number
+		`"1795264324.25"`: whole.Add(420 * time.Millisecond), // a fraction, refined
+		`"1795264324000"`: mtime,                             // milliseconds: not a time, mtime stands in
+		`"253402300800"`:  mtime,                             // after year 9999
+		`"-1"`:            mtime,                             // negative
+		`"0"`:             mtime,                             // 1970
+		`"NaN"`:           mtime,                             // not a number
+		`"1e400"`:         mtime,                             // overflow
+		`null`:            mtime,                             // none
+		`{"s":1}`:         mtime,                             // another type: no time, not a bad file
+		`"9223372036"`:    time.Unix(9223372036, 0).UTC(),    // the last whole second an int64 of ns holds
+		`"9223372037"`:    mtime,                             // one more
+		`"946684800"`:     kferrors.EarliestUsableTime,       // 2000-01-01
+		`"946684799"`:     mtime,                             // the second before
+		`"1795264330"`:    time.Unix(1795264330, 0).UTC(),    // mtime outside the second: torch's stands
+	} {
+		te, err := kferrors.ParseTorchError(doc(ts), mtime)
+		if err != nil || !te.Time.Equal(want) {
+			t.Errorf("timestamp %s: got %v (%v), want %v", ts, te, err, want)
+		}
+	}
+	// With an unusable mtime as well, nothing is known: the zero time.
+	te, err := kferrors.ParseTorchError(doc(`"1795264324000"`), time.Unix(5, 0))
+	if err != nil || !te.Time.IsZero() {
+		t.Errorf("no usable time: %v %v", te, err)
+	}
+	te, err = kferrors.ParseTorchError([]byte(`{"message":"RuntimeError: x"}`), time.Unix(5, 0))
+	if err != nil || !te.Time.IsZero() {
+		t.Errorf("string form with a 1970 mtime: %v %v", te, err)
+	}
+}
+
+// A time the error file claims outside the worker's life gives way to the
+// observed exit time, as a missing one does; a plausible one stands.
+func TestClassifyFallsBackToObservedTime(t *testing.T) {
+	started, observed := t0, t0.Add(time.Minute)
+	for claimed, want := range map[time.Time]time.Time{
+		{}:                                   observed,
+		started.Add(30 * time.Second):        started.Add(30 * time.Second),
+		started.Add(-500 * time.Millisecond): started.Add(-500 * time.Millisecond), // torch's truncated second
+		started.Add(-time.Hour):              observed,                             // before the worker started
+		observed.Add(time.Hour):              observed,                             // after its exit was seen
+		time.Date(58000, 1, 1, 0, 0, 0, 0, time.UTC): observed,
+	} {
+		f := kferrors.Classify(kferrors.Exit{Worker: "p/0", ExitCode: 1, StartedAt: started, ObservedAt: observed,
+			TorchError: &kferrors.TorchError{Message: "ValueError: x", Time: claimed}})
+		if !f.Time.Equal(want) || f.Code != "ValueError" {
+			t.Errorf("claimed %v: got %v %s, want %v", claimed, f.Time, f.Code, want)
+		}
+	}
+	f := kferrors.Classify(kferrors.Exit{Worker: "p/0", ExitCode: 1, ObservedAt: observed, ErrorFileProblem: "not JSON"})
+	if f.Code != kferrors.CodeNonZeroExit || !strings.Contains(f.Message, "exited with code 1 (its error file was not usable: not JSON)") {
+		t.Errorf("problem not told: %+v", f)
+	}
+}
+
+// An error file is read with a cap, and only if it is a regular file: a
+// 300 MB file, a FIFO nobody writes, a folder are refused at once.
+func TestReadTorchErrorRefusesWhatItMustNotRead(t *testing.T) {
+	dir := t.TempDir()
+	huge := filepath.Join(dir, "huge.json")
+	if err := os.WriteFile(huge, []byte(`{"message":"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 300<<20); err != nil { // sparse: no disk, no time
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo.json")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	folder := filepath.Join(dir, "folder.json")
+	os.Mkdir(folder, 0o755)
+	for path, want := range map[string]string{huge: "too large", fifo: "not a regular file", folder: "not a regular file"} {
+		done := make(chan error, 1)
+		go func() { _, _, err := kferrors.ReadTorchError(path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %v, want %q", filepath.Base(path), err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: ReadTorchError blocked", filepath.Base(path))
+		}
+	}
+	var big syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &big)
+	if big.Maxrss > 200<<10 { // KiB
+		t.Errorf("max RSS %d KiB after refusing a 300 MB error file", big.Maxrss)
+	}
+}
+
+func FuzzParseTorchError(f *testing.F) {
+	f.Add([]byte(`{"message":{"message":"ValueError: x","extraInfo":{"py_callstack":"tb","timestamp":"1795264324"}}}`), int64(1795264324_420000000), int64(0))
+	f.Add([]byte(`{"message":{"message":"E: x","extraInfo":{"timestamp":"1795264324000"}}}`), int64(0), int64(-1))
+	f.Add([]byte(`{"message":{"message":"E","extraInfo":{"timestamp":1e300}}}`), int64(5), int64(1))
+	f.Add([]byte(`{"message":"RuntimeError: caf\xe9"}`), int64(1795264324_000000000), int64(2))
+	f.Fuzz(func(t *testing.T, data []byte, mtimeNs, startOffset int64) {
+		mtime := time.Unix(0, mtimeNs)
+		te, err := kferrors.ParseTorchError(data, mtime)
+		if err != nil {
+			return
+		}
+		if !te.Time.IsZero() && !kferrors.UsableTime(te.Time) {
+			t.Fatalf("unusable time %v from %q", te.Time, data)
+		}
+		observed := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+		started := observed.Add(-time.Duration(startOffset%int64(24*time.Hour)) - time.Second)
+		if startOffset < 0 {
+			started = time.Time{}
+		}
+		fl := kferrors.Classify(kferrors.Exit{Worker: "w", ExitCode: 1, TorchError: te, StartedAt: started, ObservedAt: observed})
+		if !kferrors.UsableTime(fl.Time) || fl.Time.After(observed.Add(time.Second)) ||
+			(!started.IsZero() && fl.Time.Before(started.Add(-time.Second))) {
+			t.Fatalf("failure time %v outside the worker's life [%v, %v]", fl.Time, started, observed)
+		}
+		doc, err := kferrors.Encode(fl.Document(0))
+		if err != nil {
+			t.Fatalf("encode: %v", err)
+		}
+		back, err := kferrors.DecodeFailure(doc, 0)
+		if err != nil || !back.Time.Equal(fl.Time) || !utf8.ValidString(back.Message) {
+			t.Fatalf("round trip of %+v: %+v %v", fl, back, err)
+		}
+	})
+}
+
+// A link in the prefix is never followed by Supersede: a document of the
+// pod outside the prefix is neither copied into superseded/ nor unlinked.
+func TestSupersedeLeavesLinksAlone(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	b := testenv.FilePrefix(t, filepath.Join(root, "prefix"))
+	data, _ := kferrors.Encode(kferrors.UserError("E", "outside", "job-worker-1/0", t0).Document(0))
+	os.WriteFile(filepath.Join(root, "outside.pb"), data, 0o644)
+	link := filepath.Join(root, "prefix", "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb")
+	os.Symlink(filepath.Join(root, "outside.pb"), link)
+	os.Symlink("error-loop.pb", filepath.Join(root, "prefix", "error-loop.pb"))
+	moved, err := kferrors.Supersede(ctx, b, "job-worker-1", t0.Add(time.Hour))
+	if err != nil || len(moved) != 0 {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	if _, err := os.Lstat(link); err != nil {
+		t.Errorf("link removed: %v", err)
+	}
+}
+
+// A huge file named like a flytekit document is not read whole by
+// Supersede (nor by anything that reads through ReadDocument).
+func TestSupersedeDoesNotReadHugeFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b := testenv.FilePrefix(t, dir)
+	huge := filepath.Join(dir, "error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb")
+	os.WriteFile(huge, []byte{0x0a}, 0o644)
+	os.Truncate(huge, 300<<20)
+	if moved, err := kferrors.Supersede(ctx, b, "job-worker-1", t0.Add(time.Hour)); err != nil || len(moved) != 0 {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	if _, err := kferrors.ReadDocument(ctx, b, filepath.Base(huge), 0); !isErr(err, kferrors.ErrTooLarge) {
+		t.Fatalf("ReadDocument: %v", err)
+	}
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if ru.Maxrss > 200<<10 {
+		t.Errorf("max RSS %d MiB", ru.Maxrss>>10)
 	}
 }

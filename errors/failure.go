@@ -2,6 +2,7 @@ package errors
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
@@ -29,7 +30,8 @@ const (
 const DefaultMessageCap = 64 << 10
 
 // Failure is one pod's (or worker's) failure, as the document carries it.
-// The zero Time means "unknown", never 1970.
+// The zero Time means "unknown", never 1970; so does any time UsableTime
+// refuses, which Document leaves out and FromDocument reads as zero.
 type Failure struct {
 	Code        string
 	Message     string
@@ -72,14 +74,36 @@ func (f Failure) Document(maxMessage int) *core.ErrorDocument {
 		Origin:  f.Origin,
 		Worker:  ValidUTF8(f.Worker),
 	}
-	if !f.Time.IsZero() {
+	if UsableTime(f.Time) {
 		ce.Timestamp = timestamppb.New(f.Time)
 	}
 	return &core.ErrorDocument{Error: ce}
 }
 
-// FromDocument is the inverse of Document. A document without a timestamp
-// gives a zero Time; the caller decides what stands in for it.
+// The range of times a failure can carry: from 2000-01-01 (no failure of
+// this system is older, and a clock that was never set reads 1970 plus the
+// uptime) to the last nanosecond an int64 counts from the epoch (our keys
+// carry the time as 19-digit nanoseconds; time.Time.UnixNano is undefined
+// beyond it).
+var (
+	EarliestUsableTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	LatestUsableTime   = time.Unix(0, math.MaxInt64).UTC()
+)
+
+// UsableTime reports whether t can rank a failure: it lies within
+// [EarliestUsableTime, LatestUsableTime]. Everything else — the zero Time, a
+// present but empty protobuf Timestamp (which decodes as exactly 1970), a
+// negative one, milliseconds mistaken for seconds (year 58000) — means
+// "unknown" and is replaced by an observed time, never ranked as 1970.
+func UsableTime(t time.Time) bool {
+	return !t.Before(EarliestUsableTime) && !t.After(LatestUsableTime)
+}
+
+// FromDocument is the inverse of Document. A document without a usable
+// timestamp — absent, present but empty or zero, invalid (nanos out of
+// range), or outside UsableTime — gives a zero Time, and the rest of the
+// document stands: the caller decides what time stands in for it (the
+// object's modification time, DESIGN.md §3), never 1970.
 func FromDocument(doc *core.ErrorDocument) (Failure, error) {
 	ce := doc.GetError()
 	if ce == nil {
@@ -92,11 +116,10 @@ func FromDocument(doc *core.ErrorDocument) (Failure, error) {
 		Origin:      ce.GetOrigin(),
 		Worker:      ce.GetWorker(),
 	}
-	if ts := ce.GetTimestamp(); ts != nil {
-		if err := ts.CheckValid(); err != nil {
-			return Failure{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	if ts := ce.GetTimestamp(); ts != nil && ts.CheckValid() == nil {
+		if t := ts.AsTime(); UsableTime(t) {
+			f.Time = t
 		}
-		f.Time = ts.AsTime()
 	}
 	return f, nil
 }

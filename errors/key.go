@@ -21,11 +21,13 @@ const (
 )
 
 // NewKey names a document written at t by worker. random must be unique per
-// writer (NewKey's callers use RandomSuffix).
+// writer (NewKey's callers use RandomSuffix). A time UsableTime refuses is
+// named as 0 ns, which TimeFromKey does not read as a time: such a document
+// is always opened, never ranked by its name.
 func NewKey(t time.Time, worker, random string) string {
-	ns := t.UnixNano()
-	if t.IsZero() || ns < 0 {
-		ns = 0
+	var ns int64
+	if UsableTime(t) {
+		ns = t.UnixNano()
 	}
 	return fmt.Sprintf("%s-%0*d-%s-%s%s", KeyPrefix, tsDigits, ns, SanitizeWorker(worker), random, KeySuffix)
 }
@@ -69,7 +71,8 @@ func IsDocumentKey(key string) bool {
 }
 
 // TimeFromKey returns the time encoded in one of our own key names, or false
-// for keys named otherwise (flytekit's, the legacy one).
+// for keys named otherwise (flytekit's, the legacy one) and for a name whose
+// time UsableTime refuses.
 func TimeFromKey(key string) (time.Time, bool) {
 	rest, ok := strings.CutPrefix(key, KeyPrefix+"-")
 	if !ok || len(rest) < tsDigits+1 || rest[tsDigits] != '-' {
@@ -79,7 +82,8 @@ func TimeFromKey(key string) (time.Time, bool) {
 	if err != nil || ns <= 0 {
 		return time.Time{}, false
 	}
-	return time.Unix(0, ns).UTC(), true
+	t := time.Unix(0, ns).UTC()
+	return t, UsableTime(t)
 }
 
 // WorkerFromKey returns the sanitized worker element of one of our keys

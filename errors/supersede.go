@@ -45,8 +45,8 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 		if err != nil {
 			return nil, fmt.Errorf("list error documents: %w", err)
 		}
-		if obj.IsDir || !IsDocumentKey(obj.Key) {
-			continue
+		if obj.IsDir || !IsDocumentKey(obj.Key) || Irregular(obj) != "" {
+			continue // a link or a FIFO is no document to move: left for the reader to report
 		}
 		// Our own names carry time and sanitized worker: skip the
 		// documents that cannot match without reading them.
@@ -59,9 +59,9 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 	}
 	var moved []string
 	for _, key := range candidates {
-		data, err := b.ReadAll(ctx, key)
+		data, err := ReadDocument(ctx, b, key, DefaultMaxDocumentBytes)
 		if err != nil {
-			continue // vanished or unreadable: left for the reader
+			continue // vanished, unreadable, oversized: left for the reader
 		}
 		f, err := DecodeFailure(data, DefaultMaxDocumentBytes)
 		if err != nil || !ofPod(f.Worker, pod) || f.Time.IsZero() || !f.Time.Before(before) {

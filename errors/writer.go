@@ -2,8 +2,12 @@ package errors
 
 import (
 	"context"
+	goerrors "errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"gocloud.dev/blob"
@@ -17,6 +21,10 @@ import (
 // whose keys are relative to it: s3://bucket/path/to/outputs?endpoint=…
 // opens bucket "bucket" under "path/to/outputs/"; file:///dir opens the
 // directory itself (created when create is true). The caller closes it.
+//
+// A file:// prefix that is a symbolic link is opened where it leads (the
+// listing walks the folder itself, which it would not do through a link),
+// and one that cannot be read is refused here, rather than listed as empty.
 func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -26,6 +34,14 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 		return nil, fmt.Errorf("error prefix %q: not a URL (want file://, s3://, mem://, …)", rawURL)
 	}
 	if u.Scheme == "file" {
+		if real, err := filepath.EvalSymlinks(u.Path); err == nil {
+			u.Path = real
+		}
+		if !create {
+			if err := readableDir(u.Path); err != nil {
+				return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
+			}
+		}
 		q := u.Query()
 		if create {
 			q.Set("create_dir", "true")
@@ -50,6 +66,35 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 	return blob.PrefixedBucket(b, prefix+"/"), nil
 }
 
+// Irregular says why a listed object is not a document anyone should open,
+// or "" when it may be one. Only file:// buckets tell (fileblob lists with
+// lstat): a symbolic link is never followed (it may lead out of the prefix,
+// into a loop, or to a document listed already), and a FIFO or device is
+// never opened (a read could block on it).
+func Irregular(obj *blob.ListObject) string {
+	var fi os.FileInfo
+	if !obj.As(&fi) || fi.Mode().IsRegular() {
+		return ""
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return "a symbolic link, not followed"
+	}
+	return "not a regular file (" + fi.Mode().Type().String() + ")"
+}
+
+// readableDir fails unless dir is a folder this process can list.
+func readableDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}
+
 // Writer writes error documents under a prefix, never overwriting one.
 type Writer struct {
 	bucket     *blob.Bucket
@@ -71,27 +116,54 @@ func NewWriter(bucket *blob.Bucket, opts *WriterOptions) *Writer {
 	return w
 }
 
+// ErrExists is what Put returns when an object of that name exists already.
+var ErrExists = goerrors.New("error document exists")
+
+// Prepare encodes f, its message capped, as Write would store it, and names
+// it (NewKey with a fresh RandomSuffix). A caller that must retry an upload
+// whose outcome it does not know (a timeout) Puts the same key and bytes
+// again, so that a retry never stores the document twice.
+func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
+	data, err = Encode(f.Document(w.messageCap))
+	if err != nil {
+		return "", nil, fmt.Errorf("encode error document: %w", err)
+	}
+	return NewKey(f.Time, f.Worker, RandomSuffix()), data, nil
+}
+
+// Put stores data under key, conditionally (IfNotExist): an existing object
+// is never replaced, and its existence is an error wrapping ErrExists.
+func (w *Writer) Put(ctx context.Context, key string, data []byte) error {
+	err := w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
+		ContentType: "application/octet-stream",
+		IfNotExist:  true,
+	})
+	switch {
+	case err == nil:
+		return nil
+	case gcerrors.Code(err) == gcerrors.FailedPrecondition:
+		return fmt.Errorf("write error document %s: %w", key, ErrExists)
+	}
+	return fmt.Errorf("write error document %s: %w", key, err)
+}
+
 // Write stores f under a new error-<ns>-<worker>-<random>.pb key and returns
 // the key. The write is conditional (IfNotExist): an existing document is
 // never replaced, and a name collision is retried with a fresh suffix.
 func (w *Writer) Write(ctx context.Context, f Failure) (string, error) {
-	data, err := Encode(f.Document(w.messageCap))
+	key, data, err := w.Prepare(f)
 	if err != nil {
-		return "", fmt.Errorf("encode error document: %w", err)
+		return "", err
 	}
 	const attempts = 3
 	for range attempts {
-		key := NewKey(f.Time, f.Worker, RandomSuffix())
-		err = w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
-			ContentType: "application/octet-stream",
-			IfNotExist:  true,
-		})
-		if err == nil {
+		if err = w.Put(ctx, key, data); !goerrors.Is(err, ErrExists) {
+			if err != nil {
+				return "", err
+			}
 			return key, nil
 		}
-		if gcerrors.Code(err) != gcerrors.FailedPrecondition {
-			return "", fmt.Errorf("write error document %s: %w", key, err)
-		}
+		key = NewKey(f.Time, f.Worker, RandomSuffix())
 	}
 	return "", fmt.Errorf("write error document: %d name collisions: %w", attempts, err)
 }

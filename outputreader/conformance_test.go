@@ -18,6 +18,8 @@ import (
 	"github.com/flyteorg/flyte/flytestdlib/storage"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/memblob"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/testenv"
@@ -265,6 +267,50 @@ func TestConformance(t *testing.T) {
 				}
 				if !strings.Contains(r.Message(), "(upload time)") && !strings.Contains(r.Message(), "(read time)") {
 					t.Fatalf("message does not say where the time comes from: %s", r.Message())
+				}
+			})
+
+			t.Run("a timestamp present but empty zero or out of range never ranks as 1970", func(t *testing.T) {
+				s := be.open(t)
+				root := ours(t, s, kferrors.UserError("RuntimeError", "first", "job-worker-1", t0))
+				for i, ts := range []*timestamppb.Timestamp{
+					{},                              // present but empty: 1970 to a careless reader
+					{Seconds: 0, Nanos: 1},          // 1970 and a nanosecond
+					{Seconds: -62135596800},         // year 1
+					{Seconds: 253402300800},         // after 9999
+					{Seconds: t0.Unix(), Nanos: -1}, // invalid
+					{Seconds: t0.UnixMilli()},       // milliseconds as seconds
+				} {
+					data, err := proto.Marshal(&core.ErrorDocument{Error: &core.ContainerError{
+						Code: fmt.Sprintf("Bad%d", i), Message: "m", Worker: fmt.Sprintf("job-worker-%d", i+2), Timestamp: ts}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					s.put(t, fmt.Sprintf("error-%032x.pb", i), data)
+				}
+				r := read(t, s)
+				if r.RootCause == nil || r.RootCause.Key != root || len(r.Others) != 6 || len(r.Skipped) != 0 {
+					t.Fatalf("root %+v, others %d, skipped %v", r.RootCause, len(r.Others), r.Skipped)
+				}
+				for _, d := range r.Others {
+					if d.AtSource == outputreader.TimeFromDocument || d.At.Before(t0) || d.Failure.Code == "" {
+						t.Errorf("%s ranked at %v (%s)", d.Key, d.At, d.AtSource)
+					}
+				}
+			})
+
+			t.Run("a message that is not UTF-8 is repaired not skipped", func(t *testing.T) {
+				s := be.open(t)
+				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(time.Second)))
+				// proto3 refuses to encode invalid UTF-8: encode "caf#" and put
+				// a Latin-1 "é" in the place of "#", as an old writer would.
+				data := encode(t, kferrors.UserError("UnicodeError", "caf# au lait", "job-worker-1", t0))
+				data[bytes.IndexByte(data, '#')] = 0xe9
+				s.put(t, "error-00000000000000000000000000000001.pb", data)
+				r := read(t, s)
+				if r.RootCause == nil || r.RootCause.Failure.Code != "UnicodeError" || r.RootCause.Failure.Worker != "job-worker-1" ||
+					!r.RootCause.At.Equal(t0) || r.RootCause.Failure.Message != "caf\uFFFD au lait" || len(r.Skipped) != 0 {
+					t.Fatalf("root %+v, skipped %v", r.RootCause, r.Skipped)
 				}
 			})
 

@@ -33,6 +33,11 @@ type Options struct {
 	// ones, so that every Document has its code (the CLI's table wants them).
 	// The root cause is the same either way.
 	OpenAll bool
+	// CallTimeout bounds each call to the Source: one listing (all its
+	// pages) or one document read (see WithCallTimeout); 0: no bound. A
+	// store that accepts connections and never answers fails the Read
+	// within it (ErrNoAnswer) instead of hanging it.
+	CallTimeout time.Duration
 }
 
 func (o *Options) withDefaults() Options {
@@ -149,7 +154,8 @@ func compare(a, b Document) int {
 }
 
 // Skipped is a document Read could not use; Err wraps kferrors.ErrCorrupt,
-// ErrEmpty, ErrTooLarge, ErrMissingError, or ErrNotFound (vanished).
+// ErrEmpty, ErrTooLarge, ErrMissingError, ErrNotFound (vanished) or
+// ErrUnreadable (a link, a special file, no access).
 type Skipped struct {
 	Key string
 	Err error
@@ -210,15 +216,21 @@ type listed struct {
 // is the same on every Read of the same data.
 //
 // Sizes and empty documents known from the listing are skipped without
-// reading. Corrupt, empty, oversized and vanished documents are skipped and
-// reported; any other read or listing error fails the Read.
+// reading. Corrupt, empty, oversized, vanished and unreadable documents
+// (ErrUnreadable: one bad entry) are skipped and reported; an error of the
+// store itself (a listing that fails, no answer within
+// Options.CallTimeout) fails the Read.
 func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Failure) (*Report, error) {
 	o := opts.withDefaults()
+	src = WithCallTimeout(src, o.CallTimeout)
 	listedAt := o.Now().UTC()
 	var named, unnamed []listed
 	var skipped []Skipped
 	err := src.List(ctx, func(obj Object) error {
 		switch {
+		case obj.Unusable != nil:
+			skipped = append(skipped, Skipped{Key: obj.Key, Err: obj.Unusable})
+			return nil
 		case obj.Size == 0:
 			skipped = append(skipped, Skipped{Key: obj.Key, Err: kferrors.ErrEmpty})
 			return nil
@@ -244,7 +256,8 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	c := &collector{messageCap: o.MessageCap}
 	for _, f := range extra {
 		d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
-		if f.Time.IsZero() {
+		if !kferrors.UsableTime(f.Time) {
+			d.Failure.Time = time.Time{}
 			d.At, d.AtSource = listedAt, TimeFromListing
 		}
 		c.add(d)
@@ -341,7 +354,7 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 				c.mu.Unlock()
 			}
 			switch {
-			case goerrors.Is(err, ErrNotFound), goerrors.Is(err, kferrors.ErrTooLarge):
+			case goerrors.Is(err, ErrNotFound), goerrors.Is(err, ErrUnreadable), goerrors.Is(err, kferrors.ErrTooLarge):
 				c.skip(l.key, err)
 				return nil
 			case err != nil:
@@ -355,7 +368,9 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 			d := Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
 			switch {
 			case !f.Time.IsZero():
-			case !l.modified.IsZero():
+			case kferrors.UsableTime(l.modified):
+				// A modification time can be anything too (touch -d @0):
+				// only a usable one stands in, else the listing time.
 				d.At, d.AtSource = l.modified.UTC(), TimeFromModified
 			default:
 				d.At, d.AtSource = listedAt, TimeFromListing

@@ -1,6 +1,7 @@
 package outputreader_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"gocloud.dev/blob/memblob"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/outputreader"
@@ -51,8 +55,10 @@ func referenceRootCause(docs map[string][]byte, modified map[string]time.Time) (
 }
 
 // FuzzRootCause generates a set of documents from the fuzz input — ours with
-// honest or later-than-named stamps, flytekit's, untimed, arbitrary bytes —
-// and checks Read's root cause, counts and order against the reference.
+// honest or later-than-named stamps, flytekit's, untimed, arbitrary bytes,
+// timestamps present but empty, invalid or out of range, messages that are
+// not UTF-8 — and checks Read's root cause, counts and order against the
+// reference, and that no document ranks before the year 2000 (as 1970).
 func FuzzRootCause(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 0, 1, 2, 4, 1, 5, 1, 9, 2, 0, 3, 1})
 	f.Add([]byte{3, 255, 0, 0, 4, 0, 0, 0, 0, 0, 1, 0})
@@ -69,7 +75,7 @@ func FuzzRootCause(f *testing.F) {
 		docs := map[string][]byte{}
 		opts := &outputreader.Options{Concurrency: 1 + int(in[0]%4)}
 		for i := 0; i+4 <= len(in); i += 4 {
-			kind, off, w, extra := in[i]%5, in[i+1], in[i+2]%4, in[i+3]
+			kind, off, w, extra := in[i]%7, in[i+1], in[i+2]%4, in[i+3]
 			at := base.Add(time.Duration(off) * 10 * time.Millisecond)
 			worker := fmt.Sprintf("job-worker-%d", w)
 			fl := kferrors.UserError(fmt.Sprintf("E%d", i), "m", worker, at)
@@ -89,8 +95,25 @@ func FuzzRootCause(f *testing.F) {
 			case 4: // untimed: ranks by modification time, after every stamp
 				key = fmt.Sprintf("error-%032x.pb", i)
 				fl.Time = time.Time{}
+			case 5: // a timestamp no writer of ours stores: empty, invalid, out of range
+				key = fmt.Sprintf("error-%032x.pb", i)
+				ts := []*timestamppb.Timestamp{{}, {Nanos: int32(extra)}, {Seconds: -int64(extra)}, {Seconds: 253402300800 + int64(extra)},
+					{Seconds: at.Unix(), Nanos: -1 - int32(extra)}, {Seconds: at.UnixMilli()}}[int(extra)%6]
+				var err error
+				data, err = proto.Marshal(&core.ErrorDocument{Error: &core.ContainerError{Code: "Bad", Worker: worker, Timestamp: ts}})
+				if err != nil {
+					t.Fatal(err)
+				}
+			case 6: // a message that is not UTF-8 (proto refuses to encode it: patch the bytes)
+				key = fmt.Sprintf("error-%032x.pb", i)
+				fl.Message = "caf#"
+				var err error
+				if data, err = kferrors.Encode(fl.Document(0)); err != nil {
+					t.Fatal(err)
+				}
+				data[bytes.IndexByte(data, '#')] = 0x80 | extra
 			}
-			if kind != 3 {
+			if kind != 3 && kind != 5 && kind != 6 {
 				var err error
 				if data, err = kferrors.Encode(fl.Document(0)); err != nil {
 					t.Fatal(err)
@@ -125,6 +148,9 @@ func FuzzRootCause(f *testing.F) {
 		}
 		if r.RootCause == nil || r.RootCause.Key != wantKey {
 			t.Fatalf("root cause %+v, want %s", r.RootCause, wantKey)
+		}
+		if r.RootCause.At.Before(kferrors.EarliestUsableTime) {
+			t.Fatalf("root cause ranked at %v", r.RootCause.At)
 		}
 		if got := 1 + len(r.Others) + len(r.Skipped); got != len(docs) {
 			t.Fatalf("%d documents accounted for, %d stored", got, len(docs))

@@ -21,8 +21,10 @@ type Config struct {
 	LateDocumentGrace config.Duration `json:"lateDocumentGrace" pflag:",How long after a job turns terminal to wait for the error documents of its failed pods."`
 	// OperatorTimeout: a job not started by the operator this long after its creation is an error.
 	OperatorTimeout config.Duration `json:"operatorTimeout" pflag:",A job the training operator has not started this long after creation is reported as an error."`
-	// ReadTimeout bounds reading the error documents in one GetTaskPhase call.
-	ReadTimeout config.Duration `json:"readTimeout" pflag:",Bound on reading a task's error documents in one GetTaskPhase call."`
+	// ReadTimeout bounds every read of the plugin: the error documents in one
+	// GetTaskPhase call, each storage call of the OutputReader handed to
+	// propeller, the listing of a job's pods.
+	ReadTimeout config.Duration `json:"readTimeout" pflag:",Bound on every read: a task's error documents in one GetTaskPhase call, each call of the output reader given to propeller, the listing of a job's pods."`
 	// ReadConcurrency bounds concurrent document reads.
 	ReadConcurrency int `json:"readConcurrency" pflag:",Concurrent error-document reads."`
 	// MessageCap caps the root cause's message, in bytes.

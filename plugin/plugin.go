@@ -260,6 +260,9 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 		// only a terminal job has any.
 		ow = pluginContext.OutputWriter()
 		pods = p.listPods(ctx, job, cfg)
+		// ReadTimeout bounds the whole read here, and each storage call
+		// (readOptions): a store that never answers fails this call, and
+		// propeller calls again.
 		readCtx, cancel := context.WithCancel(ctx)
 		if cfg.ReadTimeout.Duration > 0 {
 			readCtx, cancel = context.WithTimeout(ctx, cfg.ReadTimeout.Duration)
@@ -295,8 +298,12 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 	return phase, nil
 }
 
+// readOptions are the reader's options from the config; CallTimeout bounds
+// each storage call, of GetTaskPhase and of the OutputReader handed to
+// propeller alike.
 func readOptions(cfg *Config) *outputreader.Options {
-	return &outputreader.Options{Concurrency: cfg.ReadConcurrency, MessageCap: cfg.MessageCap, MaxDocumentBytes: cfg.MaxDocumentBytes}
+	return &outputreader.Options{Concurrency: cfg.ReadConcurrency, MessageCap: cfg.MessageCap, MaxDocumentBytes: cfg.MaxDocumentBytes,
+		CallTimeout: cfg.ReadTimeout.Duration}
 }
 
 // listPods returns the job's pods, or nil when they cannot be listed (the
@@ -310,6 +317,11 @@ func (p *Plugin) listPods(ctx context.Context, job kfoperator.Job, cfg *Config) 
 	if err != nil {
 		slog.WarnContext(ctx, "cannot list pods", "job", job.Meta.Name, "err", err)
 		return nil
+	}
+	if cfg.ReadTimeout.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.ReadTimeout.Duration)
+		defer cancel()
 	}
 	var list corev1.PodList
 	if err := kube.List(ctx, &list, client.InNamespace(job.Meta.Namespace),

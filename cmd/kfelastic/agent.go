@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -44,6 +45,7 @@ type agentFlags struct {
 	dumpSignal      string
 	dumpTimeout     time.Duration
 	stopGrace       time.Duration
+	storageTimeout  time.Duration
 	warmSpares      bool
 	preload         string
 	tokenFile       string
@@ -75,7 +77,17 @@ on by default) and forwards the workers' store connections to the rank-0 worker'
 store on a private port: torch 1.13 retries a refused store connection only after
 a whole second, which a worker that starts before rank 0 has bound its port would
 otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
-workers the same one. --store-proxy=false restores that.`,
+workers the same one. --store-proxy=false restores that.
+
+Signals: SIGTERM is a preemption (--dump-signal, --dump-timeout, then the stop;
+a Preempted document, exit 143). SIGINT, SIGHUP and SIGQUIT stop the workers
+without the dump (a Signal<NAME> document, exit 128+N). A repeated signal is
+ignored; SIGPIPE is ignored (a closed stdout is given up, training goes on).
+Nothing the workers start outlives the agent, even a SIGKILLed one: its guardian
+process kills what is left.
+
+The pod's document is kept in --log-dir and uploaded to --error-prefix, retried
+until --storage-timeout.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -94,7 +106,9 @@ workers the same one. --store-proxy=false restores that.`,
 				cfg.Logger.Warn("network check and straggler exclusion need the kfelastic master; not carried out by this agent",
 					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
 			}
-			return run(cmd.Context(), cfg)
+			err = run(cmd.Context(), cfg)
+			agent.CloseOutputs(2*time.Second, cfg.Stdout, cfg.Stderr)
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -104,29 +118,30 @@ workers the same one. --store-proxy=false restores that.`,
 	fl.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 	})
-	fl.StringVar(&f.nprocPerNode, "nproc-per-node", "1", "workers per node: a number, or auto/cpu (one per CPU)")
-	fl.StringVar(&f.nnodes, "nnodes", "1:1", "number of nodes, N or MIN:MAX")
-	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts of the local group after worker failures before the pod fails")
+	fl.StringVar(&f.nprocPerNode, "nproc-per-node", "1", fmt.Sprintf("workers per node: 1 to %d, or auto/cpu (one per CPU)", agent.MaxNProcPerNode))
+	fl.StringVar(&f.nnodes, "nnodes", "1:1", "number of nodes, N or MIN:MAX (1 ≤ MIN ≤ MAX)")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts of the local group after worker failures before the pod fails (≥ 0)")
 	fl.StringVar(&f.rdzvEndpoint, "rdzv-endpoint", "", "rendezvous endpoint host:port (the kfelastic master)")
 	fl.StringVar(&f.rdzvID, "rdzv-id", "none", "job id shared by the nodes (TORCHELASTIC_RUN_ID)")
 	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "static", "rendezvous backend: static, c10d, kfelastic")
 	fl.StringVar(&f.rdzvConf, "rdzv-conf", "", "accepted for torchrun compatibility; ignored")
-	fl.IntVar(&f.nodeRank, "node-rank", -1, "stable rank of this node (-1: assigned by the rendezvous)")
+	fl.IntVar(&f.nodeRank, "node-rank", -1, "stable rank of this node, 0 to nodes-1 (-1: assigned by the rendezvous)")
 	fl.StringVar(&f.masterAddr, "master-addr", "", "with --rdzv-backend static on several nodes: where the workers meet")
-	fl.IntVar(&f.masterPort, "master-port", 0, "with --rdzv-backend static on several nodes: the store's port")
+	fl.IntVar(&f.masterPort, "master-port", 0, "with --rdzv-backend static on several nodes: the store's port (1 to 65535)")
 	fl.StringVar(&f.logDir, "log-dir", "", "folder for per-worker logs and error files (default: a temporary folder)")
 	fl.BoolVar(&f.standalone, "standalone", false, "single-node job with a local rendezvous")
-	fl.Float64Var(&f.monitorInterval, "monitor-interval", 5, "accepted and ignored: exits are events")
+	fl.Float64Var(&f.monitorInterval, "monitor-interval", 5, "accepted and ignored: exits are events (seconds ≥ 0)")
 	fl.StringVar(&f.redirects, "redirects", "0", "accepted for torchrun compatibility (logs are always kept)")
 	fl.StringVar(&f.tee, "tee", "0", "accepted for torchrun compatibility (output is always teed)")
 	fl.StringVar(&f.startMethod, "start-method", "spawn", "accepted for torchrun compatibility; workers are always exec'd")
 	fl.BoolVar(&f.networkCheck, "network-check", false, "run the node health check before training (needs the master)")
 	fl.BoolVar(&f.excludeStrag, "exclude-straggler", false, "exit with a Straggler document when the check finds this node slow (needs the master)")
 	fl.StringVar(&f.errorPrefix, "error-prefix", os.Getenv("KFELASTIC_ERROR_PREFIX"), "URL of the output prefix for the pod's error document (file://, s3://, mem://)")
-	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "fail a worker without output or progress-file touch for this long (0: off)")
-	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them (e.g. SIGUSR1)")
-	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal")
-	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
+	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "fail a worker without output or progress-file touch for this long (≥ 0; 0: off)")
+	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them: a name (SIGUSR1, USR1) or number 1 to 64 a worker can catch (not SIGKILL, SIGSTOP)")
+	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal (≥ 0; 0: no dump)")
+	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers (> 0)")
+	fl.DurationVar(&f.storageTimeout, "storage-timeout", agent.DefaultStorageTimeout, "how long the pod's error document upload is retried (it is always kept in --log-dir too), and the bound on moving recovered documents at each group start (> 0)")
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
@@ -159,10 +174,25 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
 		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, NoStoreProxy: !f.storeProxy,
-		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, Tee: true,
+		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
 		Pod: podName(),
-		// Key=value lines with millisecond times: restarts are sub-second.
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		// Never blocked by a reader that does not read (agent.Output).
+		Stdout: agent.NewOutput(os.Stdout), Stderr: agent.NewOutput(os.Stderr),
+	}
+	// Key=value lines with millisecond times: restarts are sub-second.
+	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
+	// Zero is these durations' default in agent.Config: refused here, not
+	// silently replaced. The rest is checked by the agent (Config ranges).
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"stop-grace", f.stopGrace}, {"storage-timeout", f.storageTimeout}} {
+		if err := durationIn(d.flag, d.v, time.Millisecond, 0); err != nil {
+			return cfg, err
+		}
+	}
+	if math.IsNaN(f.monitorInterval) || f.monitorInterval < 0 {
+		return cfg, fmt.Errorf("--monitor-interval %v: want seconds ≥ 0", f.monitorInterval)
 	}
 	n, err := parseNProc(f.nprocPerNode)
 	if err != nil {
@@ -180,7 +210,7 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 			return cfg, err
 		}
 	}
-	return cfg, nil
+	return cfg, cfg.CheckRanges()
 }
 
 // podName is the pod's name as Flyte's plugin injects it (_F_WN, long name
@@ -199,13 +229,13 @@ func podName() string {
 func parseNProc(s string) (int, error) {
 	switch s {
 	case "auto", "cpu":
-		return runtime.NumCPU(), nil
+		return min(runtime.NumCPU(), agent.MaxNProcPerNode), nil
 	case "gpu":
 		return 0, fmt.Errorf("--nproc-per-node gpu: no GPUs are supported by this agent")
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--nproc-per-node %q: want a number ≥ 1, auto or cpu", s)
+	if err != nil || n < 1 || n > agent.MaxNProcPerNode {
+		return 0, fmt.Errorf("--nproc-per-node %q: want 1 to %d, auto or cpu", s, agent.MaxNProcPerNode)
 	}
 	return n, nil
 }

@@ -79,13 +79,35 @@ func TestAgentStoreProxyFlag(t *testing.T) {
 func TestAgentFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--nnodes", "3:2", "--", "x"},
+		{"--nnodes", "0", "--", "x"},
 		{"--nproc-per-node", "zero", "--", "x"},
+		{"--nproc-per-node", "0", "--", "x"},
+		{"--nproc-per-node", "100000", "--", "x"},
 		{"--dump-signal", "SIGNOPE", "--", "x"},
+		{"--dump-signal", "SIGKILL", "--", "x"},
+		{"--dump-signal", "STOP", "--", "x"},
+		{"--dump-signal", "9", "--", "x"},
+		{"--dump-signal", "99", "--", "x"},
 		{"--nproc-per-node", "gpu", "--", "x"},
+		{"--stop-grace", "-1s", "--", "x"},
+		{"--stop-grace", "0s", "--", "x"},
+		{"--storage-timeout", "0s", "--", "x"},
+		{"--hang-timeout", "-5m", "--", "x"},
+		{"--dump-timeout", "-1s", "--", "x"},
+		{"--master-port", "99999", "--", "x"},
+		{"--master-port", "-1", "--", "x"},
+		{"--node-rank", "-2", "--", "x"},
+		{"--max-restarts", "-1", "--", "x"},
+		{"--monitor-interval", "-1", "--", "x"},
+		{"--monitor-interval", "NaN", "--", "x"},
 	} {
-		if _, err := parseAgent(t, nil, args...); err == nil {
-			t.Errorf("%q: no error", args)
+		if _, err := parseAgent(t, nil, args...); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
+			t.Errorf("%q: %v, want an error naming the flag", args, err)
 		}
+	}
+	// The operator's PET_* values meet the same checks.
+	if _, err := parseAgent(t, map[string]string{"PET_NPROC_PER_NODE": "100000"}, "x"); err == nil {
+		t.Error("PET_NPROC_PER_NODE=100000: no error")
 	}
 	if _, err := parseAgent(t, map[string]string{"PET_MAX_RESTARTS": "many"}, "x"); err == nil {
 		t.Error("PET_MAX_RESTARTS=many: no error")
@@ -141,4 +163,22 @@ func (p singleContainer) PodTemplate(*core.Resources) (corev1.PodTemplateSpec, s
 	return corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{
 		{Name: "pytorch", Image: p.c.GetImage(), Args: p.c.GetArgs()},
 	}}}, "pytorch", nil
+}
+
+// Every numeric flag states what it accepts in --help.
+func TestAgentHelpStatesRanges(t *testing.T) {
+	cmd := newAgentCmd(func(context.Context, agent.Config) error { return nil })
+	var out strings.Builder
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--help"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, flag := range []string{"nproc-per-node", "nnodes", "max-restarts", "node-rank", "master-port", "monitor-interval",
+		"hang-timeout", "dump-signal", "dump-timeout", "stop-grace", "storage-timeout"} {
+		f := cmd.Flags().Lookup(flag)
+		if f == nil || !strings.ContainsAny(f.Usage, "≥≤>") && !strings.Contains(f.Usage, " to ") {
+			t.Errorf("--%s does not state its range: %q", flag, f.Usage)
+		}
+	}
 }

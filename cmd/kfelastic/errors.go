@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 
@@ -22,6 +23,33 @@ type errorsConfig struct {
 	WaitWorkers int
 	Grace       time.Duration
 	Concurrency int
+	// Timeout bounds each storage call: a listing, one document read.
+	Timeout time.Duration
+}
+
+// Ranges of the errors command's numeric flags, as --help states them.
+const (
+	maxConcurrency = 1024
+	maxWaitWorkers = 100000
+	maxGrace       = 24 * time.Hour
+	maxTimeout     = time.Hour
+	// defaultTimeout is long enough for a listing of 10,000 documents on a
+	// loaded server (≈0.5 s here), short enough to tell a silent one soon.
+	defaultTimeout = 30 * time.Second
+)
+
+func (c errorsConfig) validate() error {
+	for _, err := range []error{
+		intIn("concurrency", c.Concurrency, 1, maxConcurrency),
+		intIn("wait-workers", c.WaitWorkers, 0, maxWaitWorkers),
+		durationIn("grace", c.Grace, 0, maxGrace),
+		durationIn("timeout", c.Timeout, time.Millisecond, maxTimeout),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // exitError carries a process exit status out of a subcommand.
@@ -36,7 +64,11 @@ func (e *exitError) ExitCode() int { return e.code }
 // exitNoUsableDocuments: documents exist under the prefix, none could be read.
 const exitNoUsableDocuments = 2
 
-func init() {
+func init() { rootCmd.AddCommand(newErrorsCmd()) }
+
+// newErrorsCmd is `kfelastic errors`; a function so that each test runs a
+// fresh command (cobra keeps the context it was first executed with).
+func newErrorsCmd() *cobra.Command {
 	var c errorsConfig
 	cmd := &cobra.Command{
 		Use:   "errors URL",
@@ -46,21 +78,34 @@ prints them as a table in the total order (time, worker, key) with the root caus
 marked "*", any skipped (unreadable) document with its reason, and the message
 the Flyte UI shows.
 
+Every storage call (a listing, one document read) gets at most --timeout: a store
+that accepts connections and never answers fails the command, it does not hang it.
+On a file:// prefix, symbolic links and special files are never followed: they are
+listed as skipped, as are documents that cannot be read or decoded. Pod names, codes,
+keys and messages are printed with control characters escaped (\x1b, \u202e);
+--json prints them as they are, JSON-escaped.
+
 Exit status: 0 with a root cause, and also 0 with "no error documents under URL"
 (an empty prefix is an answer, not a failure); 2 when documents exist but none
-is usable; 1 for a bad URL or a prefix that cannot be listed or read.`,
-		Args: cobra.ExactArgs(1),
+is usable; 1 for a bad URL or flag, or a prefix that cannot be listed or read.`,
+		Args:          cobra.ExactArgs(1),
+		SilenceUsage:  true,
+		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.URL = args[0]
+			if err := c.validate(); err != nil {
+				return err
+			}
 			return runErrors(cmd.Context(), c, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().BoolVar(&c.JSON, "json", false, "print one JSON object instead of the table")
-	cmd.Flags().IntVar(&c.WaitWorkers, "wait-workers", 0, "wait until documents from this many workers exist (up to --grace)")
-	cmd.Flags().DurationVar(&c.Grace, "grace", 30*time.Second, "how long --wait-workers waits for late documents")
-	cmd.Flags().IntVar(&c.Concurrency, "concurrency", 32, "concurrent document reads")
+	cmd.Flags().IntVar(&c.WaitWorkers, "wait-workers", 0, fmt.Sprintf("wait until documents from this many workers exist, up to --grace (0 to %d; 0: do not wait)", maxWaitWorkers))
+	cmd.Flags().DurationVar(&c.Grace, "grace", 30*time.Second, fmt.Sprintf("how long --wait-workers waits for late documents (0s to %v)", maxGrace))
+	cmd.Flags().IntVar(&c.Concurrency, "concurrency", 32, fmt.Sprintf("concurrent document reads (1 to %d)", maxConcurrency))
+	cmd.Flags().DurationVar(&c.Timeout, "timeout", defaultTimeout, fmt.Sprintf("bound on each storage call: a listing, one document read (1ms to %v)", maxTimeout))
 	cmd.AddCommand(newErrorsPutCmd())
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 func runErrors(ctx context.Context, c errorsConfig, out io.Writer) error {
@@ -70,7 +115,7 @@ func runErrors(ctx context.Context, c errorsConfig, out io.Writer) error {
 	}
 	defer bucket.Close()
 	src := outputreader.NewBucketSource(bucket)
-	opts := &outputreader.Options{Concurrency: c.Concurrency, OpenAll: true}
+	opts := &outputreader.Options{Concurrency: c.Concurrency, OpenAll: true, CallTimeout: c.Timeout}
 	var r *outputreader.Report
 	if c.WaitWorkers > 0 {
 		r, err = outputreader.WaitFor(ctx, src, opts, c.WaitWorkers, time.Now().Add(c.Grace))
@@ -83,7 +128,7 @@ func runErrors(ctx context.Context, c errorsConfig, out io.Writer) error {
 	if c.JSON {
 		err = writeErrorsJSON(out, c.URL, r)
 	} else {
-		err = writeErrorsTable(out, c.URL, r)
+		err = writeErrorsTable(out, termsafe.Line(c.URL), r)
 	}
 	if err != nil {
 		return err
@@ -139,11 +184,12 @@ func writeErrorsTable(out io.Writer, url string, r *outputreader.Report) error {
 			if !d.Opened() {
 				kind, origin = "-", "-"
 			}
-			key := d.Key
+			key := termsafe.Line(d.Key)
 			if d.Synthesized {
 				key = "(from pod status)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, timeText(d), orDash(d.Failure.Worker), orDash(d.Failure.Code), kind, origin, key)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, timeText(d), orDash(termsafe.Line(d.Failure.Worker)),
+				orDash(termsafe.Line(d.Failure.Code)), kind, origin, key)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -152,14 +198,14 @@ func writeErrorsTable(out io.Writer, url string, r *outputreader.Report) error {
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(out, "\nskipped %d unreadable document(s):\n", len(r.Skipped))
 		for _, s := range r.Skipped {
-			fmt.Fprintf(out, "  %s: %v\n", s.Key, s.Err)
+			fmt.Fprintf(out, "  %s: %s\n", termsafe.Line(s.Key), termsafe.Line(s.Err.Error()))
 		}
 	}
 	if r.RootCause == nil {
 		_, err := fmt.Fprintf(out, "\nno usable error document under %s\n", url)
 		return err
 	}
-	_, err := fmt.Fprintf(out, "\nroot cause (* above), as the Flyte UI shows it:\n%s\n", indent(r.Message(), "  "))
+	_, err := fmt.Fprintf(out, "\nroot cause (* above), as the Flyte UI shows it:\n%s\n", indent(termsafe.Text(r.Message()), "  "))
 	return err
 }
 
@@ -233,6 +279,7 @@ func writeErrorsJSON(out io.Writer, url string, r *outputreader.Report) error {
 func newErrorsPutCmd() *cobra.Command {
 	var worker, torchFile string
 	var exitCode int
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:    "put URL --worker NAME [--from-torch-error FILE] [--exit-code N]",
 		Short:  "Write one error document (from a torch error file or an exit code) under URL",
@@ -242,20 +289,27 @@ func newErrorsPutCmd() *cobra.Command {
 			if worker == "" {
 				return fmt.Errorf("--worker is required")
 			}
+			if err := durationIn("timeout", timeout, time.Millisecond, maxTimeout); err != nil {
+				return err
+			}
 			e := kferrors.Exit{Worker: worker, ExitCode: exitCode, ObservedAt: time.Now().UTC()}
 			if torchFile != "" {
+				// A file that cannot be used still leaves the worker's
+				// failure documented, with the reason in its message.
 				te, rec, err := kferrors.ReadTorchError(torchFile)
-				if err != nil {
-					return fmt.Errorf("torch error file %s: %w", torchFile, err)
-				}
 				e.TorchError, e.RecoverableMarker = te, rec
+				if err != nil {
+					e.ErrorFileProblem = err.Error()
+				}
 			}
-			bucket, err := kferrors.OpenPrefix(cmd.Context(), args[0], true)
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			bucket, err := kferrors.OpenPrefix(ctx, args[0], true)
 			if err != nil {
 				return err
 			}
 			defer bucket.Close()
-			key, err := kferrors.NewWriter(bucket, nil).Write(cmd.Context(), kferrors.Classify(e))
+			key, err := kferrors.NewWriter(bucket, nil).Write(ctx, kferrors.Classify(e))
 			if err != nil {
 				return err
 			}
@@ -266,5 +320,6 @@ func newErrorsPutCmd() *cobra.Command {
 	cmd.Flags().StringVar(&worker, "worker", "", "worker (pod) name recorded in the document")
 	cmd.Flags().StringVar(&torchFile, "from-torch-error", "", "the worker's TORCHELASTIC_ERROR_FILE")
 	cmd.Flags().IntVar(&exitCode, "exit-code", 1, "the worker's exit status")
+	cmd.Flags().DurationVar(&timeout, "timeout", defaultTimeout, fmt.Sprintf("bound on the write (1ms to %v)", maxTimeout))
 	return cmd
 }

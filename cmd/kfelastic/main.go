@@ -5,12 +5,13 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
 var rootCmd = &cobra.Command{
@@ -21,10 +22,20 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The agent's guardian is this binary, re-executed (agent/procs.go).
+	agent.MaybeGuard()
+	// SIGTERM, SIGINT, SIGHUP and SIGQUIT end the context, with the signal
+	// as its cause: the agent tells a preemption from an interruption by it.
+	ctx, stop := agent.NotifyContext(context.Background())
 	defer stop()
 	if err := rootCmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "kfelastic:", err)
+		// Errors quote URLs, pod names and messages: escaped, as all output.
+		// Written without waiting on a stderr nobody reads: the exit code
+		// is what the training operator acts on.
+		msg := "kfelastic: " + termsafe.Text(err.Error()) + "\n"
+		out := agent.NewOutput(os.Stderr)
+		_, _ = out.Write([]byte(msg))
+		out.Close(2 * time.Second)
 		os.Exit(exitCode(err))
 	}
 }

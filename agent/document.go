@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"context"
+	goerrors "errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"gocloud.dev/blob"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// DefaultStorageTimeout is Config.StorageTimeout's default.
+const DefaultStorageTimeout = 30 * time.Second
+
+// write keeps the pod's error document and returns where it is: its key
+// under ErrorPrefix once uploaded, else the path of the local copy.
+//
+// The document is written first to the run's log folder, a local file that
+// needs no network, so that it exists whatever storage does. It is then
+// uploaded under ErrorPrefix with the same key and bytes, attempt after
+// attempt (each at most a third of StorageTimeout, 10 s at most) until
+// StorageTimeout has passed: an endpoint that accepts and never answers
+// costs one attempt, not the document, and storage that comes back within
+// the timeout gets it. Retrying the same key is safe: the write is
+// conditional, and finding the key taken means an earlier attempt landed.
+// Without a prefix the document is only logged and kept locally.
+func (l *loop) write(f kferrors.Failure) string {
+	l.log.Info("pod error document", "code", f.Code, "worker", f.Worker, "time", f.Time, "recoverable", f.Recoverable,
+		"message", firstLine(f.Message))
+	key, data, err := kferrors.NewWriter(nil, nil).Prepare(f)
+	if err != nil {
+		l.log.Error("cannot encode error document", "err", err)
+		return ""
+	}
+	local := filepath.Join(l.runDir, key)
+	if err := os.WriteFile(local, data, 0o644); err != nil {
+		l.log.Error("cannot keep error document locally", "path", local, "err", err)
+		local = ""
+	}
+	if l.cfg.ErrorPrefix == "" {
+		return local
+	}
+	deadline := time.Now().Add(l.cfg.StorageTimeout)
+	attemptTimeout := min(10*time.Second, max(l.cfg.StorageTimeout/3, 500*time.Millisecond))
+	backoff := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(l.work, min(attemptTimeout, time.Until(deadline)))
+		uploaded, err := l.upload(ctx, f, key, data)
+		cancel()
+		if err == nil {
+			return uploaded
+		}
+		wait := min(backoff, time.Until(deadline))
+		if wait <= 0 {
+			l.log.Error("cannot upload error document; it is kept locally", "prefix", l.cfg.ErrorPrefix, "attempts", attempt,
+				"path", local, "err", err)
+			return local
+		}
+		l.log.Warn("error document not uploaded yet; retrying", "prefix", l.cfg.ErrorPrefix, "attempt", attempt,
+			"retry_in", wait, "err", err)
+		time.Sleep(wait)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// upload stores the prepared document under ErrorPrefix, unless the failed
+// worker wrote its own there (flytekit with _F_DES set): then that one's
+// key is returned and ours is not stored.
+func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data []byte) (string, error) {
+	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+	if err != nil {
+		return "", err
+	}
+	defer b.Close()
+	if own, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
+		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", own, "worker", f.Worker)
+		return own, nil
+	}
+	err = kferrors.NewWriter(b, nil).Put(ctx, key, data)
+	if goerrors.Is(err, kferrors.ErrExists) {
+		// An attempt whose answer was lost stored it after all.
+		err = nil
+	}
+	if err != nil {
+		return "", err
+	}
+	l.log.Info("error document written", "prefix", l.cfg.ErrorPrefix, "key", key)
+	return key, nil
+}
+
+// supersede moves this pod's documents dated before a group start out of the
+// reader's way (kferrors.Supersede): the start is their recovery. It runs
+// beside the group so that a restart is not delayed by storage; it touches
+// only documents dated before the start, the write path only later ones. It
+// gets StorageTimeout, which also bounds how long the agent's exit waits
+// for it.
+func (l *loop) supersede(start time.Time) {
+	if l.cfg.ErrorPrefix == "" {
+		return
+	}
+	l.superseding.Add(1)
+	go func() {
+		defer l.superseding.Done()
+		ctx, cancel := context.WithTimeout(l.work, l.cfg.StorageTimeout)
+		defer cancel()
+		b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+		if err != nil {
+			l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
+			return
+		}
+		defer b.Close()
+		moved, err := kferrors.Supersede(ctx, b, l.cfg.Pod, start)
+		if err != nil {
+			l.log.Error("cannot supersede recovered error documents", "prefix", l.cfg.ErrorPrefix, "err", err)
+		}
+		if len(moved) > 0 {
+			l.log.Info("recovered error documents superseded", "count", len(moved), "to", kferrors.SupersededPrefix,
+				"keys", moved)
+		}
+	}()
+}
+
+// workerDocument finds a document the failed worker wrote itself (flytekit
+// with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
+// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
+// are skipped unread; at most 64 others are read. Only a document from the
+// last attempt (timed at or after since) counts: worker names repeat across
+// attempts.
+func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
+	if worker == "" {
+		return "", false
+	}
+	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
+	for read := 0; read < 64; {
+		obj, err := it.Next(ctx)
+		if err != nil {
+			return "", false
+		}
+		if !kferrors.IsDocumentKey(obj.Key) || kferrors.Irregular(obj) != "" {
+			continue
+		}
+		if _, ours := kferrors.TimeFromKey(obj.Key); ours {
+			continue
+		}
+		read++
+		data, err := kferrors.ReadDocument(ctx, b, obj.Key, 0)
+		if err != nil {
+			continue
+		}
+		if f, err := kferrors.DecodeFailure(data, 0); err == nil && f.Worker == worker && !f.Time.Before(since) {
+			return obj.Key, true
+		}
+	}
+	return "", false
+}
