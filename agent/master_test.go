@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,5 +122,82 @@ func init() {
 			args = append(args, "--work", "150")
 		}
 		os.Exit(GoCheckMain(args, os.Stdout, os.Stderr))
+	}
+}
+
+// A master that stops and comes back (same state, same address) is a pause
+// for the agents, not an error: they keep training in their round, their
+// heartbeats retry until it is back, and no new round is formed.
+func TestAgentsRideOutAMasterRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a master under running agents")
+	}
+	state := "file://" + t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg := master.Config{JobID: "test", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: 20 * time.Second}
+	serve := func() (*master.Server, func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := master.NewServer(ctx, master.Options{Token: mastertest.Token, Job: cfg, StateURL: state,
+			HeartbeatInterval: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lis net.Listener
+		for i := 0; ; i++ {
+			if lis, err = net.Listen("tcp", addr); err == nil || i > 100 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(ctx, lis) }()
+		return s, func() { cancel(); <-done }
+	}
+	_, stop := serve()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	_ = os.WriteFile(tokenFile, []byte(mastertest.Token), 0o600)
+	type res struct {
+		err error
+		out *syncBuffer
+	}
+	results := make([]chan res, 2)
+	outs := make([]*syncBuffer, 2)
+	for i := range 2 {
+		c, out := helperConfig(t, 1, "touch:4s")
+		outs[i] = out
+		c.Pod, c.NodeRank, c.MinNodes, c.MaxNodes = fmt.Sprintf("job-worker-%d", i), i, 2, 2
+		c.RdzvBackend, c.RdzvEndpoint, c.TokenFile, c.HeartbeatInterval = "c10d", addr, tokenFile, 300*time.Millisecond
+		results[i] = make(chan res, 1)
+		go func() { results[i] <- res{Run(t.Context(), c), out} }()
+	}
+	// Once training runs, the master goes away for a second and comes back.
+	for _, out := range outs {
+		waitFor(t, out, "Rendezvous complete for workers", 10*time.Second)
+	}
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	time.Sleep(time.Second)
+	s, stop2 := serve()
+	defer stop2()
+	for i, ch := range results {
+		r := <-ch
+		if r.err != nil {
+			t.Errorf("agent %d: %v\n%s", i, r.err, r.out)
+		}
+		if n := strings.Count(r.out.String(), "Rendezvous complete for workers"); n != 1 {
+			t.Errorf("agent %d went through %d rounds, want 1 (no new round after the master's restart):\n%s", i, n, r.out)
+		}
+	}
+	st, err := s.Status(t.Context())
+	if err != nil || st.GetRound() != 1 {
+		t.Errorf("after the restart: round %d, %v", st.GetRound(), err)
 	}
 }
