@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	_ "embed"
@@ -81,7 +80,8 @@ type NodeCheck struct {
 	GoCheck []string
 	// Env is the job's environment; nil: os.Environ().
 	Env []string
-	// Dir keeps each run's stderr; "" keeps none.
+	// Dir keeps each run's output (check<N>_round<R>_<how>.log, stdout and
+	// stderr); "" keeps none.
 	Dir    string
 	Logger *slog.Logger
 }
@@ -94,8 +94,14 @@ const NodeCheckEnv = "KFELASTIC_NODE_CHECK"
 const exitNoTorch = 3
 
 // Run runs this node's part of task t; any failure is a result with OK
-// false, never an error or a panic.
-func (c *NodeCheck) Run(ctx context.Context, t CheckTask) CheckResult {
+// false, never an error or a panic. It returns within t.Timeout (and a
+// moment), or when ctx ends, and leaves no process behind.
+func (c *NodeCheck) Run(ctx context.Context, t CheckTask) (res CheckResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = CheckResult{Self: true, How: res.How, Message: fmt.Sprintf("node check: internal error: %v", p)}
+		}
+	}()
 	if t.Timeout <= 0 {
 		t.Timeout = time.Minute
 	}
@@ -109,7 +115,7 @@ func (c *NodeCheck) Run(ctx context.Context, t CheckTask) CheckResult {
 		if !noTorch {
 			return res
 		}
-		c.logger().Info("no torch in the job's interpreter; running the Go node check", "python", c.Python)
+		c.logger().Info("no torch with the job's interpreter; running the Go node check", "python", c.Python)
 	}
 	return c.runGo(ctx, t)
 }
@@ -150,6 +156,9 @@ func (c *NodeCheck) checkEnv(t CheckTask) []string {
 }
 
 func (c *NodeCheck) runTorch(ctx context.Context, t CheckTask) (res CheckResult, noTorch bool) {
+	if _, err := exec.LookPath(c.Python); err != nil {
+		return CheckResult{}, true // no interpreter, no torch
+	}
 	res, code := c.runProcess(ctx, t, "torch", append([]string{c.Python, "-c", nodeCheckScript}, "kfelastic-node-check"))
 	return res, code == exitNoTorch
 }
@@ -175,8 +184,17 @@ func (c *NodeCheck) runGo(ctx context.Context, t CheckTask) CheckResult {
 // schedules processes late), at most half.
 func innerTimeout(d time.Duration) time.Duration { return d - min(max(d/5, time.Second), d/2) }
 
-// checkLine is the JSON line both checks print.
+// checkLine is the JSON line both checks print last, their result:
+//
+//	{"ok":true,"self":false,"elapsed":0.061,"compute":0.060,"allreduce":0.001}
+//
+// elapsed = compute + allreduce, in seconds; error says why when ok is
+// false, self whether the failure is the node's own. Before it meets its
+// group a check prints a progress line, {"phase":"group","compute":…}, so
+// that a check killed at the deadline while it waits for its group is not
+// blamed for it.
 type checkLine struct {
+	Phase     string  `json:"phase,omitempty"`
 	OK        bool    `json:"ok"`
 	Self      bool    `json:"self"`
 	Elapsed   float64 `json:"elapsed"`
@@ -206,7 +224,7 @@ func (c *NodeCheck) runProcess(ctx context.Context, t CheckTask, how string, arg
 		if err := os.MkdirAll(c.Dir, 0o755); err == nil {
 			if f, err := os.Create(filepath.Join(c.Dir, fmt.Sprintf("check%d_round%d_%s.log", t.Check, t.Round, how))); err == nil {
 				defer f.Close()
-				cmd.Stderr = io.MultiWriter(stderr, f)
+				cmd.Stdout, cmd.Stderr = io.MultiWriter(cmd.Stdout, f), io.MultiWriter(stderr, f)
 			}
 		}
 	}
@@ -221,12 +239,17 @@ func (c *NodeCheck) runProcess(ctx context.Context, t CheckTask, how string, arg
 		code = cmd.ProcessState.ExitCode()
 	}
 	var line checkLine
-	found := false
-	sc := bufio.NewScanner(&stdout)
-	for sc.Scan() {
-		if json.Unmarshal(sc.Bytes(), &line) == nil {
-			found = true
+	found, phase := false, ""
+	for l := range strings.Lines(stdout.String()) {
+		var x checkLine
+		if !strings.HasPrefix(l, "{") || json.Unmarshal([]byte(l), &x) != nil {
+			continue // not ours: the job's sitecustomize, a warning
 		}
+		if x.Phase != "" {
+			phase = x.Phase
+			continue
+		}
+		line, found = x, true
 	}
 	res.Self = true // unless it reported a failure of its group below
 	switch {
@@ -244,6 +267,10 @@ func (c *NodeCheck) runProcess(ctx context.Context, t CheckTask, how string, arg
 		}
 	case errors.Is(ctx.Err(), context.Canceled):
 		res.Self, res.Message = false, fmt.Sprintf("%s check cancelled", how)
+	case ctx.Err() != nil && phase == "group":
+		res.Self = false
+		res.Message = fmt.Sprintf("%s check: the group did not finish its all-reduce within %s (a member missing or stuck)%s",
+			how, t.Timeout, lastLines(stderr.String()))
 	case ctx.Err() != nil:
 		res.Message = fmt.Sprintf("%s check did not finish within %s%s", how, t.Timeout, lastLines(stderr.String()))
 	case err != nil && cmd.ProcessState != nil && cmd.ProcessState.Sys().(syscall.WaitStatus).Signaled():
@@ -408,6 +435,11 @@ func GoCheckMain(args []string, stdout, stderr io.Writer) int {
 		line.OK, line.Self, line.Error = false, true, "the compute gave non-finite numbers"
 	}
 	if line.OK && *size > 1 {
+		progress, _ := json.Marshal(struct {
+			Phase   string  `json:"phase"`
+			Compute float64 `json:"compute"`
+		}{"group", line.Compute})
+		fmt.Fprintln(stdout, string(progress))
 		var d time.Duration
 		var err error
 		if *rank == 0 {

@@ -35,10 +35,15 @@ func init() {
 	}
 }
 
+// raceEnabled: this test binary, and so its Go check, runs with the race
+// detector (nodecheck_race_test.go).
+var raceEnabled bool
+
 // goCheckChild is a NodeCheck whose Go check is this test binary, run after
-// prefix (e.g. taskset -c 0).
+// prefix (e.g. taskset -c 0), with 3 matmuls rather than 30: fast even
+// under the race detector. A later --work wins.
 func goCheckChild(prefix ...string) *NodeCheck {
-	return &NodeCheck{GoCheck: append(prefix, os.Args[0]), Env: append(os.Environ(), goCheckChildEnv+"=1"),
+	return &NodeCheck{GoCheck: append(prefix, os.Args[0], "--work", "3"), Env: append(os.Environ(), goCheckChildEnv+"=1"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
@@ -73,36 +78,43 @@ func loopbackPort(t *testing.T) int {
 }
 
 // straggler makes a straggler for real: it returns a command prefix that
-// runs a process at nice 5 on a CPU where a busy loop runs at nice 0 until
-// the test ends (≈4× slower than alone, by CFS's weights 335 and 1024),
-// and one that runs a process alone on another CPU. Other load on the
-// machine slows the straggler at least as much as the fast one, so the
-// ratio holds on a busy machine too.
-func straggler(t *testing.T) (slow, fast []string) {
+// runs a process at nice 10 on a CPU where two busy loops run at nice 0
+// until the test ends. By CFS's weights (110 against 2 × 1024) the process
+// gets a twentieth of that CPU; measured, its short check runs 5–10×
+// slower than alone (a new task's first slice is generous). Other load on
+// the machine slows it further, and slows an unpinned process on the other
+// CPU far less, so the ratio holds on a busy machine too.
+func straggler(t *testing.T) (slow []string, cpu int) {
 	t.Helper()
+	if raceEnabled {
+		t.Skip("timings under the race detector tell nothing")
+	}
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		t.Skipf("sched_getaffinity: %v", err)
 	}
-	var cpus []string
+	cpu = -1
 	for i := range 1024 {
 		if set.IsSet(i) {
-			cpus = append(cpus, strconv.Itoa(i))
+			cpu = i
+			break
 		}
 	}
 	taskset, err := exec.LookPath("taskset")
-	if err != nil || len(cpus) < 2 {
-		t.Skipf("a real straggler needs taskset and 2 CPUs (taskset: %v, CPUs %v)", err, cpus)
+	if err != nil || set.Count() < 2 {
+		t.Skipf("a real straggler needs taskset and 2 CPUs (taskset: %v, CPUs %d)", err, set.Count())
 	}
-	busy := exec.Command(taskset, "-c", cpus[0], "sh", "-c", "while :; do :; done")
-	if err := busy.Start(); err != nil {
-		t.Fatal(err)
+	for range 2 {
+		busy := exec.Command(taskset, "-c", strconv.Itoa(cpu), "sh", "-c", "while :; do :; done")
+		if err := busy.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = busy.Process.Kill()
+			_ = busy.Wait()
+		})
 	}
-	t.Cleanup(func() {
-		_ = busy.Process.Kill()
-		_ = busy.Wait()
-	})
-	return []string{taskset, "-c", cpus[0], "nice", "-n", "5"}, []string{taskset, "-c", cpus[1]}
+	return []string{taskset, "-c", strconv.Itoa(cpu), "nice", "-n", "10"}, cpu
 }
 
 // Healthy groups of one, two and three pass, through real processes and a
@@ -135,7 +147,7 @@ func TestNodeCheckGoKilledMember(t *testing.T) {
 			// The killed member's check runs in a shell that kills its group
 			// (and so the check) while the check computes (--work makes
 			// that last ≈10 s).
-			members[killed].GoCheck = []string{"sh", "-c", `"$@" --work 5000 & sleep 0.3; kill -KILL 0`, "sh", os.Args[0]}
+			members[killed].GoCheck = []string{"sh", "-c", `"$@" --work 5000 & sleep 0.3; kill -KILL 0`, "sh", os.Args[0], "--work", "3"}
 			start := time.Now()
 			res := checkGroup(t, 2*time.Second, members...)
 			if took := time.Since(start); took > 3*time.Second {
@@ -185,18 +197,18 @@ func TestNodeCheckGoPartnerNeverComes(t *testing.T) {
 // it: each times its compute alone, and the exchange only from the moment
 // the whole group has met.
 func TestNodeCheckGoStraggler(t *testing.T) {
-	slow, fast := straggler(t)
+	slow, _ := straggler(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("size%d", n), func(t *testing.T) {
-			// 15 matmuls rather than 30: ≈25 ms alone, and the slowed
-			// member's ≈4× does not grow long on a loaded machine.
+			// The check's own 30 matmuls (≈50 ms alone), not the 3 of the
+			// other tests: a slowdown shows over a longer run.
 			members := make([]*NodeCheck, n)
 			for r := range members {
-				members[r] = goCheckChild(fast...)
-				members[r].GoCheck = append(members[r].GoCheck, "--work", "15")
+				members[r] = goCheckChild()
+				members[r].GoCheck = append(members[r].GoCheck, "--work", "30")
 			}
 			members[n-1] = goCheckChild(slow...)
-			members[n-1].GoCheck = append(members[n-1].GoCheck, "--work", "15")
+			members[n-1].GoCheck = append(members[n-1].GoCheck, "--work", "30")
 			res := checkGroup(t, 20*time.Second, members...)
 			for r, x := range res {
 				if !x.OK {
@@ -332,11 +344,40 @@ exit 1
 	}
 }
 
+// A check the agent must kill at the task's deadline is blamed for it only
+// if it had not reached its group: one stuck waiting for its group (after
+// its progress line) fails as a group failure, one stuck before it as its
+// own; both within the timeout.
+func TestNodeCheckDeadline(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		self       bool
+		want       string
+	}{
+		{"in the group", `echo '{"phase":"group","compute":0.01}'; exec sleep 30`, false, "the group did not finish"},
+		{"before it", `exec sleep 30`, true, "did not finish within 1s"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			nc := &NodeCheck{Python: fakePython(t, c.body+"\n")}
+			start := time.Now()
+			res := nc.Run(t.Context(), CheckTask{GroupSize: 2, GroupRank: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Second})
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("took %v with a 1 s timeout", took)
+			}
+			if res.OK || res.Self != c.self || !strings.Contains(res.Message, c.want) {
+				t.Errorf("%+v, want self=%v and %q", res, c.self, c.want)
+			}
+		})
+	}
+}
+
 // An interpreter without torch falls back to the Go check: a stand-in that
 // exits 3 as nodecheck.py does, and the pyenv python3 first on PATH here
 // (which cannot see Debian's torch), where there is one.
 func TestNodeCheckNoTorchFallsBack(t *testing.T) {
-	pythons := []string{fakePython(t, "echo 'kfelastic node check: torch cannot be imported: No module named torch' >&2\nexit 3\n")}
+	pythons := []string{fakePython(t, "echo 'kfelastic node check: torch cannot be imported: No module named torch' >&2\nexit 3\n"),
+		filepath.Join(t.TempDir(), "no-such-python3")}
 	if p, err := exec.LookPath("python3"); err == nil && exec.Command(p, "-c", "import torch").Run() != nil {
 		pythons = append(pythons, p)
 	} else {
@@ -365,15 +406,15 @@ func torchPython(t *testing.T) string {
 }
 
 // The torch check passes with a real gloo pair and a group of one, and a
-// straggler made for real shows in its elapsed time.
+// straggler made for real shows in its elapsed time. The straggler imports
+// torch at full speed (which would take tens of seconds at its slowed
+// share of a CPU) and slows itself down after, from a sitecustomize: the
+// check's own compute and all-reduce run slowed, as on a throttled node.
 func TestNodeCheckTorch(t *testing.T) {
 	py := torchPython(t)
-	torch := func(prefix ...string) *NodeCheck {
+	torch := func() *NodeCheck {
 		c := goCheckChild()
 		c.Python = py
-		if len(prefix) > 0 {
-			c.Python = fakePython(t, "exec "+strings.Join(prefix, " ")+" "+py+` "$@"`+"\n")
-		}
 		return c
 	}
 	for _, n := range []int{1, 2} {
@@ -390,8 +431,17 @@ func TestNodeCheckTorch(t *testing.T) {
 			}
 		}
 	}
-	slow, fast := straggler(t)
-	res := checkGroup(t, 60*time.Second, torch(fast...), torch(slow...))
+	_, cpu := straggler(t)
+	site := t.TempDir()
+	if err := os.WriteFile(filepath.Join(site, "sitecustomize.py"), []byte(fmt.Sprintf(
+		"import os\nimport torch\nos.sched_setaffinity(0, {%d})\nos.nice(10)\n", cpu)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	slow := torch()
+	slow.Env = append(slow.Env, "PYTHONPATH="+site)
+	start := time.Now()
+	res := checkGroup(t, 60*time.Second, torch(), slow)
+	t.Logf("with a straggler: round took %v", time.Since(start))
 	if !res[0].OK || !res[1].OK {
 		t.Fatalf("results %+v", res)
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -11,7 +13,7 @@ import (
 
 // node-check is the Go node health check the agent runs as a child process
 // where the job has no torch (agent.GoCheckMain); hidden: only the agent
-// calls it.
+// calls it, with the arguments agent.NodeCheck passes.
 func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:                "node-check --leader HOST:PORT --rank R --size N [--timeout D] [--work N]",
@@ -20,6 +22,9 @@ func init() {
 		DisableFlagParsing: true,
 		SilenceUsage:       true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// main turns stop signals into a cancelled context, which the
+			// check does not watch: a check told to stop dies at once.
+			signal.Reset(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 			if code := agent.GoCheckMain(args, os.Stdout, os.Stderr); code != 0 {
 				return exitStatus(code)
 			}

@@ -1,0 +1,7 @@
+//go:build race
+
+package agent
+
+// The race detector slows the Go check's matmul some 30×: tests that
+// compare timings skip.
+func init() { raceEnabled = true }
