@@ -282,10 +282,13 @@ type CheckVerdict struct {
 }
 
 // Verdicts classifies the two rounds' reports (pure; DLRover's rules, and
-// one of ours): a node failed a round if it reported a failure and no
+// two of ours): a node failed a round if it reported a failure and no
 // member of its group failed by itself in that round; faulty = failed both
 // rounds; a straggler's best time exceeds StragglerFactor × the median of
-// the best times of the nodes that passed. groups are each round's groups.
+// the OTHER passing nodes' best times (DLRover's median includes the node
+// itself, so of two nodes neither can ever exceed twice their mean; leaving
+// the node out gives the same answer from three nodes on and a usable one
+// for two). groups are each round's groups.
 func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map[int]CheckVerdict {
 	out := make(map[int]CheckVerdict, len(ranks))
 	var times []time.Duration
@@ -319,10 +322,9 @@ func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map
 		}
 		out[r] = v
 	}
-	med := median(times)
 	if len(times) > 1 {
 		for r, v := range out {
-			if v.OK && v.Best > StragglerFactor*med {
+			if v.OK && v.Best > 0 && v.Best > StragglerFactor*medianWithout(times, v.Best) {
 				v.Straggler = true
 				out[r] = v
 			}
@@ -343,6 +345,15 @@ func groupmateFailedItself(rank int, reports map[int]CheckReport, groups [][]int
 		}
 	}
 	return false
+}
+
+// medianWithout is the median of ts with one occurrence of t left out.
+func medianWithout(ts []time.Duration, t time.Duration) time.Duration {
+	rest := slices.Clone(ts)
+	if i := slices.Index(rest, t); i >= 0 {
+		rest = slices.Delete(rest, i, i+1)
+	}
+	return median(rest)
 }
 
 func median(ts []time.Duration) time.Duration {
@@ -384,8 +395,8 @@ func (j *Job) finishCheck(now time.Time) {
 		case v.Straggler && j.cfg.ExcludeStraggler:
 			j.logf("warn", "straggler excluded", "rank", r, "pod", rec.Pod, "elapsed", v.Best, "median", med)
 			j.takeOut(rec, Failure{Code: CodeStraggler, Recoverable: true, Message: fmt.Sprintf(
-				"pod %s on host %s is a straggler: its health check took %.3fs, more than %d× the median %.3fs",
-				rec.Pod, hostOr(rec.Host), v.Best.Seconds(), StragglerFactor, med.Seconds())}, now)
+				"pod %s on host %s is a straggler: its health check took %.3fs, more than %d× the median of the others %.3fs",
+				rec.Pod, hostOr(rec.Host), v.Best.Seconds(), StragglerFactor, medianWithout(times, v.Best).Seconds())}, now)
 		case v.Straggler:
 			j.logf("warn", "straggler found (not excluded: --exclude-straggler is off)", "rank", r, "pod", rec.Pod,
 				"elapsed", v.Best, "median", med)
