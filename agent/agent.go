@@ -100,7 +100,7 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string {
-	return fmt.Sprintf("%s: %s (worker %s, exit %d)", e.Failure.Code, firstLine(e.Failure.Message), e.Failure.Worker, e.Code)
+	return fmt.Sprintf("%s (worker %s, exit %d)", kferrors.Headline(e.Failure.Code, firstLine(e.Failure.Message)), e.Failure.Worker, e.Code)
 }
 
 // ExitCode is the process exit status for the command.

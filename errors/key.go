@@ -75,6 +75,12 @@ func TimeFromKey(key string) (time.Time, bool) {
 	if !ok || len(rest) < tsDigits+1 || rest[tsDigits] != '-' {
 		return time.Time{}, false
 	}
+	// Digits only (ParseInt would take a sign): key order must be time order.
+	for i := range tsDigits {
+		if rest[i] < '0' || rest[i] > '9' {
+			return time.Time{}, false
+		}
+	}
 	ns, err := strconv.ParseInt(rest[:tsDigits], 10, 64)
 	if err != nil || ns <= 0 {
 		return time.Time{}, false
