@@ -2,7 +2,6 @@ package outputreader
 
 import (
 	"context"
-	goerrors "errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -218,17 +217,11 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	var named, unnamed []listed
 	var skipped []Skipped
 	err := src.List(ctx, func(obj Object) error {
-		switch {
-		case obj.Size == 0:
-			skipped = append(skipped, Skipped{Key: obj.Key, Err: kferrors.ErrEmpty})
-			return nil
-		case obj.Size > int64(o.MaxDocumentBytes):
-			skipped = append(skipped, Skipped{Key: obj.Key, Err: fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, obj.Size, o.MaxDocumentBytes)})
+		if err := listingProblem(obj, o.MaxDocumentBytes); err != nil {
+			skipped = append(skipped, Skipped{Key: obj.Key, Err: err})
 			return nil
 		}
-		l := listed{key: obj.Key, modified: obj.Modified}
-		if t, ok := kferrors.TimeFromKey(obj.Key); ok {
-			l.nameTime = t
+		if l := listedObject(obj); !l.nameTime.IsZero() {
 			named = append(named, l)
 		} else {
 			unnamed = append(unnamed, l)
@@ -243,11 +236,7 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 
 	c := &collector{messageCap: o.MessageCap}
 	for _, f := range extra {
-		d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
-		if f.Time.IsZero() {
-			d.At, d.AtSource = listedAt, TimeFromListing
-		}
-		c.add(d)
+		c.add(synthesizedDocument(f, listedAt))
 	}
 
 	// First round: everything that must be opened, plus the earliest names.
@@ -334,31 +323,18 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 	g.SetLimit(o.Concurrency)
 	for _, l := range batch {
 		g.Go(func() error {
-			data, err := src.Read(gctx, l.key, o.MaxDocumentBytes)
-			if err == nil {
+			d, skip, read, err := openDocument(gctx, src, o, listedAt, l)
+			if err != nil {
+				return err
+			}
+			if read {
 				c.mu.Lock()
 				c.opened++
 				c.mu.Unlock()
 			}
-			switch {
-			case goerrors.Is(err, ErrNotFound), goerrors.Is(err, kferrors.ErrTooLarge):
-				c.skip(l.key, err)
+			if skip != nil {
+				c.skip(skip.Key, skip.Err)
 				return nil
-			case err != nil:
-				return fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
-			}
-			f, err := kferrors.DecodeFailure(data, o.MaxDocumentBytes)
-			if err != nil {
-				c.skip(l.key, err)
-				return nil
-			}
-			d := Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
-			switch {
-			case !f.Time.IsZero():
-			case !l.modified.IsZero():
-				d.At, d.AtSource = l.modified.UTC(), TimeFromModified
-			default:
-				d.At, d.AtSource = listedAt, TimeFromListing
 			}
 			c.add(d)
 			return nil
