@@ -79,19 +79,32 @@ func (w *Writer) Write(ctx context.Context, f Failure) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("encode error document: %w", err)
 	}
+	key, err := WriteNew(ctx, w.bucket, data, "application/octet-stream", func() string { return NewKey(f.Time, f.Worker, RandomSuffix()) })
+	if err != nil {
+		return "", fmt.Errorf("write error document %s: %w", key, err)
+	}
+	return key, nil
+}
+
+// WriteNew stores data under a key from newKey and returns the key. It never
+// replaces an object: the write is conditional (IfNotExist), and a key that
+// exists already is retried with another from newKey, a few times. Error
+// documents and the events next to them (package events) are written so.
+func WriteNew(ctx context.Context, b *blob.Bucket, data []byte, contentType string, newKey func() string) (string, error) {
 	const attempts = 3
+	var key string
 	for range attempts {
-		key := NewKey(f.Time, f.Worker, RandomSuffix())
-		err = w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
-			ContentType: "application/octet-stream",
+		key = newKey()
+		err := b.WriteAll(ctx, key, data, &blob.WriterOptions{
+			ContentType: contentType,
 			IfNotExist:  true,
 		})
 		if err == nil {
 			return key, nil
 		}
 		if gcerrors.Code(err) != gcerrors.FailedPrecondition {
-			return "", fmt.Errorf("write error document %s: %w", key, err)
+			return key, err
 		}
 	}
-	return "", fmt.Errorf("write error document: %d name collisions: %w", attempts, err)
+	return key, fmt.Errorf("%d name collisions in a row", attempts)
 }
