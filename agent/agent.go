@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"gocloud.dev/blob"
+	"golang.org/x/sys/unix"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	podevents "github.com/kfelastic/kfelastic/events"
 )
 
 // Config is the agent's configuration: torchrun's flags plus kfelastic's.
@@ -180,16 +182,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	// A prefix that cannot be opened is refused before any worker runs, not
-	// discovered when the pod's root cause has to be written.
-	if cfg.ErrorPrefix != "" {
-		b, err := kferrors.OpenPrefix(ctx, cfg.ErrorPrefix, true)
-		if err != nil {
-			return fmt.Errorf("--error-prefix: %w", err)
-		}
-		b.Close()
-	}
 	log := cfg.Logger
+	// A prefix that cannot be opened is refused before any worker runs, not
+	// discovered when the pod's root cause has to be written. The pod's
+	// events go there too.
+	evlog, err := openEventLog(ctx, cfg.ErrorPrefix, log)
+	if err != nil {
+		return fmt.Errorf("--error-prefix: %w", err)
+	}
+	defer evlog.close()
 	if cfg.LogDir == "" {
 		d, err := os.MkdirTemp("", "kfelastic_")
 		if err != nil {
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
 		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour)}
 	l.spareTimer.Stop()
 	if cfg.Tee {
@@ -236,6 +237,9 @@ type loop struct {
 	work   context.Context
 	events chan Event
 	out    *output
+	// evlog appends the pod's events (group started, worker exited,
+	// restart, pod failed) next to its error documents.
+	evlog *eventLog
 
 	policy    *Policy
 	group     *group
@@ -295,6 +299,7 @@ func (l *loop) run(ctx context.Context) error {
 					break // a spare that was never released
 				}
 				l.logExit(we)
+				l.evlog.append(l.exitEvent(we))
 				if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
 					g.stopProxy() // the store is gone with rank 0
 				}
@@ -329,6 +334,10 @@ func (l *loop) run(ctx context.Context) error {
 func (l *loop) do(a Action) (done bool, err error) {
 	switch a := a.(type) {
 	case JoinRound:
+		if a.Restart != "" {
+			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
+				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
+		}
 		l.join()
 	case StartGroup:
 		l.start(a)
@@ -343,9 +352,15 @@ func (l *loop) do(a Action) (done bool, err error) {
 	case Exit:
 		if a.Code == 0 {
 			l.log.Info("workers succeeded", "restart_count", l.policy.RestartCount())
+			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodSucceeded,
+				Attempt: l.policy.Attempt(), RestartCount: l.policy.RestartCount()})
 			return true, nil
 		}
 		f := l.pendingDoc
+		code := a.Code
+		l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodFailed, Attempt: l.policy.Attempt(),
+			RestartCount: l.policy.RestartCount(), Worker: f.Worker, ExitCode: &code, Code: f.Code, Document: l.docKey,
+			Message: firstLine(f.Message)})
 		l.log.Error("pod failed", "code", f.Code, "worker", f.Worker, "time", f.Time, "exit_code", a.Code,
 			"restart_count", l.policy.RestartCount())
 		return true, &ExitError{Code: a.Code, Failure: f, Document: l.docKey}
@@ -440,6 +455,8 @@ func (l *loop) start(a StartGroup) {
 	}
 	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
 		"dir", l.group.dir)
+	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
+		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize()})
 
 	ctx, cancel := context.WithCancel(l.work)
 	l.watchStop = cancel
@@ -626,6 +643,32 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 		}
 		l.spares[local] = w
 	}
+}
+
+// exitEvent is the event of a worker's exit: its status, and its failure's
+// code unless it exited 0; Stopped when the agent was stopping the group
+// (the exit is the stop's doing or a secondary failure).
+func (l *loop) exitEvent(we WorkerExited) podevents.Event {
+	e := we.Exit
+	ev := podevents.Event{Time: e.ObservedAt, Pod: l.cfg.Pod, Kind: podevents.WorkerExited, Attempt: we.Attempt,
+		Worker: e.Worker, Stopped: l.policy.Stopping()}
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if e.Signal != 0 {
+		ev.Signal = unix.SignalName(e.Signal)
+	} else {
+		code := e.ExitCode
+		ev.ExitCode = &code
+	}
+	switch {
+	case we.StartError != "":
+		ev.Code, ev.Message = "StartFailed", firstLine(we.StartError)
+	case e.ExitCode != 0 || e.Signal != 0 || e.TorchError != nil || e.OOM:
+		f := kferrors.Classify(e)
+		ev.Code, ev.Message = f.Code, firstLine(f.Message)
+	}
+	return ev
 }
 
 func (l *loop) logExit(we WorkerExited) {
