@@ -416,3 +416,15 @@ func TestHeadlineSaysTheCodeOnce(t *testing.T) {
 		}
 	}
 }
+
+func TestPodOf(t *testing.T) {
+	for worker, want := range map[string]string{"job-worker-1/0": "job-worker-1", "job-worker-1": "job-worker-1", "a/b/12": "a/b",
+		"pod/x": "pod/x", "pod/": "pod/", "/3": "/3", "": ""} {
+		if got := kferrors.PodOf(worker); got != want {
+			t.Errorf("PodOf(%q) = %q, want %q", worker, got, want)
+		}
+	}
+	if got := kferrors.PodOfSanitized(kferrors.SanitizeWorker("job-worker-1/7")); got != "job-worker-1" {
+		t.Errorf("PodOfSanitized = %q", got)
+	}
+}

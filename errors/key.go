@@ -108,3 +108,24 @@ func WorkerFromKey(key string) string {
 	}
 	return rest[:i]
 }
+
+// PodOf is the pod of a worker name: the agent names its workers
+// "<pod>/<local rank>" (DESIGN.md §2); any other name is a pod's own.
+func PodOf(worker string) string { return cutRank(worker, '/') }
+
+// PodOfSanitized is PodOf for a sanitized worker name (SanitizeWorker turns
+// "<pod>/<rank>" into "<pod>.<rank>"), as our document names carry them.
+func PodOfSanitized(worker string) string { return cutRank(worker, '.') }
+
+func cutRank(worker string, sep byte) string {
+	i := strings.LastIndexByte(worker, sep)
+	if i <= 0 || i == len(worker)-1 {
+		return worker
+	}
+	for _, c := range []byte(worker[i+1:]) {
+		if c < '0' || c > '9' {
+			return worker
+		}
+	}
+	return worker[:i]
+}

@@ -79,7 +79,7 @@ func (t *tally) removeName(worker string) {
 func (t *tally) addWorker(worker string, n int32) {
 	w := kferrors.SanitizeWorker(worker)
 	t.workers.add(hashName(w), n)
-	t.pods.add(hashName(podOfSanitized(w)), n)
+	t.pods.add(hashName(kferrors.PodOfSanitized(w)), n)
 }
 
 func (t *tally) clone() tally {
@@ -165,26 +165,7 @@ func tallyCode(code string) string {
 // PodOf is the pod a document's worker belongs to, in the sanitized form
 // that names carry (kferrors.SanitizeWorker): the worker itself, or without
 // its local rank for "<pod>/<local rank>" (sanitized "<pod>.<rank>").
-func PodOf(worker string) string { return podOfSanitized(kferrors.SanitizeWorker(worker)) }
-
-func podOfSanitized(w string) string {
-	if i := strings.LastIndexByte(w, '.'); i > 0 && isDigits(w[i+1:]) {
-		return w[:i]
-	}
-	return w
-}
-
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
+func PodOf(worker string) string { return kferrors.PodOfSanitized(kferrors.SanitizeWorker(worker)) }
 
 // hashCounts is a set of names, kept as 64-bit hashes with a count each so
 // that a name can be taken back, and at most MaxTallyWorkers of them. A
