@@ -299,7 +299,9 @@ func eventTitle(ev events.Event, origin time.Time) string {
 	return b.String()
 }
 
-// offset says a duration from the root cause: "+1.234s", "-250ms", "+2m03s".
+// offset says a duration from the root cause, to a tenth of a millisecond
+// below a second and a millisecond below a minute: "+1.234s", "-250ms",
+// "+4.4ms", "+2m03s". Tooltips and the table give the exact times.
 func offset(d time.Duration) string {
 	sign := "+"
 	if d < 0 {
@@ -308,8 +310,10 @@ func offset(d time.Duration) string {
 	switch {
 	case d == 0:
 		return "±0"
+	case d < time.Millisecond:
+		return sign + strconv.FormatFloat(math.Round(float64(d)/100)/10, 'f', -1, 64) + "µs"
 	case d < time.Second:
-		return sign + strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', -1, 64) + "ms"
+		return sign + strconv.FormatFloat(math.Round(float64(d)/float64(100*time.Microsecond))/10, 'f', -1, 64) + "ms"
 	case d < time.Minute:
 		return sign + strconv.FormatFloat(math.Round(d.Seconds()*1000)/1000, 'f', -1, 64) + "s"
 	case d < time.Hour:
