@@ -17,7 +17,8 @@
 //
 // At hundreds of pods the root cause's lane comes first and the first
 // OpenLanes lanes (by first failure) show at once in a scrolling box under
-// a sticky time axis; the rest fold into a list that opens on a click.
+// a sticky time axis; the rest fold into a list that opens on a click, and
+// past MaxLanes (2000) the pods that failed last are left out, said so.
 // Every text from storage is escaped: html/template escapes it for HTML
 // and visible (visible.go) first shows control characters, terminal escape
 // sequences and invisible reordering characters as \x1b, \u202e, ….

@@ -44,6 +44,7 @@ type page struct {
 	Axis      axisView
 	Open      lanesView
 	More      *lanesView
+	LanesLeft int // lanes not drawn (beyond MaxLanes)
 	Rows      []rowView
 	RowsMore  int
 	Skipped   []skipView
@@ -101,6 +102,9 @@ func newPage(in Input) page {
 	if in.TableRows <= 0 {
 		in.TableRows = defaultRows
 	}
+	if in.MaxLanes <= 0 {
+		in.MaxLanes = defaultLanes
+	}
 	m := newModel(in)
 	p := page{Prefix: visible(in.Prefix, true), Width: svgWidth}
 	msg := in.Message
@@ -152,9 +156,11 @@ func newPage(in Input) page {
 	if len(breaks) > 0 {
 		p.Axis.Caption += "; the axis is cut (≈) so that the failures get most of its width"
 	}
-	open := m.lanes[:min(len(m.lanes), in.OpenLanes)]
+	lanes := m.lanes[:min(len(m.lanes), in.MaxLanes)]
+	p.LanesLeft = len(m.lanes) - len(lanes)
+	open := lanes[:min(len(lanes), in.OpenLanes)]
 	p.Open = drawLanes(open, x, rootX, breaks, 0)
-	if rest := m.lanes[len(open):]; len(rest) > 0 {
+	if rest := lanes[len(open):]; len(rest) > 0 {
 		more := drawLanes(rest, x, rootX, breaks, len(open))
 		p.More = &more
 	}

@@ -35,21 +35,25 @@ type Input struct {
 	OpenLanes int
 	// TableRows bounds the failure table; default 500.
 	TableRows int
+	// MaxLanes bounds the lanes drawn at all, so that a page stays a page
+	// at 100,000 workers; default 2000. The earliest failing pods are kept.
+	MaxLanes int
 }
 
 // Geometry of the timeline, in SVG user units (CSS pixels at 1:1).
 const (
-	svgWidth    = 1000
-	labelWidth  = 220
-	plotLeft    = labelWidth + 16
-	plotRight   = svgWidth - 24
-	laneHeight  = 22
-	axisHeight  = 34
-	podChars    = 30
-	rootChars   = 90
-	titleChars  = 300
-	defaultOpen = 30
-	defaultRows = 500
+	svgWidth     = 1000
+	labelWidth   = 220
+	plotLeft     = labelWidth + 16
+	plotRight    = svgWidth - 24
+	laneHeight   = 22
+	axisHeight   = 34
+	podChars     = 30
+	rootChars    = 90
+	titleChars   = 300
+	defaultOpen  = 30
+	defaultRows  = 500
+	defaultLanes = 2000
 )
 
 // markKind is what a mark on a lane stands for; its name is its CSS class.

@@ -214,6 +214,13 @@ func TestManyPodsFold(t *testing.T) {
 	if len(page) > 2<<20 {
 		t.Fatalf("a 500-pod page of %d bytes", len(page))
 	}
+	// Past MaxLanes the latest pods are left out, and the page says so.
+	in := manyPods(500)
+	in.MaxLanes = 100
+	page, doc = parse(t, in)
+	if count(doc) != 100 || !strings.Contains(page, "400 more pods, whose first failure came later, are not drawn") {
+		t.Fatalf("%d lanes drawn of 500 with MaxLanes 100", count(doc))
+	}
 }
 
 // No documents at all is a report too, and says so.
