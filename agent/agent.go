@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
@@ -58,8 +59,9 @@ type Config struct {
 	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
 	StopGrace time.Duration
 	// StorageTimeout bounds the agent's storage work: the upload of the
-	// pod's error document, retried until it has passed (document.go), and
-	// the superseding at each group start. DefaultStorageTimeout when 0.
+	// pod's error document, retried until it has passed (document.go), the
+	// superseding at each group start, and each event write and the events'
+	// drain at exit (eventlog.go). DefaultStorageTimeout when 0.
 	StorageTimeout time.Duration
 	// WarmSpares starts the next attempt's Python interpreters ahead, with
 	// Preload (comma-separated modules, default "torch") imported, so that a
@@ -113,7 +115,7 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string {
-	return fmt.Sprintf("%s: %s (worker %s, exit %d)", e.Failure.Code, firstLine(e.Failure.Message), e.Failure.Worker, e.Code)
+	return fmt.Sprintf("%s (worker %s, exit %d)", kferrors.Headline(e.Failure.Code, firstLine(e.Failure.Message)), e.Failure.Worker, e.Code)
 }
 
 // ExitCode is the process exit status for the command.
@@ -250,16 +252,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	}
-	// A prefix that cannot be opened is refused before any worker runs, not
-	// discovered when the pod's root cause has to be written.
-	if cfg.ErrorPrefix != "" {
-		b, err := kferrors.OpenPrefix(ctx, cfg.ErrorPrefix, true)
-		if err != nil {
-			return fmt.Errorf("--error-prefix: %w", err)
-		}
-		b.Close()
-	}
 	log := cfg.Logger
+	// A prefix that cannot be opened is refused before any worker runs, not
+	// discovered when the pod's root cause has to be written. The pod's
+	// events go there too.
+	evlog, err := openEventLog(ctx, cfg.ErrorPrefix, log, cfg.StorageTimeout)
+	if err != nil {
+		return fmt.Errorf("--error-prefix: %w", err)
+	}
+	defer evlog.close()
 	if cfg.LogDir == "" {
 		d, err := os.MkdirTemp("", "kfelastic_")
 		if err != nil {
@@ -289,7 +290,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{},
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
 		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
 	if cfg.Tee {
@@ -318,6 +319,9 @@ type loop struct {
 	work   context.Context
 	events chan Event
 	out    *output
+	// evlog appends the pod's events (group started, worker exited,
+	// restart, pod failed) next to its error documents.
+	evlog *eventLog
 
 	policy    *Policy
 	group     *group
@@ -421,13 +425,15 @@ func (l *loop) run(ctx context.Context) error {
 }
 
 // step feeds one event to the policy, after the loop's own part in a
-// worker's exit: log it, and end its group when it was the last.
+// worker's exit: log it, append its event, and end its group when it was
+// the last.
 func (l *loop) step(ev Event) []Action {
 	if we, ok := ev.(WorkerExited); ok {
 		if !l.current(we) {
 			return nil // a spare that was never released
 		}
 		l.logExit(we)
+		l.evlog.append(l.exitEvent(we))
 		if g := l.group; g != nil && g.attempt == we.Attempt && g.ended() {
 			g.end() // the store is gone with rank 0, and all the group started
 		}
@@ -446,6 +452,10 @@ func (l *loop) terminate(ctx context.Context) []Action {
 func (l *loop) do(a Action) (done bool, err error) {
 	switch a := a.(type) {
 	case JoinRound:
+		if a.Restart != "" {
+			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
+				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
+		}
 		l.join()
 	case StartGroup:
 		l.start(a)
@@ -461,9 +471,15 @@ func (l *loop) do(a Action) (done bool, err error) {
 		code := l.leave(a.Code)
 		if code == 0 {
 			l.log.Info("workers succeeded", "restart_count", l.policy.RestartCount())
+			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodSucceeded,
+				Attempt: l.policy.Attempt(), RestartCount: l.policy.RestartCount()})
 			return true, nil
 		}
 		f := l.pendingDoc
+		// The event has the pod's exit code: the one leave decided.
+		l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodFailed, Attempt: l.policy.Attempt(),
+			RestartCount: l.policy.RestartCount(), Worker: f.Worker, ExitCode: &code, Code: f.Code, Document: l.docKey,
+			Message: firstLine(f.Message)})
 		l.log.Error("pod failed", "code", f.Code, "worker", f.Worker, "time", f.Time, "exit_code", a.Code,
 			"restart_count", l.policy.RestartCount())
 		return true, &ExitError{Code: code, Failure: f, Document: l.docKey}
@@ -589,6 +605,8 @@ func (l *loop) start(a StartGroup) {
 	}
 	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
 		"dir", l.group.dir)
+	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
+		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
 
 	ctx, cancel := context.WithCancel(l.work)
 	l.watchStop = cancel
@@ -706,6 +724,32 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 		}
 		l.spares[local] = w
 	}
+}
+
+// exitEvent is the event of a worker's exit: its status, and its failure's
+// code unless it exited 0; Stopped when the agent was stopping the group
+// (the exit is the stop's doing or a secondary failure).
+func (l *loop) exitEvent(we WorkerExited) podevents.Event {
+	e := we.Exit
+	ev := podevents.Event{Time: e.ObservedAt, Pod: l.cfg.Pod, Kind: podevents.WorkerExited, Attempt: we.Attempt,
+		Worker: e.Worker, Stopped: l.policy.Stopping()}
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if e.Signal != 0 {
+		ev.Signal = unix.SignalName(e.Signal)
+	} else {
+		code := e.ExitCode
+		ev.ExitCode = &code
+	}
+	switch {
+	case we.StartError != "":
+		ev.Code, ev.Message = "StartFailed", firstLine(we.StartError)
+	case e.ExitCode != 0 || e.Signal != 0 || e.TorchError != nil || e.OOM:
+		f := kferrors.Classify(e)
+		ev.Code, ev.Message = f.Code, firstLine(f.Message)
+	}
+	return ev
 }
 
 func (l *loop) logExit(we WorkerExited) {

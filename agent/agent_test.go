@@ -22,6 +22,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -462,6 +463,48 @@ func TestBudgetExhaustedWritesDocument(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "Rendezvous complete"); n != 2 {
 		t.Errorf("%d rendezvous, want 2 (one restart)", n)
+	}
+	checkEvents(t, dir, ee)
+}
+
+// checkEvents: the pod's event log next to its document tells the story of
+// TestBudgetExhaustedWritesDocument: two groups, a restart between them, the
+// failing worker's exits with their code, its peer's stopped by the agent,
+// then the pod's failure naming its document.
+func checkEvents(t *testing.T, dir string, ee *ExitError) {
+	t.Helper()
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	log, err := podevents.Read(t.Context(), b, nil)
+	if err != nil || len(log.Skipped) > 0 {
+		t.Fatalf("events: %v, skipped %v", err, log.Skipped)
+	}
+	var story []string
+	exits := map[string]int{}
+	for _, ev := range log.Events {
+		if ev.Pod != "pod-0" {
+			t.Errorf("event of pod %q", ev.Pod)
+		}
+		switch ev.Kind {
+		case podevents.WorkerExited:
+			exits[fmt.Sprintf("%s code=%s stopped=%t", ev.Worker, ev.Code, ev.Stopped)]++
+		case podevents.GroupStarted:
+			story = append(story, fmt.Sprintf("%s attempt=%d restart=%d", ev.Kind, ev.Attempt, ev.RestartCount))
+		case podevents.Restart:
+			story = append(story, fmt.Sprintf("%s attempt=%d restart=%d reason=%s", ev.Kind, ev.Attempt, ev.RestartCount, ev.Reason))
+		case podevents.PodFailed:
+			story = append(story, fmt.Sprintf("%s code=%s exit=%d document=%t", ev.Kind, ev.Code, *ev.ExitCode, ev.Document == ee.Document))
+		}
+	}
+	want := "group-started attempt=1 restart=0|restart attempt=2 restart=1 reason=failure|group-started attempt=2 restart=1|pod-failed code=ValueError exit=1 document=true"
+	if got := strings.Join(story, "|"); got != want {
+		t.Errorf("events\n got %s\nwant %s", got, want)
+	}
+	if exits["pod-0/1 code=ValueError stopped=false"] != 2 || exits["pod-0/0 code=SignalSIGTERM stopped=true"] != 2 {
+		t.Errorf("worker exits %v", exits)
 	}
 }
 

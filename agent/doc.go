@@ -20,6 +20,11 @@
 // for tests and the local engine) implement it here, the master's gRPC
 // client will too.
 //
+// Events: with an error prefix, the agent appends its pod's events next to
+// the documents (package events: group started, worker exited, restart,
+// pod failed or succeeded), in the background so that storage never delays
+// a restart (eventlog.go). The failure report draws them in the pod's lane.
+//
 // Store proxy (default; Config.NoStoreProxy, --store-proxy=false, turns it
 // off): torchrun's workers meet at a TCPStore that the global rank-0 worker
 // hosts on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=False), and it binds the

@@ -24,9 +24,9 @@ func ExamplePolicy() {
 	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 0, Exit: kferrors.Exit{Worker: "job-worker-0/0", Signal: syscall.SIGTERM}}, now.Add(2*time.Second)))
 	fmt.Println("restart count:", p.RestartCount())
 	// Output:
-	// agent.JoinRound {}
+	// agent.JoinRound {Restart: RestartCount:0}
 	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 WorldSize:2 FirstGlobalRank:0 MasterAddr: MasterPort:0}}
 	// agent.SignalGroup {Attempt:1 Signal:terminated}
-	// agent.JoinRound {}
+	// agent.JoinRound {Restart:failure RestartCount:1}
 	// restart count: 1
 }

@@ -147,7 +147,19 @@ func (Tick) event()              {}
 type Action interface{ action() }
 
 // JoinRound: ask the rendezvous for the next round (answer: RoundReady).
-type JoinRound struct{}
+// After a stopped group it is a restart: Restart says why ("failure" spends
+// the budget, "membership" does not) and RestartCount is the budget spent
+// with it; both are zero for the first join.
+type JoinRound struct {
+	Restart      string
+	RestartCount int
+}
+
+// Why a group restarts (JoinRound.Restart).
+const (
+	RestartAfterFailure    = "failure"
+	RestartAfterMembership = "membership"
+)
 
 // StartGroup: start LocalWorkers workers for Round with these counters.
 type StartGroup struct {
@@ -191,6 +203,13 @@ func (p *Policy) Done() bool { return p.phase == phaseDone }
 
 // RestartCount is the budget spent so far.
 func (p *Policy) RestartCount() int { return p.restarts }
+
+// Attempt is the number of the current (or last) group start.
+func (p *Policy) Attempt() int { return p.attempt }
+
+// Stopping reports whether the Policy is stopping the group: a worker that
+// exits now ends by the stop, or as a secondary failure, not as a cause.
+func (p *Policy) Stopping() bool { return p.phase == phaseStopping }
 
 // Deadline is the earliest time the Policy wants a Tick (SIGKILL after the
 // stop grace, end of the dump window, a worker's hang deadline); zero if none.
@@ -414,7 +433,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		return p.finish(p.preempted())
 	case reasonMembership:
 		p.phase = phaseRendezvous
-		return []Action{JoinRound{}}
+		return []Action{JoinRound{Restart: RestartAfterMembership, RestartCount: p.restarts}}
 	}
 	root := RootCause(p.failures)
 	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts {
@@ -422,7 +441,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 	}
 	p.restarts++
 	p.phase = phaseRendezvous
-	return []Action{JoinRound{}}
+	return []Action{JoinRound{Restart: RestartAfterFailure, RestartCount: p.restarts}}
 }
 
 // preempted is the document of a stop signal: Preempted for SIGTERM,

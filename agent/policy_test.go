@@ -211,7 +211,11 @@ func formatActions(as []Action) []string {
 	for _, a := range as {
 		switch a := a.(type) {
 		case JoinRound:
-			out = append(out, "join")
+			if a.Restart == "" {
+				out = append(out, "join")
+			} else {
+				out = append(out, fmt.Sprintf("join restart=%s count=%d", a.Restart, a.RestartCount))
+			}
 		case StartGroup:
 			out = append(out, fmt.Sprintf("start attempt=%d restart=%d round=%d", a.Attempt, a.RestartCount, a.Round.Number))
 		case SignalGroup:

@@ -159,6 +159,10 @@ func TestKeysOrderByTimeAndStayInsidePrefix(t *testing.T) {
 	if _, ok := kferrors.TimeFromKey("error-3f2a9c0d1e6b4a5f8c7d9e0f1a2b3c4d.pb"); ok {
 		t.Fatal("flytekit's uuid key must carry no time")
 	}
+	// A sign would parse, yet break "key order is time order" ('+' < '0').
+	if _, ok := kferrors.TimeFromKey("error-+999999999999999999-w-r.pb"); ok {
+		t.Fatal("a signed number is not a key time")
+	}
 	for _, hostile := range []string{"../../etc/passwd", "a/../../b", "..", "/", "", "x\x00y", "ü/..\\..", strings.Repeat("a/", 200)} {
 		k := kferrors.NewKey(t0, hostile, "r")
 		if strings.Contains(k, "/") || strings.Contains(k, "..") || strings.Contains(k, "\\") || len(k) > 120 || !kferrors.IsDocumentKey(k) {
@@ -680,5 +684,42 @@ func TestSupersedeDoesNotReadHugeFiles(t *testing.T) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	if ru.Maxrss > 200<<10 {
 		t.Errorf("max RSS %d MiB", ru.Maxrss>>10)
+	}
+}
+
+func TestHeadlineSaysTheCodeOnce(t *testing.T) {
+	cases := []struct{ code, msg, want string }{
+		{"ValueError", "ValueError: batch 17 has NaN labels", "ValueError: batch 17 has NaN labels"},
+		{"ValueError", "batch 17 has NaN labels", "ValueError: batch 17 has NaN labels"},
+		{"ValueError", "ValueError", "ValueError"},
+		{"ValueError", "\n  ValueError: x\n", "ValueError: x\n"},
+		{"ValueError", "ValueErrors were seen", "ValueError: ValueErrors were seen"},
+		{"USER:ValueError", "ValueError: batch 17", "USER:ValueError: batch 17"},
+		{"USER:ValueError", "USER:ValueError: batch 17", "USER:ValueError: batch 17"},
+		{kferrors.CodeRecoverable, "USER:Recoverable: try again", "USER:Recoverable: try again"},
+		{kferrors.CodeRecoverable, "Recoverable: try again", "USER:Recoverable: try again"},
+		{kferrors.CodeRecoverable, "FlyteRecoverableException: try again", "USER:Recoverable: FlyteRecoverableException: try again"},
+		{"torch.distributed.DistNetworkError", "torch.distributed.DistNetworkError: Connection closed by peer", "torch.distributed.DistNetworkError: Connection closed by peer"},
+		{"E:", "E: x", "E: x"},
+		{"", "just a message", "just a message"},
+		{"OOMKilled", "", "OOMKilled"},
+		{"", "", ""},
+	}
+	for _, c := range cases {
+		if got := kferrors.Headline(c.code, c.msg); got != c.want {
+			t.Errorf("Headline(%q, %q) = %q, want %q", c.code, c.msg, got, c.want)
+		}
+	}
+}
+
+func TestPodOf(t *testing.T) {
+	for worker, want := range map[string]string{"job-worker-1/0": "job-worker-1", "job-worker-1": "job-worker-1", "a/b/12": "a/b",
+		"pod/x": "pod/x", "pod/": "pod/", "/3": "/3", "": ""} {
+		if got := kferrors.PodOf(worker); got != want {
+			t.Errorf("PodOf(%q) = %q, want %q", worker, got, want)
+		}
+	}
+	if got := kferrors.PodOfSanitized(kferrors.SanitizeWorker("job-worker-1/7")); got != "job-worker-1" {
+		t.Errorf("PodOfSanitized = %q", got)
 	}
 }

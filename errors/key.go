@@ -78,6 +78,12 @@ func TimeFromKey(key string) (time.Time, bool) {
 	if !ok || len(rest) < tsDigits+1 || rest[tsDigits] != '-' {
 		return time.Time{}, false
 	}
+	// Digits only (ParseInt would take a sign): key order must be time order.
+	for i := range tsDigits {
+		if rest[i] < '0' || rest[i] > '9' {
+			return time.Time{}, false
+		}
+	}
 	ns, err := strconv.ParseInt(rest[:tsDigits], 10, 64)
 	if err != nil || ns <= 0 {
 		return time.Time{}, false
@@ -105,4 +111,25 @@ func WorkerFromKey(key string) string {
 		return ""
 	}
 	return rest[:i]
+}
+
+// PodOf is the pod of a worker name: the agent names its workers
+// "<pod>/<local rank>" (DESIGN.md §2); any other name is a pod's own.
+func PodOf(worker string) string { return cutRank(worker, '/') }
+
+// PodOfSanitized is PodOf for a sanitized worker name (SanitizeWorker turns
+// "<pod>/<rank>" into "<pod>.<rank>"), as our document names carry them.
+func PodOfSanitized(worker string) string { return cutRank(worker, '.') }
+
+func cutRank(worker string, sep byte) string {
+	i := strings.LastIndexByte(worker, sep)
+	if i <= 0 || i == len(worker)-1 {
+		return worker
+	}
+	for _, c := range []byte(worker[i+1:]) {
+		if c < '0' || c > '9' {
+			return worker
+		}
+	}
+	return worker[:i]
 }

@@ -116,8 +116,9 @@ func NewWriter(bucket *blob.Bucket, opts *WriterOptions) *Writer {
 	return w
 }
 
-// ErrExists is what Put returns when an object of that name exists already.
-var ErrExists = goerrors.New("error document exists")
+// ErrExists is what Put returns, wrapped, when an object of that name exists
+// already, and WriteNew when every name it tried did.
+var ErrExists = goerrors.New("object exists")
 
 // Prepare encodes f, its message capped, as Write would store it, and names
 // it (NewKey with a fresh RandomSuffix). A caller that must retry an upload
@@ -134,17 +135,10 @@ func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
 // Put stores data under key, conditionally (IfNotExist): an existing object
 // is never replaced, and its existence is an error wrapping ErrExists.
 func (w *Writer) Put(ctx context.Context, key string, data []byte) error {
-	err := w.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{
-		ContentType: "application/octet-stream",
-		IfNotExist:  true,
-	})
-	switch {
-	case err == nil:
-		return nil
-	case gcerrors.Code(err) == gcerrors.FailedPrecondition:
-		return fmt.Errorf("write error document %s: %w", key, ErrExists)
+	if err := putNew(ctx, w.bucket, key, data, "application/octet-stream"); err != nil {
+		return fmt.Errorf("write error document %s: %w", key, err)
 	}
-	return fmt.Errorf("write error document %s: %w", key, err)
+	return nil
 }
 
 // Write stores f under a new error-<ns>-<worker>-<random>.pb key and returns
@@ -155,15 +149,46 @@ func (w *Writer) Write(ctx context.Context, f Failure) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	const attempts = 3
-	for range attempts {
-		if err = w.Put(ctx, key, data); !goerrors.Is(err, ErrExists) {
-			if err != nil {
-				return "", err
-			}
-			return key, nil
+	first := true
+	key, err = WriteNew(ctx, w.bucket, data, "application/octet-stream", func() string {
+		if first {
+			first = false
+			return key
 		}
-		key = NewKey(f.Time, f.Worker, RandomSuffix())
+		return NewKey(f.Time, f.Worker, RandomSuffix())
+	})
+	if err != nil {
+		return "", fmt.Errorf("write error document %s: %w", key, err)
 	}
-	return "", fmt.Errorf("write error document: %d name collisions: %w", attempts, err)
+	return key, nil
+}
+
+// WriteNew stores data under a key from newKey and returns the key. It never
+// replaces an object: the write is conditional (IfNotExist), and a key that
+// exists already is retried with another from newKey, a few times; when all
+// exist, the error wraps ErrExists. Error documents and the events next to
+// them (package events) are written so.
+func WriteNew(ctx context.Context, b *blob.Bucket, data []byte, contentType string, newKey func() string) (string, error) {
+	const attempts = 3
+	var key string
+	for range attempts {
+		key = newKey()
+		if err := putNew(ctx, b, key, data, contentType); !goerrors.Is(err, ErrExists) {
+			return key, err
+		}
+	}
+	return key, fmt.Errorf("%d name collisions in a row: %w", attempts, ErrExists)
+}
+
+// putNew stores data under key unless an object of that name exists, which
+// is an error wrapping ErrExists.
+func putNew(ctx context.Context, b *blob.Bucket, key string, data []byte, contentType string) error {
+	err := b.WriteAll(ctx, key, data, &blob.WriterOptions{
+		ContentType: contentType,
+		IfNotExist:  true,
+	})
+	if err != nil && gcerrors.Code(err) == gcerrors.FailedPrecondition {
+		return ErrExists
+	}
+	return err
 }

@@ -9,7 +9,7 @@
 //	…the plugin manager creates job…
 //	j, _ := kfoperator.JobOf(obj)                                      // GetTaskPhase
 //	if _, terminal := j.Terminal(); terminal {
-//		report, _ := outputreader.Read(ctx, src, readOpts)
+//		report, _ := outputreader.Summarize(ctx, src, readOpts)        // memory flat in the documents
 //		info, err := kfoperator.Phase(j, pods, report, now, cfg, taskInfo)
 //	}
 //

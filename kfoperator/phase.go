@@ -2,8 +2,7 @@ package kfoperator
 
 import (
 	"fmt"
-	"slices"
-	"strings"
+
 	"time"
 
 	flyteerr "github.com/flyteorg/flyte/flyteplugins/go/tasks/errors"
@@ -39,8 +38,9 @@ func primaryContainer(kind string) string {
 //
 // pods are the job's pods; nil means they could not be listed, and the
 // failed-pod count then comes from the job status. report is the outcome of
-// outputreader.Read over the task's output prefix; it is only looked at when
-// the job is terminal (nil then means no documents).
+// outputreader.Summarize over the task's output prefix (or a full
+// Report.Summary); it is only looked at when the job is terminal (nil then
+// means no documents).
 //
 // On Failed: while fewer failed pods have a document than failed (listed
 // pods, or the job status's count when that is larger), and the grace since
@@ -53,7 +53,7 @@ func primaryContainer(kind string) string {
 // non-recoverable one a permanent failure. No failure at all: Succeeded is a
 // success, Failed a retryable failure with the operator's reason (upstream's
 // behaviour).
-func Phase(job Job, pods []corev1.Pod, report *outputreader.Report, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) (pluginsCore.PhaseInfo, error) {
+func Phase(job Job, pods []corev1.Pod, report *outputreader.Summary, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) (pluginsCore.PhaseInfo, error) {
 	info.OccurredAt = &now
 	suspended := job.RunPolicy.Suspend != nil && *job.RunPolicy.Suspend
 	if !suspended && cfg.OperatorTimeout > 0 && job.Status.StartTime == nil && len(job.Status.Conditions) == 0 &&
@@ -81,9 +81,9 @@ func Phase(job Job, pods []corev1.Pod, report *outputreader.Report, now time.Tim
 	return pluginsCore.PhaseInfoUndefined, nil
 }
 
-func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, report *outputreader.Report, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) pluginsCore.PhaseInfo {
+func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, report *outputreader.Summary, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) pluginsCore.PhaseInfo {
 	if report == nil {
-		report = &outputreader.Report{}
+		report = &outputreader.Summary{}
 	}
 	// Which failed pods have a document. The job status counts failed pods
 	// too; it is the only count left when the pods are gone (a clean-pod
@@ -92,7 +92,6 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	// On Succeeded the operator judged the pods that count: a pod that
 	// failed on the way (scaled down, replaced) neither delays the answer
 	// nor gets a document; documents written by the pods still decide.
-	reported := reportedPods(report)
 	var missing []*corev1.Pod
 	listedFailed, have := 0, 0
 	if cond.Type == kubeflowv1.JobSucceeded {
@@ -104,10 +103,8 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 			continue
 		}
 		listedFailed++
-		name := kferrors.SanitizeWorker(p.Name)
-		if _, ok := reported[name]; ok {
+		if report.HasPod(p.Name) {
 			have++
-			delete(reported, name)
 		} else {
 			missing = append(missing, p)
 		}
@@ -116,7 +113,9 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	if cond.Type == kubeflowv1.JobFailed {
 		expected = max(listedFailed, job.FailedInStatus())
 	}
-	have += min(len(reported), expected-listedFailed)
+	// Pods with documents that were not listed (deleted by a clean-pod
+	// policy) count towards the status's failed pods.
+	have += max(0, min(report.Pods()-have, expected-listedFailed))
 	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
 	if have < expected && now.Before(deadline) {
 		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported (deciding at %s at the latest)",
@@ -132,14 +131,13 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 			synthesized = append(synthesized, f)
 		}
 	}
-	merged := Merge(report, synthesized)
-	ee := flyteio.ExecutionError(merged)
+	ee := flyteio.ExecutionError(report.Merge(synthesized...))
 	if ee == nil {
 		if cond.Type == kubeflowv1.JobSucceeded {
 			return pluginsCore.PhaseInfoSuccess(&info)
 		}
 		details := fmt.Sprintf("Job failed:\n\t%v - %v", cond.Reason, cond.Message)
-		if n := len(report.Skipped); n > 0 {
+		if n := report.Skipped; n > 0 {
 			details += fmt.Sprintf("\n\t%d unreadable error documents skipped", n)
 		}
 		return pluginsCore.PhaseInfoRetryableFailure(string(flyteerr.DownstreamSystemError), details, &info)
@@ -149,67 +147,4 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 		phase = pluginsCore.PhaseRetryableFailure
 	}
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
-}
-
-// reportedPods are the pods with a document, as sanitized worker names: a
-// document from the pod itself (flytekit's _F_WN, the pod name) or from one
-// of its local workers ("<pod>/<rank>", sanitized "<pod>.<rank>").
-func reportedPods(r *outputreader.Report) map[string]struct{} {
-	out := map[string]struct{}{}
-	add := func(worker string) {
-		w := kferrors.SanitizeWorker(worker)
-		if i := strings.LastIndexByte(w, '.'); i > 0 && isDigits(w[i+1:]) {
-			w = w[:i]
-		}
-		out[w] = struct{}{}
-	}
-	if r.RootCause != nil {
-		add(r.RootCause.Failure.Worker)
-	}
-	for _, d := range r.Others {
-		add(d.Failure.Worker)
-	}
-	return out
-}
-
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// Merge returns a report with the synthesized failures ranked among the
-// read ones by outputreader.Less; r is not modified.
-func Merge(r *outputreader.Report, synthesized []kferrors.Failure) *outputreader.Report {
-	if len(synthesized) == 0 {
-		return r
-	}
-	all := make([]outputreader.Document, 0, len(r.Others)+len(synthesized)+1)
-	if r.RootCause != nil {
-		all = append(all, *r.RootCause)
-	}
-	all = append(all, r.Others...)
-	for _, f := range synthesized {
-		all = append(all, outputreader.Document{Failure: f, Synthesized: true, At: f.Time, AtSource: outputreader.TimeFromDocument})
-	}
-	slices.SortStableFunc(all, func(a, b outputreader.Document) int {
-		switch {
-		case outputreader.Less(a, b):
-			return -1
-		case outputreader.Less(b, a):
-			return 1
-		}
-		return 0
-	})
-	out := *r
-	root := all[0]
-	out.RootCause = &root
-	out.Others = all[1:]
-	return &out
 }

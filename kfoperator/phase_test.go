@@ -3,6 +3,7 @@ package kfoperator
 import (
 	"context"
 	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 	"testing/quick"
@@ -23,9 +24,18 @@ var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
 func at(d time.Duration) time.Time { return t0.Add(d) }
 
-// readReport writes the failures as error documents into an in-memory
-// bucket and reads them back with the real reader.
+// readSummary writes the failures as error documents into an in-memory
+// bucket and reads them back with the plugin's reader (Summarize);
+// readReport with the full list (Read).
+func readSummary(t *testing.T, fs ...kferrors.Failure) *outputreader.Summary {
+	return readWith(t, fs, outputreader.Summarize)
+}
+
 func readReport(t *testing.T, fs ...kferrors.Failure) *outputreader.Report {
+	return readWith(t, fs, outputreader.Read)
+}
+
+func readWith[T any](t *testing.T, fs []kferrors.Failure, read func(context.Context, outputreader.Source, *outputreader.Options, ...kferrors.Failure) (T, error)) T {
 	t.Helper()
 	ctx := context.Background()
 	b := memblob.OpenBucket(nil)
@@ -36,7 +46,7 @@ func readReport(t *testing.T, fs ...kferrors.Failure) *outputreader.Report {
 			t.Fatal(err)
 		}
 	}
-	r, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), &outputreader.Options{Now: func() time.Time { return at(time.Hour) }})
+	r, err := read(ctx, outputreader.NewBucketSource(b), &outputreader.Options{Now: func() time.Time { return at(time.Hour) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,9 +172,9 @@ func TestPhaseTerminal(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			j := job(kubeflowv1.PyTorchJobKind, c.cond, at(0), c.failed)
 			j.Status.Conditions[2].Reason, j.Status.Conditions[2].Message = "BackoffLimitExceeded", "PyTorchJob j has failed"
-			var report *outputreader.Report
+			var report *outputreader.Summary
 			if len(c.docs) > 0 {
-				report = readReport(t, c.docs...)
+				report = readSummary(t, c.docs...)
 			}
 			p, err := Phase(j, c.pods, report, at(c.now), cfg, pluginsCore.TaskInfo{})
 			if err != nil {
@@ -255,9 +265,9 @@ func TestLogPods(t *testing.T) {
 	}
 }
 
-// TestMergeIsTheMinimum checks Merge against a dumb reference: whatever
-// the read documents and the synthesized failures, the root cause is the
-// least of all of them by outputreader.Less, and the others follow in order.
+// TestMergeIsTheMinimum checks Summary.Merge against a dumb reference:
+// whatever the read documents and the synthesized failures, the root cause
+// is the least of all of them by outputreader.Less, and every one counts.
 func TestMergeIsTheMinimum(t *testing.T) {
 	workers := []string{"j-worker-0", "j-worker-1", "j-worker-1/0", "j-master-0", ""}
 	mk := func(r *rand.Rand) kferrors.Failure {
@@ -280,27 +290,38 @@ func TestMergeIsTheMinimum(t *testing.T) {
 			}
 			synth = append(synth, f)
 		}
-		var report *outputreader.Report
+		report := &outputreader.Report{}
 		if len(read) > 0 {
 			report = readReport(t, read...)
-		} else {
-			report = &outputreader.Report{}
 		}
-		merged := Merge(report, synth)
+		merged := report.Summary().Merge(synth...)
 		all := []outputreader.Document{}
-		if merged.RootCause != nil {
-			all = append(all, *merged.RootCause)
+		if report.RootCause != nil {
+			all = append(all, *report.RootCause)
 		}
-		all = append(all, merged.Others...)
-		if len(all) != len(read)+len(synth) {
-			t.Logf("seed %d: %d documents after merge, want %d", seed, len(all), len(read)+len(synth))
+		all = append(all, report.Others...)
+		for _, f := range synth {
+			all = append(all, outputreader.Document{Failure: f, Synthesized: true, At: f.Time})
+		}
+		if merged.Documents() != len(read)+len(synth) {
+			t.Logf("seed %d: %d documents after merge, want %d", seed, merged.Documents(), len(read)+len(synth))
 			return false
 		}
-		for i := 1; i < len(all); i++ {
-			if outputreader.Less(all[i], all[i-1]) {
-				t.Logf("seed %d: document %d (%v) ranks before %d (%v)", seed, i, all[i].Failure, i-1, all[i-1].Failure)
-				return false
+		if len(all) == 0 {
+			return merged.RootCause == nil
+		}
+		least := slices.MinFunc(all, func(a, b outputreader.Document) int {
+			switch {
+			case outputreader.Less(a, b):
+				return -1
+			case outputreader.Less(b, a):
+				return 1
 			}
+			return 0
+		})
+		if least.Key != merged.RootCause.Key || least.Failure != merged.RootCause.Failure {
+			t.Logf("seed %d: root %v, want %v", seed, merged.RootCause.Failure, least.Failure)
+			return false
 		}
 		return true
 	}

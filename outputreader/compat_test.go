@@ -87,7 +87,7 @@ func TestAgreesWithUpstreamEarliestReader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := flyteio.ExecutionError(r)
+		got := flyteio.ExecutionError(r.Summary())
 		if got.Code != want.Code || got.Worker != want.Worker || !got.Timestamp.AsTime().Equal(want.Timestamp.AsTime()) ||
 			got.Kind != want.Kind || got.IsRecoverable != want.IsRecoverable || r.RootCause.Failure.Message != want.Message {
 			t.Fatalf("round %d: ours %+v, upstream %+v", round, got, want)

@@ -168,13 +168,41 @@ func flytekit(t testing.TB, s store, f kferrors.Failure, uuidHex string) string 
 	return key
 }
 
+// read is Read, checked against Summarize (the plugin's read) on the same
+// documents: every conformance case holds for both.
 func read(t testing.TB, s store, extra ...kferrors.Failure) *outputreader.Report {
 	t.Helper()
 	r, err := outputreader.Read(context.Background(), s.src, nil, extra...)
 	if err != nil {
 		t.Fatalf("Read: %v", err)
 	}
+	sum, err := outputreader.Summarize(context.Background(), s.src, nil, extra...)
+	if err != nil {
+		t.Fatalf("Summarize: %v", err)
+	}
+	sameSummary(t, r, sum)
 	return r
+}
+
+// sameSummary checks that a Summary says what the Report says.
+func sameSummary(t testing.TB, r *outputreader.Report, s *outputreader.Summary) {
+	t.Helper()
+	switch {
+	case (r.RootCause == nil) != (s.RootCause == nil):
+		t.Fatalf("Read root %+v, Summarize root %+v", r.RootCause, s.RootCause)
+	case r.RootCause != nil && (r.RootCause.Key != s.RootCause.Key || r.RootCause.Failure != s.RootCause.Failure ||
+		!r.RootCause.At.Equal(s.RootCause.At) && r.RootCause.AtSource != outputreader.TimeFromListing):
+		t.Fatalf("Read root %+v, Summarize root %+v", r.RootCause, s.RootCause)
+	case r.Opened != s.Opened || len(r.Skipped) != s.Skipped || r.Workers() != s.Workers():
+		t.Fatalf("Read opened %d skipped %d workers %d; Summarize %d %d %d", r.Opened, len(r.Skipped), r.Workers(), s.Opened, s.Skipped, s.Workers())
+	case r.RootCause != nil && r.RootCause.AtSource != outputreader.TimeFromListing && r.Message() != s.Message():
+		t.Fatalf("messages differ:\nRead:      %s\nSummarize: %s", r.Message(), s.Message())
+	}
+	for i, sk := range s.SkippedSample {
+		if sk.Key != r.Skipped[i].Key {
+			t.Fatalf("skipped sample %d: %s, Read %s", i, sk.Key, r.Skipped[i].Key)
+		}
+	}
 }
 
 func TestConformance(t *testing.T) {
@@ -185,7 +213,7 @@ func TestConformance(t *testing.T) {
 				s.put(t, "outputs.pb", []byte("not an error document"))
 				s.put(t, "errors/error-nested.pb", []byte("nested: not ours"))
 				r := read(t, s)
-				if r.RootCause != nil || len(r.Others) != 0 || len(r.Skipped) != 0 || r.Message() != "" || flyteio.ExecutionError(r) != nil {
+				if r.RootCause != nil || len(r.Others) != 0 || len(r.Skipped) != 0 || r.Message() != "" || flyteio.ExecutionError(r.Summary()) != nil {
 					t.Fatalf("want the empty report, got %+v", r)
 				}
 				if ok, err := outputreader.HasDocuments(context.Background(), s.src); ok || err != nil {
@@ -212,7 +240,7 @@ func TestConformance(t *testing.T) {
 				if r.Workers() != 3 {
 					t.Fatalf("workers %d", r.Workers())
 				}
-				ee := flyteio.ExecutionError(r)
+				ee := flyteio.ExecutionError(r.Summary())
 				if ee == nil || ee.IsRecoverable || ee.Code != "RuntimeError" || ee.Kind != core.ExecutionError_USER || ee.Worker != "job-worker-1" || !ee.Timestamp.AsTime().Equal(t0) {
 					t.Fatalf("execution error: %+v", ee)
 				}
@@ -410,10 +438,10 @@ func TestConformance(t *testing.T) {
 				ours(t, s, kferrors.UserError("DistNetworkError", "peer gone", "job-worker-0", t0.Add(2*time.Second)))
 				oom := kferrors.SystemFailure(kferrors.CodeOOMKilled, "pod job-worker-1 OOMKilled (exit 137)", "job-worker-1", t0.Add(time.Second))
 				r := read(t, s, oom)
-				if !r.RootCause.Synthesized || r.RootCause.Failure.Code != kferrors.CodeOOMKilled || !flyteio.ExecutionError(r).IsRecoverable {
+				if !r.RootCause.Synthesized || r.RootCause.Failure.Code != kferrors.CodeOOMKilled || !flyteio.ExecutionError(r.Summary()).IsRecoverable {
 					t.Fatalf("root cause %+v", r.RootCause)
 				}
-				if flyteio.ExecutionError(r).Kind != core.ExecutionError_SYSTEM {
+				if flyteio.ExecutionError(r.Summary()).Kind != core.ExecutionError_SYSTEM {
 					t.Fatal("kind")
 				}
 			})

@@ -6,12 +6,14 @@
 // The usage loop:
 //
 //	src := outputreader.NewBucketSource(bucket)              // or flyteio.NewDataStoreSource(store, prefix)
-//	report, err := outputreader.Read(ctx, src, nil, synthesized...)
+//	summary, err := outputreader.Summarize(ctx, src, nil)    // the plugin: root cause + tally, flat memory
+//	ee := flyteio.ExecutionError(summary.Merge(synthesized...)) // for flyteplugins
+//
+//	report, err := outputreader.Read(ctx, src, nil, synthesized...) // the CLI, the report: every document
 //	// or, while late documents may still land:
 //	report, err = outputreader.WaitFor(ctx, src, nil, failedPods, graceDeadline, synthesized...)
 //	if report.RootCause == nil { /* no documents: a distinct outcome */ }
-//	ui := report.Message()                                   // root cause + tally
-//	ee := flyteio.ExecutionError(report)                      // for flyteplugins
+//	ui := report.Message()                                   // root cause + tally, as summary.Message()
 //
 // What it reads. Documents live directly under the output prefix: our
 // error-<19-digit ns>-<worker>-<rand>.pb, flytekit's error-<uuid hex>.pb and
@@ -25,6 +27,10 @@
 // in Report.Skipped; only listing and I/O errors fail a Read.
 //
 // Cost. One listing, then reads in rounds of at most Options.Concurrency in
-// parallel. Memory holds one small summary per document (key, worker, code,
-// times) and one message: the current best's.
+// parallel. Read's memory holds one small summary per document (key, worker,
+// code, times) and one message: the current best's. Summarize holds none per
+// document: the best document, the Concurrency earliest time-named keys, and
+// a tally whose size is bounded (MaxTallyWorkers workers and pods, 256
+// codes), so the plugin's memory stays flat however many documents a task
+// leaves. Both open the same documents and say the same UI message.
 package outputreader

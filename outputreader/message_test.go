@@ -71,12 +71,12 @@ func TestExecutionErrorFollowsRootKind(t *testing.T) {
 		}(),
 	} {
 		r := outputreader.Report{RootCause: &outputreader.Document{Failure: f, At: at}}
-		ee := flyteio.ExecutionError(&r)
+		ee := flyteio.ExecutionError(r.Summary())
 		if ee.IsRecoverable != f.Recoverable || ee.Kind != f.Origin || ee.Code != f.Code || ee.Message != r.Message() {
 			t.Errorf("%s: %+v", f.Code, ee)
 		}
 	}
-	if flyteio.ExecutionError(&outputreader.Report{}) != nil {
+	if flyteio.ExecutionError((&outputreader.Report{}).Summary()) != nil {
 		t.Fatal("no root cause must give nil")
 	}
 }

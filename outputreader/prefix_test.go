@@ -63,9 +63,12 @@ func TestFilePrefixBadEntriesAreSkipped(t *testing.T) {
 		}
 		done := make(chan struct{})
 		var r *outputreader.Report
+		var sum *outputreader.Summary
+		var sumErr error
 		go func() {
 			defer close(done)
 			r, err = outputreader.Read(ctx, outputreader.NewBucketSource(b), &outputreader.Options{OpenAll: true})
+			sum, sumErr = outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil)
 		}()
 		select {
 		case <-done:
@@ -73,8 +76,14 @@ func TestFilePrefixBadEntriesAreSkipped(t *testing.T) {
 			t.Fatalf("%s: Read blocked", prefix)
 		}
 		b.Close()
-		if err != nil {
-			t.Fatalf("%s: Read failed for bad entries: %v", prefix, err)
+		if err != nil || sumErr != nil {
+			t.Fatalf("%s: Read or Summarize failed for bad entries: %v, %v", prefix, err, sumErr)
+		}
+		sameSummary(t, r, sum)
+		for _, s := range sum.SkippedSample {
+			if !goerrors.Is(s.Err, outputreader.ErrUnreadable) {
+				t.Errorf("%s: Summarize skipped %s: %v", prefix, s.Key, s.Err)
+			}
 		}
 		if r.RootCause == nil || r.RootCause.Key != first || len(r.Others) != 1 || r.Others[0].Key != second {
 			t.Fatalf("%s: root %+v, others %+v", prefix, r.RootCause, r.Others)
@@ -128,5 +137,19 @@ func TestModificationTimeOf1970IsNotUsed(t *testing.T) {
 		if d.AtSource != outputreader.TimeFromListing || d.At.Before(t0) {
 			t.Errorf("%s (%s) ranked at %v (%s)", d.Key, d.Failure.Code, d.At, d.AtSource)
 		}
+	}
+	// The plugin's read agrees, the failure passed to Summarize or merged
+	// after it (as the plugin merges the pods it synthesizes).
+	sum, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil, synthesized)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameSummary(t, r, sum)
+	sum, err = outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if merged := sum.Merge(synthesized); merged.RootCause == nil || merged.RootCause.Key != root || merged.Message() != r.Message() {
+		t.Errorf("merged: root %+v, message %q, want %q", merged.RootCause, merged.Message(), r.Message())
 	}
 }

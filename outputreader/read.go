@@ -2,7 +2,6 @@ package outputreader
 
 import (
 	"context"
-	goerrors "errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -174,6 +173,8 @@ type Report struct {
 	// Opened counts the documents actually read (the rest were ranked by
 	// name, see TimeFromName).
 	Opened int
+	// listedAt is when Read listed (see TimeFromListing), for Summary.Merge.
+	listedAt time.Time
 }
 
 // Workers is the number of distinct workers with a document, synthesized ones
@@ -227,20 +228,11 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	var named, unnamed []listed
 	var skipped []Skipped
 	err := src.List(ctx, func(obj Object) error {
-		switch {
-		case obj.Unusable != nil:
-			skipped = append(skipped, Skipped{Key: obj.Key, Err: obj.Unusable})
-			return nil
-		case obj.Size == 0:
-			skipped = append(skipped, Skipped{Key: obj.Key, Err: kferrors.ErrEmpty})
-			return nil
-		case obj.Size > int64(o.MaxDocumentBytes):
-			skipped = append(skipped, Skipped{Key: obj.Key, Err: fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, obj.Size, o.MaxDocumentBytes)})
+		if err := listingProblem(obj, o.MaxDocumentBytes); err != nil {
+			skipped = append(skipped, Skipped{Key: obj.Key, Err: err})
 			return nil
 		}
-		l := listed{key: obj.Key, modified: obj.Modified}
-		if t, ok := kferrors.TimeFromKey(obj.Key); ok {
-			l.nameTime = t
+		if l := listedObject(obj); !l.nameTime.IsZero() {
 			named = append(named, l)
 		} else {
 			unnamed = append(unnamed, l)
@@ -255,12 +247,7 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 
 	c := &collector{messageCap: o.MessageCap}
 	for _, f := range extra {
-		d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
-		if !kferrors.UsableTime(f.Time) {
-			d.Failure.Time = time.Time{}
-			d.At, d.AtSource = listedAt, TimeFromListing
-		}
-		c.add(d)
+		c.add(synthesizedDocument(f, listedAt))
 	}
 
 	// First round: everything that must be opened, plus the earliest names.
@@ -298,7 +285,9 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	}
 	skipped = append(skipped, c.skipped...)
 	slices.SortFunc(skipped, func(a, b Skipped) int { return strings.Compare(a.Key, b.Key) })
-	return c.report(skipped), nil
+	r := c.report(skipped)
+	r.listedAt = listedAt
+	return r, nil
 }
 
 // collector keeps the summaries and the one message worth keeping: the
@@ -347,33 +336,18 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 	g.SetLimit(o.Concurrency)
 	for _, l := range batch {
 		g.Go(func() error {
-			data, err := src.Read(gctx, l.key, o.MaxDocumentBytes)
-			if err == nil {
+			d, skip, read, err := openDocument(gctx, src, o, listedAt, l)
+			if err != nil {
+				return err
+			}
+			if read {
 				c.mu.Lock()
 				c.opened++
 				c.mu.Unlock()
 			}
-			switch {
-			case goerrors.Is(err, ErrNotFound), goerrors.Is(err, ErrUnreadable), goerrors.Is(err, kferrors.ErrTooLarge):
-				c.skip(l.key, err)
+			if skip != nil {
+				c.skip(skip.Key, skip.Err)
 				return nil
-			case err != nil:
-				return fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
-			}
-			f, err := kferrors.DecodeFailure(data, o.MaxDocumentBytes)
-			if err != nil {
-				c.skip(l.key, err)
-				return nil
-			}
-			d := Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
-			switch {
-			case !f.Time.IsZero():
-			case kferrors.UsableTime(l.modified):
-				// A modification time can be anything too (touch -d @0):
-				// only a usable one stands in, else the listing time.
-				d.At, d.AtSource = l.modified.UTC(), TimeFromModified
-			default:
-				d.At, d.AtSource = listedAt, TimeFromListing
 			}
 			c.add(d)
 			return nil

@@ -58,7 +58,8 @@ func referenceRootCause(docs map[string][]byte, modified map[string]time.Time) (
 // honest or later-than-named stamps, flytekit's, untimed, arbitrary bytes,
 // timestamps present but empty, invalid or out of range, messages that are
 // not UTF-8 — and checks Read's root cause, counts and order against the
-// reference, and that no document ranks before the year 2000 (as 1970).
+// reference, that no document ranks before the year 2000 (as 1970), and
+// Summarize against Read.
 func FuzzRootCause(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 0, 1, 2, 4, 1, 5, 1, 9, 2, 0, 3, 1})
 	f.Add([]byte{3, 255, 0, 0, 4, 0, 0, 0, 0, 0, 1, 0})
@@ -137,6 +138,11 @@ func FuzzRootCause(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		sum, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameSummary(t, r, sum)
 		if len(r.Skipped) != wantSkipped {
 			t.Fatalf("skipped %d, want %d: %v", len(r.Skipped), wantSkipped, r.Skipped)
 		}

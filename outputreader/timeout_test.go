@@ -17,7 +17,8 @@ import (
 )
 
 // An S3 endpoint that accepts connections and never answers fails a read
-// within Options.CallTimeout (and WithCallTimeout bounds HasDocuments), with
+// within Options.CallTimeout, Summarize as well (and WithCallTimeout bounds
+// HasDocuments), with
 // an error that says so; it does not hang it.
 func TestSilentStoreFailsWithinCallTimeout(t *testing.T) {
 	silent := testenv.Silent(t)
@@ -36,6 +37,10 @@ func TestSilentStoreFailsWithinCallTimeout(t *testing.T) {
 	for name, call := range map[string]func() error{
 		"Read": func() error {
 			_, err := outputreader.Read(ctx, outputreader.NewBucketSource(b), &outputreader.Options{CallTimeout: limit})
+			return err
+		},
+		"Summarize": func() error {
+			_, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), &outputreader.Options{CallTimeout: limit})
 			return err
 		},
 		"WaitFor": func() error {
@@ -90,6 +95,10 @@ func TestSilentDataStoreBoundedOutputReader(t *testing.T) {
 		"Read":       func() error { _, _, err := r.Read(ctx); return err },
 		"outputreader.Read": func() error {
 			_, err := outputreader.Read(ctx, flyteio.NewDataStoreSource(ds, prefix), &outputreader.Options{CallTimeout: limit})
+			return err
+		},
+		"outputreader.Summarize": func() error {
+			_, err := outputreader.Summarize(ctx, flyteio.NewDataStoreSource(ds, prefix), &outputreader.Options{CallTimeout: limit})
 			return err
 		},
 	} {

@@ -12,7 +12,7 @@
 //	                 templates; for elastic jobs also the master's Secret,
 //	                 ServiceAccount, Role and RoleBinding
 //	GetTaskPhase   → while running: the job's condition; once Succeeded or
-//	                 Failed: list the job's pods, outputreader.Read the error
+//	                 Failed: list the job's pods, outputreader.Summarize the error
 //	                 documents under the task's output prefix, and
 //	                 kfoperator.Phase decides — wait for late documents,
 //	                 synthesize missing ones, root cause → retryable or

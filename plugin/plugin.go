@@ -252,7 +252,7 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 
 	var (
 		pods   []corev1.Pod
-		report *outputreader.Report
+		report *outputreader.Summary
 	)
 	var ow io.OutputWriter
 	if _, terminal := job.Terminal(); terminal {
@@ -268,7 +268,9 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 			readCtx, cancel = context.WithTimeout(ctx, cfg.ReadTimeout.Duration)
 		}
 		src := flyteio.NewDataStoreSource(pluginContext.DataStore(), ow.GetOutputPrefixPath())
-		report, err = outputreader.Read(readCtx, src, readOptions(cfg))
+		// Summarize, not Read: the plugin needs the root cause and the tally,
+		// and its memory must not grow with the number of documents.
+		report, err = outputreader.Summarize(readCtx, src, readOptions(cfg))
 		cancel()
 		if err != nil {
 			// Transient (storage): propeller calls again.

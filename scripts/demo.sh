@@ -12,7 +12,8 @@
 #   pod demo-worker-1: a healthy worker the operator tears down once the job
 #     failed (SIGTERM): its agent writes a Preempted document, later in time.
 #
-# `kfelastic errors` then lists every document and names the root cause.
+# `kfelastic errors` then lists every document and names the root cause, and
+# `kfelastic report` draws both pods' lanes (failures, restarts) in one page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,3 +48,7 @@ echo "   demo-worker-1's agent exited with $rc1"
 
 echo "== kfelastic errors $out"
 "$BIN" errors "$out"
+
+echo "== kfelastic report $out"
+"$BIN" report "$out" -o "$work/report.html"
+echo "   open $work/report.html in a browser"

@@ -15,6 +15,8 @@ need_apt() {
   command -v etcd >/dev/null || missing+=(etcd-server)
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   command -v curl >/dev/null || missing+=(curl)
+  # Headless Chromium loads the failure report in report/'s browser test.
+  command -v chromium >/dev/null || missing+=(chromium)
   [ ${#missing[@]} -eq 0 ] && return 0
   log "apt-get install ${missing[*]} (≈1 min)"
   export DEBIAN_FRONTEND=noninteractive

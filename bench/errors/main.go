@@ -5,12 +5,17 @@
 // file:// and on a real MinIO server it starts itself.
 //
 // Both sides do what propeller does with an output reader: IsError, then
-// ReadError, through flytestdlib's DataStore (stow). Ours also runs over
-// gocloud.dev's blob (the CLI's and the agent's path). Peak memory is the
-// peak RSS of a fresh process that runs one reader once (the program
-// re-executes itself per run; VmHWM), and the heap our Report retains after a GC.
+// ReadError, through flytestdlib's DataStore (stow). Ours there is the
+// plugin's path (Summarize: root cause and tally, no per-document state).
+// Ours also runs the full list over gocloud.dev's blob (Read: the CLI's and
+// the report's path). Peak memory is the peak RSS of a fresh process that
+// runs one reader once (the program re-executes itself per run; VmHWM);
+// "listing only" is a process that only lists the same DataStore prefix, the
+// floor any reader pays for its storage client's listing; "retained" is the
+// heap the reader's result (Summary or Report) holds: live heap after a GC
+// with it, less without it.
 //
-//	go run ./bench/errors [-n 1000,10000] [-backends file,minio]
+//	go run ./bench/errors [-cases "file:1000,10000,100000 minio:1000,10000"] [-upstream-max 10000]
 package main
 
 import (
@@ -51,8 +56,8 @@ import (
 )
 
 func main() {
-	ns := flag.String("n", "1000,10000", "document counts")
-	backends := flag.String("backends", "file,minio", "backends to run")
+	cases := flag.String("cases", "file:1000,10000,100000 minio:1000,10000", "backend:counts, space-separated")
+	upstreamMax := flag.Int("upstream-max", 10000, "run upstream's reader up to this many documents (beyond, stow's local store re-reads the whole tree for each 1000-key page: minutes)")
 	oursRuns := flag.Int("runs", 3, "runs of ours per case (the median is shown); upstream runs once")
 	childSpec := flag.String("child", "", "internal: run one reader as described and report JSON")
 	flag.Parse()
@@ -63,7 +68,7 @@ func main() {
 		}
 		return
 	}
-	if err := run(context.Background(), *ns, *backends, *oursRuns); err != nil {
+	if err := run(context.Background(), *cases, *upstreamMax, *oursRuns); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-errors:", err)
 		os.Exit(1)
 	}
@@ -142,7 +147,7 @@ func writeAll(ctx context.Context, docs []doc, put func(ctx context.Context, d d
 
 // spec tells a child process what to read.
 type spec struct {
-	Mode      string          `json:"mode"` // upstream | ours-datastore | ours-blob
+	Mode      string          `json:"mode"` // upstream | plugin | list | full
 	Storage   *storage.Config `json:"storage"`
 	Prefix    string          `json:"prefix"`
 	BucketURL string          `json:"bucketURL"`
@@ -178,16 +183,15 @@ func child(ctx context.Context, raw string) error {
 	}
 	paths := ioutils.NewReadOnlyOutputFilePaths(ctx, ds, storage.DataReference(sp.Prefix))
 	var bucket *blob.Bucket
-	if sp.Mode == "ours-blob" {
+	if sp.Mode == "full" {
 		if bucket, err = kferrors.OpenPrefix(ctx, sp.BucketURL, false); err != nil {
 			return err
 		}
 		defer bucket.Close()
 	}
-	runtime.GC()
-	baseline := heapObjects()
 	var res childResult
 	var report *outputreader.Report
+	var summary *outputreader.Summary
 	start := time.Now()
 	switch sp.Mode {
 	case "upstream":
@@ -205,8 +209,9 @@ func child(ctx context.Context, raw string) error {
 		}
 		res.Took = time.Since(start)
 		res.Worker, res.Code, res.Time, res.Message = ee.Worker, ee.Code, ee.Timestamp.AsTime(), ee.Message
-	case "ours-datastore":
-		// The same calls on our OutputReader, then the Report (for the check).
+	case "plugin":
+		// The same calls on our OutputReader (Summarize inside), then
+		// Summarize again for the check: the same memory profile.
 		ours, err := flyteio.NewOutputReader(ctx, ds, paths, 0, nil)
 		if err != nil {
 			return err
@@ -218,10 +223,17 @@ func child(ctx context.Context, raw string) error {
 			return err
 		}
 		res.Took = time.Since(start)
-		if report, err = outputreader.Read(ctx, ours.Source(), nil); err != nil {
+		if summary, err = outputreader.Summarize(ctx, ours.Source(), nil); err != nil {
 			return err
 		}
-	case "ours-blob":
+	case "list":
+		// The floor: one listing of the same prefix, nothing kept.
+		src := flyteio.NewDataStoreSource(ds, storage.DataReference(sp.Prefix))
+		if err := src.List(ctx, func(outputreader.Object) error { res.Docs++; return nil }); err != nil {
+			return err
+		}
+		res.Took = time.Since(start)
+	case "full":
 		if report, err = outputreader.Read(ctx, outputreader.NewBucketSource(bucket), nil); err != nil {
 			return err
 		}
@@ -230,13 +242,24 @@ func child(ctx context.Context, raw string) error {
 		return fmt.Errorf("unknown mode %q", sp.Mode)
 	}
 	if report != nil {
-		root := report.RootCause
-		res.Worker, res.Code, res.Time, res.Message = root.Failure.Worker, root.Failure.Code, root.Time(), root.Failure.Message
-		res.Opened, res.Docs = report.Opened, 1+len(report.Others)+len(report.Skipped)
+		summary = report.Summary()
+		res.Docs = 1 + len(report.Others) + len(report.Skipped)
+	} else if summary != nil {
+		res.Docs = summary.Documents() + summary.Skipped
 	}
+	if summary != nil {
+		root := summary.RootCause
+		res.Worker, res.Code, res.Time, res.Message = root.Failure.Worker, root.Failure.Code, root.Time(), root.Failure.Message
+		res.Opened = summary.Opened
+	}
+	// The result's own heap: live heap with it, then without it.
 	runtime.GC()
-	res.Retained = int64(heapObjects()) - int64(baseline)
+	with := heapObjects()
 	runtime.KeepAlive(report)
+	runtime.KeepAlive(summary)
+	report, summary = nil, nil
+	runtime.GC()
+	res.Retained = int64(with) - int64(heapObjects())
 	if res.MaxRSSKB, err = peakRSSKB(); err != nil {
 		return err
 	}
@@ -289,25 +312,47 @@ func runChild(ctx context.Context, sp spec) (childResult, error) {
 }
 
 type result struct {
-	backend                   string
-	n                         int
-	upstream, oursDS, oursBlb childResult
-	agree                     string
+	backend                      string
+	n                            int
+	upstream, plugin, list, full childResult
+	ranUpstream                  bool
+	agree                        string
 }
 
-func run(ctx context.Context, nsFlag, backendsFlag string, oursRuns int) error {
-	var counts []int
-	for _, s := range strings.Split(nsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 2 {
-			return fmt.Errorf("bad -n %q", s)
+// benchCase is one backend and its document counts.
+type benchCase struct {
+	backend string
+	counts  []int
+}
+
+func parseCases(s string) ([]benchCase, error) {
+	var out []benchCase
+	for _, f := range strings.Fields(s) {
+		be, list, ok := strings.Cut(f, ":")
+		if !ok || (be != "file" && be != "minio") {
+			return nil, fmt.Errorf("bad case %q: want file:N,N… or minio:N,N…", f)
 		}
-		counts = append(counts, n)
+		c := benchCase{backend: be}
+		for _, x := range strings.Split(list, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(x))
+			if err != nil || n < 2 {
+				return nil, fmt.Errorf("bad count %q in %q", x, f)
+			}
+			c.counts = append(c.counts, n)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, casesFlag string, upstreamMax, oursRuns int) error {
+	cases, err := parseCases(casesFlag)
+	if err != nil {
+		return err
 	}
 	var mio *testenv.MinIOProcess
-	if strings.Contains(backendsFlag, "minio") {
+	if strings.Contains(casesFlag, "minio") {
 		testenv.SetCredentialEnv() // inherited by the children
-		var err error
 		mio, err = testenv.StartMinIO(ctx, testenv.MinIOBinary())
 		if err != nil {
 			return err
@@ -315,13 +360,13 @@ func run(ctx context.Context, nsFlag, backendsFlag string, oursRuns int) error {
 		defer mio.Stop()
 	}
 	var results []result
-	for _, be := range strings.Split(backendsFlag, ",") {
-		for _, n := range counts {
+	for _, c := range cases {
+		for _, n := range c.counts {
 			docs, err := generate(n)
 			if err != nil {
 				return err
 			}
-			sp, cleanup, err := setup(ctx, be, n, docs, mio)
+			sp, cleanup, err := setup(ctx, c.backend, n, docs, mio)
 			if errors.Is(err, errNoTopLevelDir) {
 				cleanup()
 				slog.Warn("file backend skipped", "err", err)
@@ -331,16 +376,16 @@ func run(ctx context.Context, nsFlag, backendsFlag string, oursRuns int) error {
 				cleanup()
 				return err
 			}
-			r, err := measure(ctx, be, n, sp, oursRuns)
+			r, err := measure(ctx, c.backend, n, sp, oursRuns, n <= upstreamMax)
 			cleanup()
 			if err != nil {
-				return fmt.Errorf("%s N=%d: %w", be, n, err)
+				return fmt.Errorf("%s N=%d: %w", c.backend, n, err)
 			}
 			results = append(results, r)
-			slog.Info("bench case done", "backend", be, "n", n, "upstream", r.upstream.Took, "ours", r.oursDS.Took)
+			slog.Info("bench case done", "backend", c.backend, "n", n, "upstream", r.upstream.Took, "plugin", r.plugin.Took)
 		}
 	}
-	print(results)
+	print(results, upstreamMax)
 	return nil
 }
 
@@ -401,70 +446,101 @@ func setup(ctx context.Context, backend string, n int, docs []doc, mio *testenv.
 	return sp, cleanup, nil
 }
 
-func measure(ctx context.Context, backend string, n int, sp spec, oursRuns int) (result, error) {
-	r := result{backend: backend, n: n}
+func measure(ctx context.Context, backend string, n int, sp spec, oursRuns int, withUpstream bool) (result, error) {
+	r := result{backend: backend, n: n, ranUpstream: withUpstream}
 	var err error
-	sp.Mode = "upstream"
-	if r.upstream, err = runChild(ctx, sp); err != nil {
-		return r, err
+	if withUpstream {
+		sp.Mode = "upstream"
+		if r.upstream, err = runChild(ctx, sp); err != nil {
+			return r, err
+		}
 	}
-	pick := func(mode string) (childResult, error) {
+	pick := func(mode string, runs int) (childResult, error) {
 		sp.Mode = mode
-		var runs []childResult
-		for range oursRuns {
+		var all []childResult
+		for range runs {
 			res, err := runChild(ctx, sp)
 			if err != nil {
 				return res, err
 			}
-			runs = append(runs, res)
+			all = append(all, res)
 		}
-		slices.SortFunc(runs, func(a, b childResult) int { return int(a.Took - b.Took) })
-		return runs[len(runs)/2], nil
+		slices.SortFunc(all, func(a, b childResult) int { return int(a.Took - b.Took) })
+		return all[len(all)/2], nil
 	}
-	if r.oursDS, err = pick("ours-datastore"); err != nil {
+	if r.list, err = pick("list", 1); err != nil {
 		return r, err
 	}
-	if r.oursBlb, err = pick("ours-blob"); err != nil {
+	if r.plugin, err = pick("plugin", oursRuns); err != nil {
 		return r, err
 	}
-	want := r.upstream
+	if r.full, err = pick("full", oursRuns); err != nil {
+		return r, err
+	}
+	want, wantName := r.upstream, "upstream"
+	if !withUpstream {
+		want, wantName = r.full, "full list"
+	}
 	r.agree = "yes"
-	for _, got := range []childResult{r.oursDS, r.oursBlb} {
+	if !withUpstream {
+		r.agree = "yes (plugin = full list)"
+	}
+	for _, got := range []childResult{r.plugin, r.full} {
 		if got.Worker != want.Worker || got.Code != want.Code || !got.Time.Equal(want.Time) || got.Message != want.Message {
-			r.agree = fmt.Sprintf("NO: upstream %s %s %s, ours %s %s %s", want.Worker, want.Time, want.Code, got.Worker, got.Time, got.Code)
+			r.agree = fmt.Sprintf("NO: %s %s %s %s, ours %s %s %s", wantName, want.Worker, want.Time, want.Code, got.Worker, got.Time, got.Code)
 		}
 		if got.Docs != n {
 			return r, fmt.Errorf("ours accounted for %d documents of %d", got.Docs, n)
 		}
 	}
+	if r.list.Docs != n {
+		return r, fmt.Errorf("the listing found %d documents of %d", r.list.Docs, n)
+	}
 	return r, nil
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func print(results []result) {
+func print(results []result, upstreamMax int) {
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\tN\tupstream\tours (DataStore)\tratio\tours (blob)\tratio\topened\tpeak RSS upstream\tpeak RSS ours (DS)\tpeak RSS ours (blob)\tours retained\tsame root cause\t")
+	fmt.Fprintln(tw, "backend\tN\tupstream\tplugin path (DataStore)\tupstream/ours\tfull list (blob)\tupstream/ours\topened\tsame root cause\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%.1f×\t%v\t%.1f×\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.backend, r.n,
-			r.upstream.Took.Round(time.Millisecond), r.oursDS.Took.Round(100*time.Microsecond), float64(r.upstream.Took)/float64(r.oursDS.Took),
-			r.oursBlb.Took.Round(100*time.Microsecond), float64(r.upstream.Took)/float64(r.oursBlb.Took),
-			r.oursBlb.Opened, mib(r.upstream.MaxRSSKB<<10), mib(r.oursDS.MaxRSSKB<<10), mib(r.oursBlb.MaxRSSKB<<10), mib(r.oursBlb.Retained), r.agree)
+		up, r1, r2 := "–", "–", "–"
+		if r.ranUpstream {
+			up = r.upstream.Took.Round(time.Millisecond).String()
+			r1 = fmt.Sprintf("%.1f×", float64(r.upstream.Took)/float64(r.plugin.Took))
+			r2 = fmt.Sprintf("%.1f×", float64(r.upstream.Took)/float64(r.full.Took))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\t%v\t%s\t%d\t%s\t\n", r.backend, r.n, up,
+			r.plugin.Took.Round(100*time.Microsecond), r1, r.full.Took.Round(100*time.Microsecond), r2, r.plugin.Opened, r.agree)
+	}
+	tw.Flush()
+	fmt.Print(b.String())
+	fmt.Println()
+	b.Reset()
+	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "peak RSS:\tN\tupstream\tlisting only (DataStore)\tplugin path (DataStore)\tplugin − listing\tfull list (blob)\tretained: plugin\tretained: full list\t")
+	for _, r := range results {
+		up := "–"
+		if r.ranUpstream {
+			up = mib(r.upstream.MaxRSSKB << 10)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.backend, r.n, up, mib(r.list.MaxRSSKB<<10), mib(r.plugin.MaxRSSKB<<10),
+			mib((r.plugin.MaxRSSKB-r.list.MaxRSSKB)<<10), mib(r.full.MaxRSSKB<<10), kib(r.plugin.Retained), kib(r.full.Retained))
 	}
 	tw.Flush()
 	fmt.Print(b.String())
 	if len(results) > 0 {
-		last := results[len(results)-1].oursBlb
-		fmt.Printf("root cause (both): %s %s %s\n", last.Worker, last.Time.Format(time.RFC3339Nano), last.Code)
+		last := results[len(results)-1].plugin
+		fmt.Printf("root cause (all): %s %s %s\n", last.Worker, last.Time.Format(time.RFC3339Nano), last.Code)
 	}
 	fmt.Println("upstream = IsError + ReadError of flyteplugins' earliest reader over flytestdlib storage (stow), one run;")
-	fmt.Println("ours (DataStore) = our OutputReader's IsError + ReadError over the same DataStore; ours (blob) = Read over gocloud.dev blob; median of the runs;")
-	fmt.Println("ratio = upstream / ours; each run is a fresh process: peak RSS is its VmHWM; retained = heap held by our Report after GC.")
+	fmt.Printf("  – = not run above %d documents (stow's local store re-reads the whole tree for each 1000-key page);\n", upstreamMax)
+	fmt.Println("plugin path = our OutputReader's IsError + ReadError (outputreader.Summarize) over the same DataStore;")
+	fmt.Println("full list = outputreader.Read over gocloud.dev blob (the CLI's and the report's path); median of the runs;")
+	fmt.Println("each run is a fresh process: peak RSS is its VmHWM; listing only = one listing of the same DataStore prefix, nothing kept;")
+	fmt.Println("retained = heap held by the reader's result after GC.")
 }
+
+func kib(b int64) string { return fmt.Sprintf("%.0f KiB", float64(b)/(1<<10)) }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

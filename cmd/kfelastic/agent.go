@@ -87,7 +87,9 @@ Nothing the workers start outlives the agent, even a SIGKILLed one: its guardian
 process kills what is left.
 
 The pod's document is kept in --log-dir and uploaded to --error-prefix, retried
-until --storage-timeout.`,
+until --storage-timeout. The pod's events (group started, worker exited, restart,
+pod failed or succeeded) are appended under events/ there, in the background;
+--storage-timeout bounds each write too.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -141,7 +143,7 @@ until --storage-timeout.`,
 	fl.StringVar(&f.dumpSignal, "dump-signal", "", "signal sent to the workers on SIGTERM before stopping them: a name (SIGUSR1, USR1) or number 1 to 64 a worker can catch (not SIGKILL, SIGSTOP)")
 	fl.DurationVar(&f.dumpTimeout, "dump-timeout", 60*time.Second, "how long the workers get after --dump-signal (≥ 0; 0: no dump)")
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers (> 0)")
-	fl.DurationVar(&f.storageTimeout, "storage-timeout", agent.DefaultStorageTimeout, "how long the pod's error document upload is retried (it is always kept in --log-dir too), and the bound on moving recovered documents at each group start (> 0)")
+	fl.DurationVar(&f.storageTimeout, "storage-timeout", agent.DefaultStorageTimeout, "how long the pod's error document upload is retried (it is always kept in --log-dir too), the bound on moving recovered documents at each group start, and on each event write (> 0)")
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")

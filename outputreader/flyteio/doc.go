@@ -9,6 +9,6 @@
 // the benchmarks import it.
 //
 //	src := flyteio.NewDataStoreSource(store, outputPrefix)
-//	report, err := outputreader.Read(ctx, src, nil, synthesized...)
-//	ee := flyteio.ExecutionError(report) // nil without a root cause
+//	summary, err := outputreader.Summarize(ctx, src, nil, synthesized...)
+//	ee := flyteio.ExecutionError(summary) // nil without a root cause
 package flyteio

@@ -23,8 +23,9 @@ const (
 // ExecutionError is the root cause as flyteplugins reports a task failure:
 // Code, Message (= r.Message()), Kind (the origin, USER or SYSTEM), Timestamp
 // and Worker of the root cause; IsRecoverable follows its kind. It is nil
-// when there is no root cause.
-func ExecutionError(r *outputreader.Report) *io.ExecutionError {
+// when there is no root cause. A full Report gives the same through
+// Report.Summary.
+func ExecutionError(r *outputreader.Summary) *io.ExecutionError {
 	if r.RootCause == nil {
 		return nil
 	}
@@ -41,17 +42,21 @@ func ExecutionError(r *outputreader.Report) *io.ExecutionError {
 	}
 }
 
-// noRootCause is the ExecutionError for a Report without a root cause:
+// noRootCause is the ExecutionError for a Summary without a root cause:
 // recoverable and of SYSTEM origin, as upstream reports a missing error file.
-func noRootCause(r *outputreader.Report, prefix string) io.ExecutionError {
+// It names the first skipped documents and says how many more there are.
+func noRootCause(r *outputreader.Summary, prefix string) io.ExecutionError {
 	code, msg := CodeNoDocuments, fmt.Sprintf("no error documents under %s", prefix)
-	if len(r.Skipped) > 0 {
+	if r.Skipped > 0 {
 		code = CodeUnreadableDocuments
 		var keys []string
-		for _, s := range r.Skipped {
+		for _, s := range r.SkippedSample {
 			keys = append(keys, fmt.Sprintf("%s (%v)", s.Key, s.Err))
 		}
-		msg = fmt.Sprintf("%s under %s, none usable: %s", documents(len(r.Skipped)), prefix, strings.Join(keys, "; "))
+		if more := r.Skipped - len(r.SkippedSample); more > 0 {
+			keys = append(keys, fmt.Sprintf("and %d more", more))
+		}
+		msg = fmt.Sprintf("%s under %s, none usable: %s", documents(r.Skipped), prefix, strings.Join(keys, "; "))
 		msg = kferrors.CapMessage(msg, kferrors.DefaultMessageCap)
 	}
 	return io.ExecutionError{

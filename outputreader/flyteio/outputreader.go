@@ -94,11 +94,13 @@ func (r *OutputReader) IsError(ctx context.Context) (bool, error) {
 	return outputreader.HasDocuments(ctx, outputreader.WithCallTimeout(r.src, r.timeout))
 }
 
-// ReadError returns the root cause (see ExecutionError). Without one
+// ReadError returns the root cause (see ExecutionError), read with
+// outputreader.Summarize, whose memory does not grow with the number of
+// documents. Without one
 // it returns upstream's codes: CodeNoDocuments when there are no documents,
 // CodeUnreadableDocuments when none could be used; both recoverable, SYSTEM.
 func (r *OutputReader) ReadError(ctx context.Context) (io.ExecutionError, error) {
-	rep, err := outputreader.Read(ctx, r.src, r.opts)
+	rep, err := outputreader.Summarize(ctx, r.src, r.opts)
 	if err != nil {
 		return io.ExecutionError{}, err
 	}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/html"
+
+	"github.com/kfelastic/kfelastic/agent"
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/outputreader"
+)
+
+// worker is a shell training worker: in the first group rank 1 is
+// kill -9'ed; in the second rank 0 raises a ValueError (torch's error file,
+// with markup in its message) and rank 1 is stopped by the agent.
+const worker = `
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  if [ "$LOCAL_RANK" = 1 ]; then kill -9 $$; fi
+  exec sleep 30
+fi
+if [ "$LOCAL_RANK" = 0 ]; then
+  printf '%s' '{"message":{"message":"ValueError: batch 17 has NaN labels <b id=x>","extraInfo":{"py_callstack":"","timestamp":"0"}}}' > "$TORCHELASTIC_ERROR_FILE"
+  exit 1
+fi
+exec sleep 30`
+
+// The report of a real agent run: its events (two groups, a restart, the
+// pod's failure), the document it wrote, a peer's document, and an earlier
+// document it superseded when its first group started.
+func TestReportOfAnAgentRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "attempt-0")
+	url := "file://" + dir
+	b, err := kferrors.OpenPrefix(ctx, url, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	w := kferrors.NewWriter(b, nil)
+	if _, err := w.Write(ctx, kferrors.SystemFailure(kferrors.CodePreempted, "an earlier incarnation", "job-worker-1", time.Now().Add(-time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+
+	var log bytes.Buffer
+	err = agent.Run(ctx, agent.Config{Command: []string{"/bin/sh", "-c", worker}, NProcPerNode: 2, MinNodes: 1, MaxNodes: 1,
+		MaxRestarts: 1, NodeRank: -1, RdzvID: "job", LogDir: t.TempDir(), Pod: "job-worker-1", ErrorPrefix: url,
+		StopGrace: time.Second, MasterAddr: "127.0.0.1", Stdout: &log, Stderr: &log, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	var ee *agent.ExitError
+	if !errors.As(err, &ee) || ee.Failure.Code != "ValueError" {
+		t.Fatalf("agent: %v\n%s", err, log.String())
+	}
+	if _, err := w.Write(ctx, kferrors.UserError("DistNetworkError", "Connection closed by peer", "job-worker-0/0", time.Now())); err != nil {
+		t.Fatal(err)
+	}
+
+	out := filepath.Join(t.TempDir(), "report.html")
+	var said bytes.Buffer
+	if err := runReport(ctx, reportConfig{URL: url, Output: out, Concurrency: 4}, &said); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(said.String(), out+": [job-worker-1/0, ") || !strings.Contains(said.String(), "ValueError: batch 17 has NaN labels <b id=x>\n") {
+		t.Fatalf("said %q", said.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Kept for people to look at, beside the browser test's screenshots.
+	if art, err := filepath.Abs("../../out/report"); err == nil && os.MkdirAll(art, 0o755) == nil {
+		_ = os.WriteFile(filepath.Join(art, "agent-run.html"), data, 0o644)
+	}
+	page := string(data)
+	doc, err := html.Parse(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeText(findID(doc, "ui-message")); got != sum.Message() {
+		t.Fatalf("summary\n%s\nwant the plugin's UI message\n%s", got, sum.Message())
+	}
+	var errs bytes.Buffer
+	if err := runErrors(ctx, errorsConfig{URL: url, Concurrency: 4}, &errs); err != nil || !strings.Contains(errs.String(), indent(sum.Message(), "  ")) {
+		t.Fatalf("kfelastic errors says another message (%v):\n%s", err, errs.String())
+	}
+	root := findID(doc, "root-lane")
+	if root == nil || attr(root, "data-pod") != "job-worker-1" {
+		t.Fatalf("root lane %v", root)
+	}
+	if findID(doc, "x") != nil {
+		t.Fatal("the message's markup became an element")
+	}
+	for _, want := range []string{`class="mark m-root"`, `class="mark m-fail"`, `class="mark m-recovered"`, `class="mark m-restart"`,
+		`class="mark m-start"`, `class="mark m-exit"`, `class="mark m-podfail"`, "recovered failure (superseded): Preempted: an earlier incarnation",
+		"restart attempt=2 restart_count=1 reason=failure", "2 failure documents · 1 recovered (superseded) · 0 unreadable"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the report lacks %s", want)
+		}
+	}
+
+	var stdout bytes.Buffer
+	if err := runReport(ctx, reportConfig{URL: url, Output: "-"}, &stdout); err != nil || !strings.HasPrefix(stdout.String(), "<!DOCTYPE html>") {
+		t.Fatalf("-o -: %v %.80q", err, stdout.String())
+	}
+	empty := t.TempDir()
+	if err := runReport(ctx, reportConfig{URL: "file://" + empty, Output: filepath.Join(empty, "r.html")}, io.Discard); err != nil {
+		t.Fatalf("a prefix without documents is a report too: %v", err)
+	}
+	for _, bad := range []string{"not a url", "file://" + filepath.Join(empty, "missing")} {
+		if err := runReport(ctx, reportConfig{URL: bad, Output: filepath.Join(empty, "bad.html")}, io.Discard); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("%q: want an error naming it, got %v", bad, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(empty, "bad.html")); err == nil {
+		t.Error("a failed report left a file")
+	}
+}
+
+func findID(n *html.Node, id string) *html.Node {
+	if attr(n, "id") == id {
+		return n
+	}
+	for c := n.FirstChild; c != nil; c = c.NextSibling {
+		if f := findID(c, id); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+func attr(n *html.Node, key string) string {
+	for _, a := range n.Attr {
+		if a.Key == key {
+			return a.Val
+		}
+	}
+	return ""
+}
+
+func nodeText(n *html.Node) string {
+	if n == nil {
+		return ""
+	}
+	if n.Type == html.TextNode {
+		return n.Data
+	}
+	var b strings.Builder
+	for c := n.FirstChild; c != nil; c = c.NextSibling {
+		b.WriteString(nodeText(c))
+	}
+	return b.String()
+}

@@ -1,0 +1,404 @@
+package outputreader
+
+import (
+	"container/heap"
+	"context"
+	goerrors "errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+)
+
+// maxSkippedSample is how many skipped documents a Summary names.
+const maxSkippedSample = 16
+
+// Summary is what the plugin needs of a task's error documents: the root
+// cause, a tally of the other failures and how many documents were skipped.
+// Unlike a Report it keeps nothing per document, so its size does not grow
+// with their number (see Summarize). A Report gives the same Summary
+// (Report.Summary), and both say the same UI message.
+type Summary struct {
+	// RootCause is the earliest failure by Less, with its (capped) message;
+	// nil when there is no usable document at all.
+	RootCause *Document
+	// Opened counts the documents actually read.
+	Opened int
+	// Skipped counts the unusable documents; SkippedSample names the first
+	// few of them by key.
+	Skipped       int
+	SkippedSample []Skipped
+	tally         tally
+	// listedAt ranks merged failures without a usable time, as Summarize
+	// and Read rank theirs.
+	listedAt time.Time
+}
+
+// Message is the Flyte UI message (DESIGN.md §3): the root cause headed by
+// its worker and time, then one line tallying the other failures, e.g.
+//
+//	[job-worker-1, 2026-11-21T10:00:01.123456789Z] RuntimeError: boom
+//	Also failed: 3 other workers (2× Preempted, 1× NonZeroExit). Earliest failure shown.
+//
+// The code is said once (kferrors.Headline). A time that is not the
+// document's own says so: "(upload time)" for the object's modification
+// time, "(read time)" for the listing time. It is "" without a root cause.
+func (s *Summary) Message() string {
+	if s.RootCause == nil {
+		return ""
+	}
+	root := s.RootCause
+	var b strings.Builder
+	who := root.Failure.Worker
+	if who == "" {
+		who = root.Key
+	}
+	if who == "" {
+		who = "unknown worker"
+	}
+	// Tracebacks end in a newline; the tally goes right under the message.
+	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(root.AtSource),
+		kferrors.Headline(root.Failure.Code, strings.TrimRight(root.Failure.Message, " \t\r\n")))
+	if line := s.tally.line(*root, s.Skipped); line != "" {
+		b.WriteString("\n")
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// IsRecoverable follows the root cause's kind; false without a root cause.
+func (s *Summary) IsRecoverable() bool {
+	return s.RootCause != nil && s.RootCause.Failure.Recoverable
+}
+
+// Documents is the number of usable documents, the root cause included.
+func (s *Summary) Documents() int { return s.tally.docs }
+
+// Workers is the number of distinct workers with a usable document
+// (compared sanitized, as Report.Workers does); a lower bound beyond
+// MaxTallyWorkers.
+func (s *Summary) Workers() int { return s.tally.workers.len() }
+
+// Pods is the number of distinct pods with a usable document (see PodOf);
+// a lower bound beyond MaxTallyWorkers.
+func (s *Summary) Pods() int { return s.tally.pods.len() }
+
+// HasPod reports whether pod (a pod name) or one of its workers has a usable
+// document. When more than MaxTallyWorkers pods have documents, a pod the
+// tally had no room for is assumed to have one: with that many documents,
+// waiting for or synthesizing one more cannot change the outcome's kind.
+func (s *Summary) HasPod(pod string) bool {
+	return s.tally.pods.has(hashName(kferrors.SanitizeWorker(pod))) || s.tally.pods.full
+}
+
+// Merge returns s with extra (synthesized) failures ranked in by Less and
+// counted in the tally; s is not modified.
+func (s *Summary) Merge(extra ...kferrors.Failure) *Summary {
+	if len(extra) == 0 {
+		return s
+	}
+	out := *s
+	out.tally = s.tally.clone()
+	for _, f := range extra {
+		d := synthesizedDocument(f, s.listedAt)
+		out.tally.add(d)
+		if out.RootCause == nil || compare(d, *out.RootCause) < 0 {
+			out.RootCause = &d
+		}
+	}
+	return &out
+}
+
+// Summary is the report's Summary: the same root cause, tally and message
+// as Summarize gives for the same documents.
+func (r *Report) Summary() *Summary {
+	s := &Summary{RootCause: r.RootCause, Opened: r.Opened, Skipped: len(r.Skipped), listedAt: r.listedAt}
+	s.SkippedSample = r.Skipped[:min(len(r.Skipped), maxSkippedSample)]
+	if r.RootCause != nil {
+		s.tally.add(*r.RootCause)
+	}
+	for _, d := range r.Others {
+		s.tally.add(d)
+	}
+	return s
+}
+
+// Summarize is Read for the plugin: the same root cause, from the same
+// documents opened, and the same UI message, in memory that does not grow
+// with the number of documents. It streams the listing once and keeps
+// tallies, the current best document and the Concurrency earliest of our
+// time-named keys (a heap), never a list of documents.
+//
+// As Read, it opens every document named otherwise as it is listed (their
+// names carry no time), then the earliest time-named ones; when the last of
+// those is not later than the best time found, it lists again for the next
+// ones up to that time (in practice never: our documents carry the time of
+// their name). Everything else is counted by name. As Read, it skips and
+// counts what it cannot use (unusable entries, empty, oversized, vanished,
+// unreadable and corrupt documents) and fails only on an error of the store
+// itself, each call bounded by Options.CallTimeout.
+func Summarize(ctx context.Context, src Source, opts *Options, extra ...kferrors.Failure) (*Summary, error) {
+	o := opts.withDefaults()
+	src = WithCallTimeout(src, o.CallTimeout)
+	z := &summarizer{o: o, listedAt: o.Now().UTC()}
+	for _, f := range extra {
+		z.consider(synthesizedDocument(f, z.listedAt))
+	}
+	earliest := &keyHeap{}
+	named := 0
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(o.Concurrency)
+	listErr := src.List(gctx, func(obj Object) error {
+		if err := gctx.Err(); err != nil {
+			return err // a read failed; g.Wait tells why
+		}
+		l, ok := z.listed(obj)
+		if !ok {
+			return nil
+		}
+		if l.nameTime.IsZero() {
+			g.Go(func() error { return z.open(gctx, src, l) })
+			return nil
+		}
+		named++
+		z.mu.Lock()
+		z.tally.addName(kferrors.WorkerFromKey(l.key))
+		z.mu.Unlock()
+		earliest.keep(l, o.Concurrency)
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if listErr != nil {
+		return nil, listErr
+	}
+	batch := earliest.sorted()
+	for opened := 0; len(batch) > 0; {
+		if err := z.openAll(ctx, src, batch); err != nil {
+			return nil, err
+		}
+		if opened += len(batch); opened >= named {
+			break
+		}
+		last := batch[len(batch)-1]
+		best, ok := z.bestTime()
+		if ok && last.nameTime.After(best) {
+			break // every name left is later than the root cause
+		}
+		// Names after last are in key order, which is time order.
+		next := &keyHeap{}
+		err := src.List(ctx, func(obj Object) error {
+			t, isNamed := kferrors.TimeFromKey(obj.Key)
+			if isNamed && obj.Key > last.key && (!ok || !t.After(best)) {
+				if l, usable := z.peek(obj); usable {
+					next.keep(l, o.Concurrency)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		batch = next.sorted()
+	}
+	return z.summary(), nil
+}
+
+// summarizer is Summarize's state: tallies and the best document so far.
+type summarizer struct {
+	o        Options
+	listedAt time.Time
+
+	mu      sync.Mutex
+	tally   tally
+	best    *Document // message kept, capped
+	opened  int
+	skipped int
+	sample  []Skipped // the maxSkippedSample smallest keys, sorted
+}
+
+// listed turns a listed object into a candidate, or counts it skipped when
+// the listing alone shows it unusable (empty, too large).
+func (z *summarizer) listed(obj Object) (listed, bool) {
+	if err := listingProblem(obj, z.o.MaxDocumentBytes); err != nil {
+		z.skip(obj.Key, err)
+		return listed{}, false
+	}
+	return listedObject(obj), true
+}
+
+// peek is listed without counting: for a second listing of objects the
+// first one counted already.
+func (z *summarizer) peek(obj Object) (listed, bool) {
+	if listingProblem(obj, z.o.MaxDocumentBytes) != nil {
+		return listed{}, false
+	}
+	return listedObject(obj), true
+}
+
+func (z *summarizer) skip(key string, err error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.skipped++
+	i, _ := slices.BinarySearchFunc(z.sample, key, func(s Skipped, k string) int { return strings.Compare(s.Key, k) })
+	if i < maxSkippedSample {
+		z.sample = slices.Insert(z.sample, i, Skipped{Key: key, Err: err})
+		z.sample = z.sample[:min(len(z.sample), maxSkippedSample)]
+	}
+}
+
+func (z *summarizer) openAll(ctx context.Context, src Source, batch []listed) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(z.o.Concurrency)
+	for _, l := range batch {
+		g.Go(func() error { return z.open(gctx, src, l) })
+	}
+	return g.Wait()
+}
+
+// open reads one document and counts it; a time-named one was counted by
+// name while listed, and that count is taken back first.
+func (z *summarizer) open(ctx context.Context, src Source, l listed) error {
+	d, skip, read, err := openDocument(ctx, src, z.o, z.listedAt, l)
+	if err != nil {
+		return err
+	}
+	z.mu.Lock()
+	if read {
+		z.opened++
+	}
+	if !l.nameTime.IsZero() {
+		z.tally.removeName(kferrors.WorkerFromKey(l.key))
+	}
+	z.mu.Unlock()
+	if skip != nil {
+		z.skip(skip.Key, skip.Err)
+		return nil
+	}
+	z.consider(d)
+	return nil
+}
+
+func (z *summarizer) consider(d Document) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.tally.add(d)
+	if z.best == nil || compare(d, *z.best) < 0 {
+		d.Failure.Message = kferrors.CapMessage(d.Failure.Message, z.o.MessageCap)
+		z.best = &d
+	}
+}
+
+func (z *summarizer) bestTime() (time.Time, bool) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.best == nil {
+		return time.Time{}, false
+	}
+	return z.best.Time(), true
+}
+
+func (z *summarizer) summary() *Summary {
+	return &Summary{RootCause: z.best, Opened: z.opened, Skipped: z.skipped, SkippedSample: z.sample, tally: z.tally, listedAt: z.listedAt}
+}
+
+// keyHeap keeps the n smallest keys it is offered: a max-heap on key.
+type keyHeap []listed
+
+func (h keyHeap) Len() int           { return len(h) }
+func (h keyHeap) Less(i, j int) bool { return h[i].key > h[j].key }
+func (h keyHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *keyHeap) Push(x any)        { *h = append(*h, x.(listed)) }
+func (h *keyHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (h *keyHeap) keep(l listed, n int) {
+	switch {
+	case h.Len() < n:
+		heap.Push(h, l)
+	case l.key < (*h)[0].key:
+		(*h)[0] = l
+		heap.Fix(h, 0)
+	}
+}
+
+// sorted empties the heap into key order.
+func (h *keyHeap) sorted() []listed {
+	out := slices.Clone(*h)
+	slices.SortFunc(out, func(a, b listed) int { return strings.Compare(a.key, b.key) })
+	*h = nil
+	return out
+}
+
+// listingProblem is why a listed object is unusable without reading it:
+// the listing says it is no document to open (Object.Unusable: a link, a
+// special file), or it is empty or too large.
+func listingProblem(obj Object, maxBytes int) error {
+	switch {
+	case obj.Unusable != nil:
+		return obj.Unusable
+	case obj.Size == 0:
+		return kferrors.ErrEmpty
+	case obj.Size > int64(maxBytes):
+		return fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, obj.Size, maxBytes)
+	}
+	return nil
+}
+
+func listedObject(obj Object) listed {
+	l := listed{key: obj.Key, modified: obj.Modified}
+	if t, ok := kferrors.TimeFromKey(obj.Key); ok {
+		l.nameTime = t
+	}
+	return l
+}
+
+// synthesizedDocument is an extra failure as a Document: a time that is not
+// usable (zero, 1970, out of range) is no time, and the listing time ranks it.
+func synthesizedDocument(f kferrors.Failure, listedAt time.Time) Document {
+	d := Document{Failure: f, Synthesized: true, At: f.Time, AtSource: TimeFromDocument}
+	if !kferrors.UsableTime(f.Time) {
+		d.Failure.Time = time.Time{}
+		d.At, d.AtSource = listedAt, TimeFromListing
+	}
+	return d
+}
+
+// openDocument reads and decodes one listed document. read reports whether
+// the bytes were read; an unusable document (vanished, unreadable, too
+// large, corrupt) comes back as skip; err is for the failures that fail a
+// whole read.
+func openDocument(ctx context.Context, src Source, o Options, listedAt time.Time, l listed) (d Document, skip *Skipped, read bool, err error) {
+	data, err := src.Read(ctx, l.key, o.MaxDocumentBytes)
+	switch {
+	case goerrors.Is(err, ErrNotFound), goerrors.Is(err, ErrUnreadable), goerrors.Is(err, kferrors.ErrTooLarge):
+		return Document{}, &Skipped{Key: l.key, Err: err}, false, nil
+	case err != nil:
+		return Document{}, nil, false, fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
+	}
+	f, err := kferrors.DecodeFailure(data, o.MaxDocumentBytes)
+	if err != nil {
+		return Document{}, &Skipped{Key: l.key, Err: err}, true, nil
+	}
+	d = Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
+	switch {
+	case !f.Time.IsZero():
+	case kferrors.UsableTime(l.modified):
+		// A modification time can be anything too (touch -d @0): only a
+		// usable one stands in, else the listing time.
+		d.At, d.AtSource = l.modified.UTC(), TimeFromModified
+	default:
+		d.At, d.AtSource = listedAt, TimeFromListing
+	}
+	return d, nil, true, nil
+}
