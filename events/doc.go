@@ -27,7 +27,8 @@
 //	 "attempt":2,"restartCount":1,"reason":"failure"}
 //
 //	v             format version, 1; required
-//	time          RFC 3339 with nanoseconds; required
+//	time          RFC 3339 with nanoseconds, from 2000 on (errors.UsableTime:
+//	              never 1970); required
 //	pod           the pod the event is about; required
 //	kind          group-started | worker-exited | restart | relaunch |
 //	              pod-failed | pod-succeeded; required
@@ -49,5 +50,7 @@
 // Readers ignore fields they do not know and keep events of kinds they do
 // not know (shown as plain marks), so fields and kinds can be added within
 // version 1. Anything else changes v; a reader skips (and counts) events of
-// a version newer than it knows, as it does unreadable ones.
+// a version newer than it knows, as it does unreadable ones. On a file://
+// prefix, links and special files under events/ are skipped, never followed
+// or opened, as the error readers skip them.
 package events

@@ -6,6 +6,7 @@ import (
 	goerrors "errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,11 +98,15 @@ var (
 	ErrCorrupt  = goerrors.New("corrupt event")
 	// ErrNewerVersion: written in a format version this reader does not know.
 	ErrNewerVersion = goerrors.New("event of a newer format version")
+	// ErrUnreadable: an entry no one should read as an event (a symbolic
+	// link, never followed; a FIFO or other special file) or may not (no
+	// permission), as the error readers skip them (errors.Irregular).
+	ErrUnreadable = goerrors.New("unreadable event")
 )
 
 // Encode serializes ev in the current version: it sets v, caps the message,
 // makes strings valid UTF-8 and the time UTC, and refuses an event without
-// time, pod or kind.
+// a usable time (errors.UsableTime: never 1970), pod or kind.
 func Encode(ev Event) ([]byte, error) {
 	ev.Version = Version
 	ev.Time = ev.Time.UTC()
@@ -120,8 +125,8 @@ func Encode(ev Event) ([]byte, error) {
 }
 
 // Decode parses one stored event. It rejects what is not one JSON object of
-// a known version with time, pod and kind; it keeps unknown kinds and
-// ignores unknown fields (both may be added within a version).
+// a known version with a usable time, pod and kind; it keeps unknown kinds
+// and ignores unknown fields (both may be added within a version).
 func Decode(data []byte) (Event, error) {
 	switch {
 	case len(data) == 0:
@@ -161,6 +166,8 @@ func (ev *Event) validate() error {
 	switch {
 	case ev.Time.IsZero():
 		return fmt.Errorf("%w: no time", ErrCorrupt)
+	case !kferrors.UsableTime(ev.Time):
+		return fmt.Errorf("%w: time %s is not usable (before 2000 or out of range)", ErrCorrupt, ev.Time.Format(time.RFC3339Nano))
 	case ev.Pod == "":
 		return fmt.Errorf("%w: no pod", ErrCorrupt)
 	case ev.Kind == "":
@@ -171,9 +178,9 @@ func (ev *Event) validate() error {
 
 // NewKey names an event of pod at t: events/<19-digit ns>-<pod>-<random>.json.
 func NewKey(t time.Time, pod, random string) string {
-	ns := t.UnixNano()
-	if t.IsZero() || ns < 0 {
-		ns = 0
+	var ns int64
+	if kferrors.UsableTime(t) {
+		ns = t.UnixNano()
 	}
 	return fmt.Sprintf("%s%019d-%s-%s%s", Prefix, ns, kferrors.SanitizeWorker(pod), random, keySuffix)
 }
@@ -217,15 +224,33 @@ type Log struct {
 type ReadOptions struct {
 	// Concurrency bounds concurrent reads; default 32.
 	Concurrency int
+	// CallTimeout bounds each call to the store (a listing page, one
+	// event's read); 0: no bound. The bucket must honour its context
+	// (gocloud.dev's do).
+	CallTimeout time.Duration
 }
 
 // Read lists and reads every event under bucket's events/ folder. An
 // unusable object (not *.json, empty, too large, corrupt, of a newer
-// version, vanished) is skipped and reported; a listing or read error fails.
+// version, vanished, unreadable: a link, a special file, no permission) is
+// skipped and reported, never followed or opened; an error of the store
+// itself (a listing or read that fails, no answer within CallTimeout)
+// fails the read.
 func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, error) {
 	conc := 32
-	if opts != nil && opts.Concurrency > 0 {
-		conc = opts.Concurrency
+	var callTimeout time.Duration
+	if opts != nil {
+		if opts.Concurrency > 0 {
+			conc = opts.Concurrency
+		}
+		callTimeout = opts.CallTimeout
+	}
+	// within bounds one call by CallTimeout.
+	within := func(ctx context.Context) (context.Context, context.CancelFunc) {
+		if callTimeout <= 0 {
+			return ctx, func() {}
+		}
+		return context.WithTimeout(ctx, callTimeout)
 	}
 	log := &Log{}
 	var mu sync.Mutex
@@ -238,7 +263,9 @@ func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, er
 	g.SetLimit(conc)
 	it := bucket.List(&blob.ListOptions{Prefix: Prefix})
 	for {
-		obj, err := it.Next(gctx)
+		lctx, cancel := within(gctx)
+		obj, err := it.Next(lctx)
+		cancel()
 		if err == io.EOF {
 			break
 		}
@@ -251,6 +278,9 @@ func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, er
 		switch {
 		case obj.IsDir:
 			continue
+		case kferrors.Irregular(obj) != "":
+			skip(obj.Key, fmt.Errorf("%w: %s", ErrUnreadable, kferrors.Irregular(obj)))
+			continue
 		case !strings.HasSuffix(obj.Key, keySuffix):
 			skip(obj.Key, fmt.Errorf("%w: not a %s object", ErrCorrupt, keySuffix))
 			continue
@@ -259,7 +289,13 @@ func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, er
 			continue
 		}
 		g.Go(func() error {
-			data, err := readAtMost(gctx, bucket, obj.Key, MaxBytes)
+			rctx, cancel := within(gctx)
+			defer cancel()
+			data, err := readAtMost(rctx, bucket, obj.Key, MaxBytes)
+			if goerrors.Is(err, ErrUnreadable) {
+				skip(obj.Key, err)
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -298,22 +334,32 @@ func Compare(a, b Event) int {
 	return strings.Compare(a.Key, b.Key)
 }
 
-// readAtMost reads up to max+1 bytes of key; nil, nil when it vanished.
+// readAtMost reads up to max+1 bytes of key; nil, nil when it vanished. An
+// error about this entry alone (access denied, the file system's refusal of
+// this file) wraps ErrUnreadable; any other is the store's own.
 func readAtMost(ctx context.Context, b *blob.Bucket, key string, max int) ([]byte, error) {
 	r, err := b.NewReader(ctx, key, nil)
 	if gcerrors.Code(err) == gcerrors.NotFound {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read event %s: %w", key, err)
+		return nil, readError(key, err)
 	}
 	defer r.Close()
 	data, err := io.ReadAll(io.LimitReader(r, int64(max)+1))
 	if err != nil {
-		return nil, fmt.Errorf("read event %s: %w", key, err)
+		return nil, readError(key, err)
 	}
 	if data == nil {
 		data = []byte{}
 	}
 	return data, nil
+}
+
+func readError(key string, err error) error {
+	var pathErr *fs.PathError
+	if gcerrors.Code(err) == gcerrors.PermissionDenied || goerrors.As(err, &pathErr) {
+		return fmt.Errorf("read event %s: %w: %v", key, ErrUnreadable, err)
+	}
+	return fmt.Errorf("read event %s: %w", key, err)
 }

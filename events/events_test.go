@@ -5,9 +5,11 @@ import (
 	"context"
 	goerrors "errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -247,5 +249,87 @@ func TestAppendReadNextToDocuments(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// What a careless or hostile user leaves under events/ on a file:// prefix
+// is skipped and reported, as the error readers skip it: links (to an event
+// outside the prefix, a loop, dangling) are never followed, a FIFO is never
+// opened (the read would block), and an event dated 1970 is no event.
+func TestReadSkipsLinksSpecialFilesAnd1970(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	dir := filepath.Join(root, "attempt-0")
+	b, err := kferrors.OpenPrefix(ctx, "file://"+dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := events.NewWriter(b).Append(ctx, events.Event{Time: t0, Pod: "job-worker-1", Kind: events.GroupStarted}); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(root, "outside.json")
+	os.WriteFile(outside, []byte(`{"v":1,"time":"2026-11-21T09:00:00Z","pod":"intruder","kind":"pod-failed"}`), 0o644)
+	evDir := filepath.Join(dir, strings.TrimSuffix(events.Prefix, "/"))
+	for name, target := range map[string]string{"link.json": outside, "loop.json": "loop.json", "dangling.json": "/nonexistent.json"} {
+		if err := os.Symlink(target, filepath.Join(evDir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mkfifo(filepath.Join(evDir, "fifo.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(evDir, "epoch.json"), []byte(`{"v":1,"time":"1970-01-01T00:00:00.5Z","pod":"p","kind":"restart"}`), 0o644)
+	if _, err := events.Encode(events.Event{Time: time.Unix(1, 0), Pod: "p", Kind: events.Restart}); !goerrors.Is(err, events.ErrCorrupt) {
+		t.Errorf("Encode of a 1970 event: %v, want ErrCorrupt", err)
+	}
+
+	done := make(chan struct{})
+	var log *events.Log
+	go func() {
+		defer close(done)
+		log, err = events.Read(ctx, b, nil)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Read blocked")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(log.Events) != 1 || log.Events[0].Pod != "job-worker-1" {
+		t.Fatalf("events %+v", log.Events)
+	}
+	want := map[string]error{"link.json": events.ErrUnreadable, "loop.json": events.ErrUnreadable, "dangling.json": events.ErrUnreadable,
+		"fifo.json": events.ErrUnreadable, "epoch.json": events.ErrCorrupt}
+	for _, s := range log.Skipped {
+		name := strings.TrimPrefix(s.Key, events.Prefix)
+		if w, ok := want[name]; !ok || !goerrors.Is(s.Err, w) {
+			t.Errorf("skipped %s: %v", s.Key, s.Err)
+		}
+		delete(want, name)
+	}
+	if len(want) != 0 {
+		t.Errorf("not skipped: %v", want)
+	}
+}
+
+// A store that accepts connections and never answers fails Read within
+// CallTimeout; it does not hang it.
+func TestReadSilentStoreWithinCallTimeout(t *testing.T) {
+	silent := testenv.Silent(t)
+	testenv.SetCredentialEnv()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // the test's own bound
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, silent.URL("flyte", "metadata/attempt-0"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	start := time.Now()
+	_, err = events.Read(ctx, b, &events.ReadOptions{CallTimeout: 300 * time.Millisecond})
+	if took := time.Since(start); err == nil || took > 5*time.Second {
+		t.Fatalf("Read: %v after %v, want a failure within about 300ms", err, took)
 	}
 }

@@ -7,12 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"gocloud.dev/blob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/report"
 )
@@ -23,9 +25,31 @@ type reportConfig struct {
 	Output      string
 	Concurrency int
 	OpenLanes   int
+	// Timeout bounds each storage call, as `kfelastic errors --timeout`.
+	Timeout time.Duration
 }
 
-func init() {
+// maxOpenLanes is --lanes' bound: the report draws at most 2000 lanes.
+const maxOpenLanes = 2000
+
+func (c reportConfig) validate() error {
+	for _, err := range []error{
+		intIn("concurrency", c.Concurrency, 1, maxConcurrency),
+		intIn("lanes", c.OpenLanes, 1, maxOpenLanes),
+		durationIn("timeout", c.Timeout, time.Millisecond, maxTimeout),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func init() { rootCmd.AddCommand(newReportCmd()) }
+
+// newReportCmd is `kfelastic report`; a function so that each test runs a
+// fresh command, as newErrorsCmd.
+func newReportCmd() *cobra.Command {
 	var c reportConfig
 	cmd := &cobra.Command{
 		Use:   "report URL [-o report.html]",
@@ -37,19 +61,28 @@ highlighted with its message, the other failures dimmed, restarts and relaunches
 in their lanes, and the Flyte UI message as the summary. The page has no script
 and fetches nothing; every text from storage is shown as text.
 
+Every storage call (a listing, one read) gets at most --timeout: a store that
+accepts connections and never answers fails the command, it does not hang it. On
+a file:// prefix, symbolic links and special files are never followed; they count
+as skipped.
+
 -o - writes the page to stdout. Exit status: 0 when the page is written (also
 for a prefix without documents: the page says so); 1 for a bad URL or a prefix
 that cannot be listed or read.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.URL = args[0]
+			if err := c.validate(); err != nil {
+				return err
+			}
 			return runReport(cmd.Context(), c, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVarP(&c.Output, "output", "o", "report.html", "where to write the page; - for stdout")
-	cmd.Flags().IntVar(&c.Concurrency, "concurrency", 32, "concurrent reads")
-	cmd.Flags().IntVar(&c.OpenLanes, "lanes", 30, "lanes shown at once; the others fold into a list")
-	rootCmd.AddCommand(cmd)
+	cmd.Flags().IntVar(&c.Concurrency, "concurrency", 32, fmt.Sprintf("concurrent reads (1 to %d)", maxConcurrency))
+	cmd.Flags().IntVar(&c.OpenLanes, "lanes", 30, fmt.Sprintf("lanes shown at once; the others fold into a list (1 to %d)", maxOpenLanes))
+	cmd.Flags().DurationVar(&c.Timeout, "timeout", defaultTimeout, fmt.Sprintf("bound on each storage call: a listing, one read (1ms to %v)", maxTimeout))
+	return cmd
 }
 
 func runReport(ctx context.Context, c reportConfig, out io.Writer) error {
@@ -67,7 +100,8 @@ func runReport(ctx context.Context, c reportConfig, out io.Writer) error {
 	if headline == "" {
 		headline = "no root cause"
 	}
-	_, err = fmt.Fprintf(out, "%s: %s\n", c.Output, headline)
+	// The headline comes from storage: escaped, as errors prints it.
+	_, err = fmt.Fprintf(out, "%s: %s\n", termsafe.Line(c.Output), termsafe.Line(headline))
 	return err
 }
 
@@ -82,16 +116,16 @@ func readReport(ctx context.Context, c reportConfig) (report.Input, error) {
 	}
 	defer bucket.Close()
 	src := outputreader.NewBucketSource(bucket)
-	sum, err := outputreader.Summarize(ctx, src, &outputreader.Options{Concurrency: c.Concurrency})
+	sum, err := outputreader.Summarize(ctx, src, &outputreader.Options{Concurrency: c.Concurrency, CallTimeout: c.Timeout})
 	if err != nil {
 		return in, err
 	}
 	in.Message = sum.Message()
-	all := &outputreader.Options{Concurrency: c.Concurrency, OpenAll: true}
+	all := &outputreader.Options{Concurrency: c.Concurrency, OpenAll: true, CallTimeout: c.Timeout}
 	if in.Current, err = outputreader.Read(ctx, src, all); err != nil {
 		return in, err
 	}
-	if in.Events, err = events.Read(ctx, bucket, &events.ReadOptions{Concurrency: c.Concurrency}); err != nil {
+	if in.Events, err = events.Read(ctx, bucket, &events.ReadOptions{Concurrency: c.Concurrency, CallTimeout: c.Timeout}); err != nil {
 		return in, err
 	}
 	// PrefixedBucket takes its bucket over, so superseded/ gets its own.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 
@@ -161,4 +162,72 @@ func nodeText(n *html.Node) string {
 		b.WriteString(nodeText(c))
 	}
 	return b.String()
+}
+
+// runReportCmd runs a fresh `kfelastic report` with args, bounded by limit.
+func runReportCmd(t *testing.T, limit time.Duration, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := newReportCmd()
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(context.Background()) }()
+	select {
+	case err := <-done:
+		return out.String(), err
+	case <-time.After(limit):
+		t.Fatalf("kfelastic report %q still running after %v", args, limit)
+		return "", nil
+	}
+}
+
+// As `kfelastic errors`: a store that never answers fails the report within
+// --timeout, numeric flags are refused outside their range, and the line
+// said on the terminal escapes what storage wrote.
+func TestReportTimeoutRangesAndEscaping(t *testing.T) {
+	silent := testenv.Silent(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", testenv.MinIOAccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testenv.MinIOSecretKey)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	page := filepath.Join(t.TempDir(), "report.html")
+	start := time.Now()
+	out, err := runReportCmd(t, 20*time.Second, "--timeout", "300ms", "-o", page, silent.URL("flyte", "metadata/attempt-0"))
+	if err == nil || !strings.Contains(err.Error(), "no answer") || time.Since(start) > 5*time.Second {
+		t.Errorf("silent store: %v after %v, want a timeout error within about 300ms\n%s", err, time.Since(start), out)
+	}
+	if _, err := os.Stat(page); err == nil {
+		t.Error("a page was written for a store that did not answer")
+	}
+
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"--concurrency", "0"}, {"--concurrency", "5000"}, {"--lanes", "0"}, {"--lanes", "2001"},
+		{"--timeout", "0s"}, {"--timeout", "-5s"},
+	} {
+		out, err := runReportCmd(t, 10*time.Second, append(args, "-o", page, "file://"+dir)...)
+		if err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("%q: %v, want a refusal naming the flag\n%s", args, err, out)
+		}
+	}
+	help, _ := runReportCmd(t, 10*time.Second, "--help")
+	for _, want := range []string{"(1 to 1024)", "(1 to 2000)", "(1ms to 1h0m0s)"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help does not state %q:\n%s", want, help)
+		}
+	}
+
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := kferrors.NewWriter(b, nil).Write(t.Context(), kferrors.UserError("E\x1b]0;pwned\x07", "boom\x1b[2J", "job-worker-0/0", time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runReportCmd(t, 20*time.Second, "-o", page, "file://"+dir)
+	if err != nil || strings.ContainsAny(out, "\x1b\x07") || !strings.Contains(out, `E\x1b]0;pwned\x07`) {
+		t.Errorf("said %q, %v; want the headline escaped", out, err)
+	}
 }

@@ -96,8 +96,8 @@ func (r *OutputReader) IsError(ctx context.Context) (bool, error) {
 
 // ReadError returns the root cause (see ExecutionError), read with
 // outputreader.Summarize, whose memory does not grow with the number of
-// documents. Without one
-// it returns upstream's codes: CodeNoDocuments when there are no documents,
+// documents, each storage call bounded by opts.CallTimeout. Without one it
+// returns upstream's codes: CodeNoDocuments when there are no documents,
 // CodeUnreadableDocuments when none could be used; both recoverable, SYSTEM.
 func (r *OutputReader) ReadError(ctx context.Context) (io.ExecutionError, error) {
 	rep, err := outputreader.Summarize(ctx, r.src, r.opts)
