@@ -5,6 +5,7 @@ import (
 	goerrors "errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -80,6 +81,16 @@ func Irregular(obj *blob.ListObject) string {
 		return "a symbolic link, not followed"
 	}
 	return "not a regular file (" + fi.Mode().Type().String() + ")"
+}
+
+// EntryError reports whether err, from opening or reading one listed
+// object, is about that entry alone: access denied by the store, or the file
+// system's refusal of the file (a permission, a loop, a directory in its
+// place). A reader skips such an entry; any other error is the store's own
+// and fails the read, since skipping for it could hide the root cause.
+func EntryError(err error) bool {
+	var pathErr *fs.PathError
+	return gcerrors.Code(err) == gcerrors.PermissionDenied || goerrors.As(err, &pathErr)
 }
 
 // readableDir fails unless dir is a folder this process can list.

@@ -6,7 +6,6 @@ import (
 	goerrors "errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"slices"
 	"strconv"
 	"strings"
@@ -357,8 +356,7 @@ func readAtMost(ctx context.Context, b *blob.Bucket, key string, max int) ([]byt
 }
 
 func readError(key string, err error) error {
-	var pathErr *fs.PathError
-	if gcerrors.Code(err) == gcerrors.PermissionDenied || goerrors.As(err, &pathErr) {
+	if kferrors.EntryError(err) {
 		return fmt.Errorf("read event %s: %w: %v", key, ErrUnreadable, err)
 	}
 	return fmt.Errorf("read event %s: %w", key, err)

@@ -5,7 +5,6 @@ import (
 	goerrors "errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"sync"
 	"time"
 
@@ -145,11 +144,10 @@ func (s *bucketSource) Read(ctx context.Context, key string, max int) ([]byte, e
 // file (a permission, a loop, a directory in its place); else the store's
 // own error, which fails the read.
 func readError(key string, err error) error {
-	var pathErr *fs.PathError
 	switch {
 	case gcerrors.Code(err) == gcerrors.NotFound:
 		return fmt.Errorf("%s: %w", key, ErrNotFound)
-	case gcerrors.Code(err) == gcerrors.PermissionDenied, goerrors.As(err, &pathErr):
+	case kferrors.EntryError(err):
 		return fmt.Errorf("%s: %w: %v", key, ErrUnreadable, err)
 	}
 	return err

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"gocloud.dev/blob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -91,8 +92,15 @@ func prefixWriter(t *testing.T, url string) (*blob.Bucket, *kferrors.Writer) {
 // than limit (a hang must not stall the suite).
 func runErrorsCmd(t *testing.T, limit time.Duration, args ...string) (string, error) {
 	t.Helper()
+	return runFreshCmd(t, newErrorsCmd(), limit, args...)
+}
+
+// runFreshCmd runs cmd (fresh: cobra keeps the context of a first run) with
+// args, its output and errors in one string; it fails the test if the
+// command runs longer than limit.
+func runFreshCmd(t *testing.T, cmd *cobra.Command, limit time.Duration, args ...string) (string, error) {
+	t.Helper()
 	var out bytes.Buffer
-	cmd := newErrorsCmd()
 	cmd.SetArgs(args)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
@@ -102,7 +110,7 @@ func runErrorsCmd(t *testing.T, limit time.Duration, args ...string) (string, er
 	case err := <-done:
 		return out.String(), err
 	case <-time.After(limit):
-		t.Fatalf("kfelastic errors %q still running after %v", args, limit)
+		t.Fatalf("kfelastic %s %q still running after %v", cmd.Name(), args, limit)
 		return "", nil
 	}
 }

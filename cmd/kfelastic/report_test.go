@@ -167,20 +167,7 @@ func nodeText(n *html.Node) string {
 // runReportCmd runs a fresh `kfelastic report` with args, bounded by limit.
 func runReportCmd(t *testing.T, limit time.Duration, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	cmd := newReportCmd()
-	cmd.SetArgs(args)
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(context.Background()) }()
-	select {
-	case err := <-done:
-		return out.String(), err
-	case <-time.After(limit):
-		t.Fatalf("kfelastic report %q still running after %v", args, limit)
-		return "", nil
-	}
+	return runFreshCmd(t, newReportCmd(), limit, args...)
 }
 
 // As `kfelastic errors`: a store that never answers fails the report within
