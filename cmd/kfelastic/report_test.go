@@ -52,7 +52,9 @@ func TestReportOfAnAgentRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var log bytes.Buffer
+	// The agent writes its output from a goroutine (agent.Output) and its
+	// log from the loop: one buffer, locked.
+	var log lockedBuffer
 	err = agent.Run(ctx, agent.Config{Command: []string{"/bin/sh", "-c", worker}, NProcPerNode: 2, MinNodes: 1, MaxNodes: 1,
 		MaxRestarts: 1, NodeRank: -1, RdzvID: "job", LogDir: t.TempDir(), Pod: "job-worker-1", ErrorPrefix: url,
 		StopGrace: time.Second, MasterAddr: "127.0.0.1", Stdout: &log, Stderr: &log, Logger: slog.New(slog.NewTextHandler(&log, nil))})
