@@ -14,6 +14,8 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/master/relaunch"
 	"github.com/kfelastic/kfelastic/master/store"
 )
 
@@ -38,8 +40,12 @@ type Options struct {
 	// Store bounds the torch store.
 	Store store.Limits
 	// Owner carries out decisions; nil: they are only logged.
-	Owner  PodOwner
-	Logger *slog.Logger
+	Owner PodOwner
+	// EventsURL is the job's error prefix: the master appends a relaunch
+	// event (package events) there for each relaunch it decides, so that
+	// the failure report shows it in the pod's lane. Empty: none.
+	EventsURL string
+	Logger    *slog.Logger
 }
 
 // Server is the master: the Job and the store inside one loop that orders
@@ -194,6 +200,11 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.closeBucket()
 	owner, stopOwner := s.startOwner(ctx)
 	defer stopOwner()
+	evlog, err := podevents.OpenAppender(ctx, s.opts.EventsURL, s.log, 10*time.Second, 5*time.Second)
+	if err != nil {
+		s.log.Warn("cannot open the error prefix for events; relaunches are not drawn in the report", "prefix", s.opts.EventsURL, "err", err)
+	}
+	defer evlog.Close()
 	for _, d := range s.job.Decisions() {
 		owner(d) // carried again: the owner is idempotent
 	}
@@ -249,6 +260,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		for _, d := range decided {
 			owner(d)
+			if ev, ok := relaunchEvent(d); ok {
+				evlog.Append(ev)
+			}
 		}
 	}
 }
@@ -529,6 +543,19 @@ func (s *Server) PodGone(ctx context.Context, pod string, f Failure) error {
 	}
 	_, err := s.do(ctx, c, 0, nil)
 	return err
+}
+
+// relaunchEvent is the report's event of a relaunch decision.
+func relaunchEvent(d Decision) (podevents.Event, bool) {
+	if d.Kind == relaunch.None || d.Kind == StopJob || d.Pod == "" {
+		return podevents.Event{}, false
+	}
+	counted := "not counted"
+	if d.Counted {
+		counted = "counted"
+	}
+	return podevents.Event{Time: d.Time, Pod: d.Pod, Kind: podevents.Relaunch, Code: d.Reason,
+		Reason: KindName(d.Kind), Message: fmt.Sprintf("the master relaunches rank %d (%s, %s): %s", d.Rank, KindName(d.Kind), counted, d.Message)}, true
 }
 
 // ---- store records ----

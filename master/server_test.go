@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -485,4 +487,47 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	_ = filepath.Join
+}
+
+// A relaunch the master decides is drawn in the report: the master appends
+// a relaunch event next to the job's error documents.
+func TestRelaunchEventWritten(t *testing.T) {
+	dir := t.TempDir()
+	m := mastertest.StartWith(t, master.Options{Job: master.Config{JobID: "ev", MinNodes: 1, MaxNodes: 2}, EventsURL: "file://" + dir})
+	c := dial(t, m.Addr, token)
+	ctx := t.Context()
+	var g errgroup.Group
+	for i := range 2 {
+		g.Go(func() error { _, err := join(ctx, c, node(i), 0); return err })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Leave(ctx, &masterpb.LeaveRequest{Node: node(1), Failure: &masterpb.Failure{Code: "Preempted", Recoverable: true, Message: "SIGTERM"}})
+	if err != nil || !res.GetRelaunch() {
+		t.Fatalf("leave: %v %v", res, err)
+	}
+	b, err := kferrors.OpenPrefix(ctx, "file://"+dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		log, err := events.Read(ctx, b, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(log.Events) == 1 {
+			ev := log.Events[0]
+			if ev.Kind != events.Relaunch || ev.Pod != "job-worker-1" || ev.Code != "Preempted" || ev.Reason != "relaunch" {
+				t.Errorf("event %+v", ev)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no relaunch event: %+v", log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

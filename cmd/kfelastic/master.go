@@ -42,6 +42,7 @@ type masterFlags struct {
 	metricsListen     string
 	kubeNamespace     string
 	kubeJob           string
+	errorPrefix       string
 }
 
 // masterServe is what the command runs with the parsed options (tests
@@ -100,6 +101,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HOST:PORT to serve Prometheus metrics on /metrics (empty: off)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "", "with --kube-job: carry out relaunch decisions on this Kubernetes namespace's PyTorchJob (in-cluster credentials)")
 	fl.StringVar(&f.kubeJob, "kube-job", "", "the PyTorchJob whose pods this master owns (see --kube-namespace)")
+	fl.StringVar(&f.errorPrefix, "error-prefix", "", "the job's error prefix (the agents'): the master appends a relaunch event there for each relaunch it decides, for kfelastic report (empty: none)")
 	return cmd
 }
 
@@ -167,6 +169,7 @@ func (f *masterFlags) options() (master.Options, error) {
 	o = master.Options{
 		Token:             token,
 		StateURL:          f.state,
+		EventsURL:         f.errorPrefix,
 		HeartbeatInterval: f.heartbeatInterval,
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Job: master.Config{

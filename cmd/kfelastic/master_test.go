@@ -70,8 +70,9 @@ func TestMasterParsesThePluginsReplica(t *testing.T) {
 		j.Relaunch.MaxPerRank != 3 || j.Relaunch.OOM.Factor != 2 || j.Relaunch.OOM.MaxIncrement != 4<<30 || j.Relaunch.OOM.Max != 32<<30 {
 		t.Errorf("job config %+v", j)
 	}
-	if o.Token != "the-token" || o.StateURL != "s3://flyte/metadata/f3a/n0/data/0/kfelastic-master?endpoint=http://minio:9000" {
-		t.Errorf("token %q, state %q", o.Token, o.StateURL)
+	if o.Token != "the-token" || o.StateURL != "s3://flyte/metadata/f3a/n0/data/0/kfelastic-master?endpoint=http://minio:9000" ||
+		o.EventsURL != "s3://flyte/metadata/f3a/n0/data/0?endpoint=http://minio:9000" {
+		t.Errorf("token %q, state %q, events %q", o.Token, o.StateURL, o.EventsURL)
 	}
 	if f.listen != ":23456" || f.kubeNamespace != "ns" || f.kubeJob != "f3a-n0-0" || f.metricsListen != ":9090" {
 		t.Errorf("flags %+v", f)
