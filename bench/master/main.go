@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,7 @@ var (
 	torchN  = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
 	clients = flag.Int("clients", 16, "concurrent store clients")
 	ops     = flag.Int("ops", 2000, "store operations per client and kind")
+	verbose = flag.Bool("v", false, "also print the master's memory breakdown")
 )
 
 const token = "bench-token"
@@ -113,8 +115,9 @@ func run() error {
 // ---- the master process ----
 
 type masterProc struct {
-	cmd  *exec.Cmd
-	addr string
+	cmd     *exec.Cmd
+	addr    string
+	metrics string
 }
 
 func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
@@ -123,7 +126,12 @@ func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	cmd := exec.Command(*binary_, "master", "--listen", addr, "--nnodes", fmt.Sprintf("%d:%d", n, n), "--rdzv-id", "bench",
+	mport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", mport)
+	cmd := exec.Command(*binary_, "master", "--listen", addr, "--metrics-listen", metrics, "--nnodes", fmt.Sprintf("%d:%d", n, n), "--rdzv-id", "bench",
 		"--token-file", tokenFile, "--state", state, "--heartbeat-interval", "60s", "--heartbeat-timeout", "600s",
 		"--waiting-timeout", "600s")
 	logf, err := os.Create(filepath.Join(dir, "master.log"))
@@ -140,7 +148,7 @@ func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
 		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return &masterProc{cmd: cmd, addr: addr}, nil
+			return &masterProc{cmd: cmd, addr: addr, metrics: metrics}, nil
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
@@ -149,6 +157,28 @@ func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// memory is the master's own account of its memory (Go runtime metrics):
+// heap in use, goroutine stacks, goroutines.
+func (m *masterProc) memory() string {
+	res, err := http.Get("http://" + m.metrics + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	val := func(name string) float64 {
+		for _, l := range strings.Split(string(body), "\n") {
+			if f := strings.Fields(l); len(f) == 2 && f[0] == name {
+				v, _ := strconv.ParseFloat(f[1], 64)
+				return v
+			}
+		}
+		return 0
+	}
+	return fmt.Sprintf("heap %.0f MiB, stacks %.0f MiB, %0.f goroutines", val("go_memstats_heap_inuse_bytes")/(1<<20),
+		val("go_memstats_stack_inuse_bytes")/(1<<20), val("go_goroutines"))
 }
 
 func (m *masterProc) stop() int64 {
@@ -239,6 +269,17 @@ func oursRendezvous(dir, tokenFile string, n, perConn int) (time.Duration, int64
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
+	if *verbose {
+		fmt.Printf("    (master at %d agents, all answered: %s)\n", n, m.memory())
+		if p := os.Getenv("KFELASTIC_PPROF_OUT"); p != "" {
+			if res, err := http.Get("http://" + m.metrics + "/debug/pprof/heap?gc=1"); err == nil {
+				f, _ := os.Create(p)
+				io.Copy(f, res.Body)
+				f.Close()
+				res.Body.Close()
+			}
+		}
+	}
 	rss := m.stop()
 	select {
 	case err := <-errs:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strconv"
 	"strings"
@@ -217,6 +218,11 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", s.MetricsHandler())
+		if os.Getenv("KFELASTIC_PPROF") == "1" {
+			// Go's profiles, for whoever looks into the master's memory or CPU.
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ml) }()
 		defer srv.Close()
