@@ -234,6 +234,11 @@ func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone,
 	}
 	if term == nil || (term.ExitCode == 0 && term.Signal == 0) {
 		switch {
+		case deleted && p.Status.Phase == "Pending" && term == nil:
+			// Deleted before it ever ran: it had no agent and held no rank,
+			// so there is nothing to relaunch or count (the training
+			// operator replaces it, and deletes its own extras this way).
+			return g, false
 		case deleted:
 			if p.Metadata.DeletionTimestamp != nil && p.Metadata.DeletionGracePeriodSeconds != nil && term == nil {
 				g.Time = p.Metadata.DeletionTimestamp.Add(-time.Duration(*p.Metadata.DeletionGracePeriodSeconds) * time.Second)

@@ -87,6 +87,7 @@ func TestClassifyPods(t *testing.T) {
 		{name: "deleted from outside while running", status: running, meta: deleting, deleted: true,
 			code: "Preempted", recoverable: true, at: time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC), message: "deleted from outside while Running"},
 		{name: "deleted by the owner (not reported)", status: running, meta: deleting},
+		{name: "deleted before it ever ran (not reported: it held no rank)", status: `{"phase":"Pending"}`, meta: deleting, deleted: true},
 		{name: "deleted after it succeeded", status: terminatedStatus("Succeeded", 0, "Completed"), meta: deleting, deleted: true},
 		{name: "deleted after OOM keeps OOMKilled", status: terminatedStatus("Failed", 137, "OOMKilled"), meta: deleting, deleted: true,
 			code: "OOMKilled", recoverable: true, at: finished},
