@@ -5,6 +5,11 @@ CACHE ?= $(HOME)/.cache/kfelastic
 export KFELASTIC_CACHE := $(CACHE)
 GO ?= go
 BIN := bin/kfelastic
+# The version stamped into the binary (internal/version; `kfelastic version`)
+# and the tag of its image, ghcr.io/kfelastic/kfelastic:<version>, which the
+# plugin uses by default.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION_LDFLAGS := -X github.com/kfelastic/kfelastic/internal/version.version=$(VERSION)
 # The static binary the plugin's init container copies into training pods.
 export CGO_ENABLED ?= 0
 
@@ -19,7 +24,7 @@ include $(wildcard mk/*.mk)
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/kfelastic
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN) ./cmd/kfelastic
 
 deps:
 	scripts/deps.sh all

@@ -75,6 +75,10 @@ type Config struct {
 	// (see storeproxy.go). The visible difference from torchrun is global
 	// rank 0's MASTER_PORT, which is that private port.
 	NoStoreProxy bool
+	// Launcher is who starts the workers (DESIGN §4, --launcher): "agent"
+	// ("" too), or "command", where the command starts its own through
+	// torch elastic and the agent runs it once.
+	Launcher string
 	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
 	// in the command; torchrun's --tee).
 	Tee bool

@@ -23,7 +23,9 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // TestAPIServerAcceptsEveryBuiltObject sends every job built from
 // testdata/tasks (and the master's Secret, account, Role and binding) to a
 // real kube-apiserver with the Kubeflow CRDs: server-side schema validation
-// must accept them. Templates the builder refuses never reach it.
+// must accept them. Templates the builder refuses never reach it. flytekit's
+// Elastic templates are built as with the default configuration (no agent
+// image) and stored with the default image.
 func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 	cfg := testenv.Kube(t)
 	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
@@ -38,10 +40,11 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	i := 0
+	defaults := false
 	for name, w := range table {
 		tmpl := flytetest.LoadTemplate(t, name)
 		i++
-		opts := testOpts
+		opts := optsFor(w)
 		opts.Name = "job" + itoa(int32(i))
 		opts.Namespace = ns.Name
 		var (
@@ -90,6 +93,20 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 				t.Errorf("%s: stored %s replicas %d, want %d", name, rt, got, n)
 			}
 		}
+		if w.defaultImage {
+			// Built with no agent image: stored with the default one, in
+			// the installer and the master.
+			pj := back.(*kubeflowv1.PyTorchJob)
+			inits := pj.Spec.PyTorchReplicaSpecs[W].Template.Spec.InitContainers
+			master := pj.Spec.PyTorchReplicaSpecs[M].Template.Spec.Containers[0]
+			if len(inits) != 1 || inits[0].Image != DefaultAgentImage() || master.Image != DefaultAgentImage() {
+				t.Errorf("%s: stored installer %+v, master image %q; want %s", name, inits, master.Image, DefaultAgentImage())
+			}
+		}
+		defaults = defaults || w.defaultImage
+	}
+	if !defaults {
+		t.Error("no job of the table was built with the default agent image")
 	}
 }
 

@@ -35,8 +35,9 @@ type Options struct {
 	// ErrorPrefix is the gocloud.dev URL of the task's output prefix, where
 	// agents write error documents (see ErrorPrefixURL).
 	ErrorPrefix string
-	// AgentImage holds the static kfelastic binary at /kfelastic; required
-	// for elastic PyTorch tasks.
+	// AgentImage holds the static kfelastic binary at /kfelastic (nothing
+	// else is needed); empty means DefaultAgentImage, the image published
+	// for this build's version.
 	AgentImage string
 	// RDZVBackend is used when the ElasticConfig leaves it empty.
 	RDZVBackend string

@@ -8,6 +8,7 @@ import (
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/flytek8s"
+	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/utils"
 	flyteerrs "github.com/flyteorg/flyte/flytestdlib/errors"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,14 +16,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/version"
 )
 
 // fixedPods renders the template's container the simple way: name
-// "primary", image, args and env from the template, resources converted.
-// (The plugin renders it with flytek8s; its tests compare with upstream.)
+// "primary", image, args and env from the template, resources converted; a
+// K8sPod template (flytekit's, with a pod template) as its pod spec, with
+// the primary container its config names.
+// (The plugin renders both with flytek8s; its tests compare with upstream.)
 type fixedPods struct{ tmpl *core.TaskTemplate }
 
 func (f fixedPods) PodTemplate(res *core.Resources) (corev1.PodTemplateSpec, string, error) {
+	meta := metav1.ObjectMeta{Labels: map[string]string{"flyte": "yes"}}
+	if pod := f.tmpl.GetK8SPod(); pod != nil {
+		var spec corev1.PodSpec
+		if err := utils.UnmarshalStructToObj(pod.GetPodSpec(), &spec); err != nil {
+			return corev1.PodTemplateSpec{}, "", err
+		}
+		spec.RestartPolicy = corev1.RestartPolicyNever
+		return corev1.PodTemplateSpec{ObjectMeta: meta, Spec: spec}, f.tmpl.GetConfig()["primary_container_name"], nil
+	}
 	c := f.tmpl.GetContainer()
 	ctr := corev1.Container{Name: "primary", Image: c.GetImage(), Args: slices.Clone(c.GetArgs())}
 	for _, kv := range c.GetEnv() {
@@ -36,7 +49,7 @@ func (f fixedPods) PodTemplate(res *core.Resources) (corev1.PodTemplateSpec, str
 		ctr.Resources = *r
 	}
 	return corev1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"flyte": "yes"}},
+		ObjectMeta: meta,
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{ctr}, RestartPolicy: corev1.RestartPolicyNever},
 	}, "primary", nil
 }
@@ -46,16 +59,26 @@ var testOpts = Options{
 	AgentImage: "ghcr.io/kfelastic/kfelastic:test", OOMFactor: 2, OOMMaxIncrement: "8Gi", OOMMaxMemory: "64Gi",
 }
 
+// optsFor are the options a table entry is built with: testOpts, without
+// an agent image for the entries that check the default one.
+func optsFor(w want) Options {
+	o := testOpts
+	if w.defaultImage {
+		o.AgentImage = ""
+	}
+	return o
+}
+
 // build dispatches on the template's type as the plugin does.
-func build(tmpl *core.TaskTemplate) (specs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec, rp kubeflowv1.RunPolicy, ep *kubeflowv1.ElasticPolicy, err error) {
+func build(tmpl *core.TaskTemplate, opts Options) (specs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec, rp kubeflowv1.RunPolicy, ep *kubeflowv1.ElasticPolicy, err error) {
 	if tmpl.GetType() == TensorflowTaskType {
-		j, err := BuildTFJob(tmpl, fixedPods{tmpl}, testOpts)
+		j, err := BuildTFJob(tmpl, fixedPods{tmpl}, opts)
 		if err != nil {
 			return nil, rp, nil, err
 		}
 		return j.Spec.TFReplicaSpecs, j.Spec.RunPolicy, nil, nil
 	}
-	j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, testOpts)
+	j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, opts)
 	if err != nil {
 		return nil, rp, nil, err
 	}
@@ -87,6 +110,12 @@ type want struct {
 	memLimit map[kubeflowv1.ReplicaType]string
 	elastic  *[4]int32 // min, max, nproc, maxRestarts
 	rp       func(t *testing.T, rp kubeflowv1.RunPolicy)
+	// Elastic entries: the wrapped command (default "test-args"), whether
+	// the agent runs it with --launcher command (flytekit's entrypoints),
+	// and whether the job is built without an agent image (the default).
+	command      string
+	commandMode  bool
+	defaultImage bool
 }
 
 const (
@@ -132,6 +161,17 @@ var table = map[string]want{
 				t.Errorf("run policy %+v (want gang minimum 3 workers + master)", rp)
 			}
 		}},
+	// flytekit's Elastic(nnodes="2:4", nproc_per_node=2, max_restarts=3),
+	// with the /dev/shm pod template flytekit adds by default, and
+	// Elastic(nnodes="1:2", nproc_per_node=4) fast-registered: both run
+	// under the agent's command launcher, with the default agent image.
+	"flytekit-elastic-pyflyte-execute": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 4}, elastic: &[4]int32{2, 4, 2, 3},
+		images:  map[kubeflowv1.ReplicaType]string{M: DefaultAgentImage(), W: "ghcr.io/example/trainer:v1"},
+		restart: map[kubeflowv1.ReplicaType]kubeflowv1.RestartPolicy{M: "OnFailure", W: "ExitCode"}, memLimit: map[kubeflowv1.ReplicaType]string{W: "8Gi"},
+		command: "pyflyte-execute --inputs {{.input}}", commandMode: true, defaultImage: true},
+	"flytekit-elastic-fast-execute": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, elastic: &[4]int32{1, 2, 4, 0},
+		images:  map[kubeflowv1.ReplicaType]string{M: DefaultAgentImage(), W: "ghcr.io/example/trainer:v1"},
+		command: "pyflyte-fast-execute --additional-distribution s3://", commandMode: true, defaultImage: true},
 	"pytorch-v1-two-workers": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, images: map[kubeflowv1.ReplicaType]string{M: "trainer:1", W: "trainer:1"}},
 	"tensorflow-v1-ps":       {replicas: map[kubeflowv1.ReplicaType]int32{C: 1, W: 2, PS: 1}},
 
@@ -160,7 +200,7 @@ func TestBuildTable(t *testing.T) {
 	for name, w := range table {
 		t.Run(name, func(t *testing.T) {
 			tmpl := flytetest.LoadTemplate(t, name)
-			specs, rp, ep, err := build(tmpl)
+			specs, rp, ep, err := build(tmpl, optsFor(w))
 			if w.err != "" {
 				if err == nil {
 					t.Fatalf("built a job, want error %q", w.err)
@@ -218,48 +258,68 @@ func TestBuildTable(t *testing.T) {
 				if *ep.MinReplicas != e[0] || *ep.MaxReplicas != e[1] || *ep.NProcPerNode != e[2] || *ep.MaxRestarts != e[3] || *ep.RDZVBackend != "c10d" {
 					t.Errorf("elastic policy min %d max %d nproc %d restarts %d backend %s, want %v", *ep.MinReplicas, *ep.MaxReplicas, *ep.NProcPerNode, *ep.MaxRestarts, *ep.RDZVBackend, *e)
 				}
-				checkElastic(t, specs, *ep)
+				checkElastic(t, specs, *ep, w)
 			}
 		})
 	}
 }
 
 // checkElastic: the workers run under the agent with flags from the
-// ElasticConfig; the master runs kfelastic master under its account.
-func checkElastic(t *testing.T, specs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec, ep kubeflowv1.ElasticPolicy) {
+// ElasticConfig (--launcher agent), or run flytekit's command once under it
+// (--launcher command: torch's launcher inside starts the workers and owns
+// the restarts); the init container installs the agent from the image; the
+// master runs kfelastic master under its account.
+func checkElastic(t *testing.T, specs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaSpec, ep kubeflowv1.ElasticPolicy, w want) {
 	t.Helper()
-	w := specs[W]
-	c := container(w, "pytorch")
+	image := optsFor(w).AgentImage
+	if image == "" {
+		image = DefaultAgentImage()
+	}
+	command := w.command
+	if command == "" {
+		command = "test-args"
+	}
+	ws := specs[W]
+	c := container(ws, "pytorch")
 	if len(c.Command) != 1 || c.Command[0] != AgentBinary || c.Args[0] != "agent" {
 		t.Fatalf("worker command %v %v, want %s agent …", c.Command, c.Args, AgentBinary)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{
+	expect := []string{
 		"--error-prefix s3://bucket/metadata/outputs/0",
 		"--nnodes " + itoa(*ep.MinReplicas) + ":" + itoa(*ep.MaxReplicas),
-		"--nproc-per-node " + itoa(*ep.NProcPerNode),
-		"--max-restarts " + itoa(*ep.MaxRestarts),
 		"--rdzv-endpoint job1-master-0:23456",
 		"--token-file " + TokenFile,
-		" -- test-args",
-	} {
+		" -- " + command,
+	}
+	if w.commandMode {
+		expect = append(expect, "agent --launcher command ", "--max-restarts 0 ")
+		if strings.Contains(args, "--nproc-per-node") {
+			t.Errorf("agent args %q: the command launcher must not start nproc-per-node copies of the command", args)
+		}
+	} else {
+		expect = append(expect, "agent --launcher agent ",
+			"--nproc-per-node "+itoa(*ep.NProcPerNode),
+			"--max-restarts "+itoa(*ep.MaxRestarts))
+	}
+	for _, want := range expect {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %q lack %q", args, want)
 		}
 	}
-	if !strings.HasSuffix(args, "-- test-args") {
-		t.Errorf("agent args %q do not end with the original command", args)
+	if i := strings.Index(args, " -- "); i < 0 || !strings.HasPrefix(args[i+4:], command) || strings.Count(args[:i], " -- ") != 0 {
+		t.Errorf("agent args %q do not end with the original command %q", args, command)
 	}
-	if len(w.Template.Spec.InitContainers) != 1 || w.Template.Spec.InitContainers[0].Image != testOpts.AgentImage ||
-		strings.Join(w.Template.Spec.InitContainers[0].Command, " ") != "cp /kfelastic /kfelastic-bin/kfelastic" {
-		t.Errorf("init containers %+v", w.Template.Spec.InitContainers)
+	if len(ws.Template.Spec.InitContainers) != 1 || ws.Template.Spec.InitContainers[0].Image != image ||
+		strings.Join(ws.Template.Spec.InitContainers[0].Command, " ") != "/kfelastic install /kfelastic-bin" {
+		t.Errorf("init containers %+v, want %s running /kfelastic install /kfelastic-bin", ws.Template.Spec.InitContainers, image)
 	}
 	if !mounted(c, AgentBinDir) || !mounted(c, TokenDir) {
 		t.Errorf("worker mounts %+v", c.VolumeMounts)
 	}
 	m := specs[M]
 	mc := container(m, "pytorch")
-	if mc.Image != testOpts.AgentImage || strings.Join(mc.Command, " ") != AgentBinaryInImage || mc.Args[0] != "master" {
+	if mc.Image != image || strings.Join(mc.Command, " ") != AgentBinaryInImage || mc.Args[0] != "master" {
 		t.Errorf("master container %v %v %v", mc.Image, mc.Command, mc.Args)
 	}
 	if m.Template.Spec.ServiceAccountName != MasterAccountName("job1") || !mounted(mc, TokenDir) {
@@ -312,12 +372,17 @@ func keys[K comparable, V any](m map[K]V) []K {
 func TestBuildRefusesMissingPieces(t *testing.T) {
 	tmpl := flytetest.LoadTemplate(t, "upstream-pytorch-v1-elastic")
 	for name, opts := range map[string]Options{
-		"no agent image": {Name: "j", Namespace: "n"},
-		"no name":        {AgentImage: "img"},
+		"no name":      {AgentImage: "img"},
+		"no namespace": {Name: "j"},
 	} {
 		if _, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, opts); err == nil {
 			t.Errorf("%s: built an elastic job", name)
 		}
+	}
+	noArgs := flytetest.LoadTemplate(t, "upstream-pytorch-v1-elastic")
+	noArgs.GetContainer().Args = nil
+	if _, err := BuildPyTorchJob(noArgs, fixedPods{noArgs}, testOpts); err == nil || !strings.Contains(err.Error(), "neither command nor args") {
+		t.Errorf("elastic task without a command: %v", err)
 	}
 	noCustom := flytetest.LoadTemplate(t, "upstream-pytorch-v0")
 	noCustom.Custom = nil
@@ -330,6 +395,31 @@ func TestBuildRefusesMissingPieces(t *testing.T) {
 	}
 	if _, err := BuildPyTorchJob(nil, fixedPods{}, testOpts); err == nil {
 		t.Errorf("nil template built a job")
+	}
+}
+
+// The image of this build's version is the default; before this default an
+// elastic task with the default configuration was refused.
+func TestDefaultAgentImage(t *testing.T) {
+	if got, want := DefaultAgentImage(), version.Image(); got != want || !strings.HasPrefix(got, "ghcr.io/kfelastic/kfelastic:") {
+		t.Errorf("DefaultAgentImage() = %q, want %q", got, want)
+	}
+}
+
+func TestLauncherOf(t *testing.T) {
+	for argv, want := range map[string]string{
+		"pyflyte-execute --inputs s3://x -- task-module m task-name t":                          LauncherCommand,
+		"pyflyte-fast-execute --additional-distribution s3://d --dest-dir . -- pyflyte-execute": LauncherCommand,
+		"/usr/local/bin/pyflyte-execute --inputs s3://x":                                        LauncherCommand,
+		"python3 train.py":                     LauncherAgent,
+		"torchrun --nproc-per-node 2 train.py": LauncherAgent,
+		"sh -c pyflyte-execute":                LauncherAgent,
+		"pyflyte-map-execute --inputs s3://x":  LauncherAgent,
+		"":                                     LauncherAgent,
+	} {
+		if got := LauncherOf(strings.Fields(argv)); got != want {
+			t.Errorf("LauncherOf(%q) = %q, want %q", argv, got, want)
+		}
 	}
 }
 

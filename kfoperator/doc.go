@@ -18,13 +18,21 @@
 // upstream flyteplugins does.
 //
 // Elastic jobs (a PyTorch task with an ElasticConfig) get the kfelastic
-// agent: an init container copies the static binary from Options.AgentImage
-// (/kfelastic in that image) into an emptyDir mounted at AgentBinDir in the
-// primary container, whose command becomes
+// agent: an init container runs `/kfelastic install /kfelastic-bin` in
+// Options.AgentImage (default: DefaultAgentImage, the image published for
+// this build's version), the static binary copying itself into an emptyDir
+// mounted at AgentBinDir in the primary container — the image needs nothing
+// else, FROM scratch. The primary container's command becomes
 //
-//	/kfelastic-bin/kfelastic agent --error-prefix URL --nnodes MIN:MAX … -- ORIGINAL COMMAND ARGS…
+//	/kfelastic-bin/kfelastic agent --launcher L --error-prefix URL --nnodes MIN:MAX … -- ORIGINAL COMMAND ARGS…
 //
-// and a Master replica runs `kfelastic master` from the agent image, with a
+// with L = command when the original runs pyflyte-execute or
+// pyflyte-fast-execute (every flytekit Elastic task: torch's elastic_launch
+// inside starts the workers, the agent runs the command once and relays
+// torch's store to the master), else L = agent (the agent starts
+// --nproc-per-node workers itself). See LauncherOf.
+//
+// A Master replica runs `kfelastic master` from the agent image, with a
 // per-job token (Secret), a service account and a Role that lets it patch
 // this job's replica templates and delete its pods (MasterObjects).
 package kfoperator

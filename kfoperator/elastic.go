@@ -3,6 +3,7 @@ package kfoperator
 import (
 	"fmt"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 
@@ -12,18 +13,22 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/internal/version"
 )
 
 // Where the agent binary and the job token live inside pods.
 const (
-	// AgentBinaryInImage is the static binary's path in Options.AgentImage;
-	// the image also needs a `cp` (busybox or distroless:debug base), which
-	// the init container runs.
+	// AgentBinaryInImage is the static binary's path in Options.AgentImage,
+	// and all the image needs: the init container runs
+	// `/kfelastic install AgentBinDir`, the binary copying itself, so the
+	// image can be FROM scratch (the repository's Dockerfile, `make image`).
 	AgentBinaryInImage = "/kfelastic"
-	// AgentBinDir is the emptyDir the init container copies it into; it is
-	// mounted at the same path in the primary container.
+	// AgentBinDir is the emptyDir the init container installs it into; it
+	// is mounted at the same path, read-only, in the primary container.
 	AgentBinDir = "/kfelastic-bin"
-	// AgentBinary is the agent's path in the primary container.
+	// AgentBinary is the agent's path in the primary container
+	// (`kfelastic install DIR` writes DIR/kfelastic).
 	AgentBinary = AgentBinDir + "/kfelastic"
 	// TokenDir holds the per-job token Secret (key TokenKey) in the master
 	// and in every worker.
@@ -75,8 +80,6 @@ func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) err
 		return badSpec("elastic config: nproc_per_node must be at least 1, got %d", ec.GetNprocPerNode())
 	case ec.GetMaxRestarts() < 0:
 		return badSpec("elastic config: max_restarts must not be negative, got %d", ec.GetMaxRestarts())
-	case opts.AgentImage == "":
-		return badSpec("elastic pytorch task: no kfelastic agent image configured (plugins.kfelastic.agentImage)")
 	case opts.Name == "" || opts.Namespace == "":
 		return badSpec("elastic pytorch task: job name and namespace are needed to address the master")
 	}
@@ -92,6 +95,9 @@ func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) err
 		return badSpec("elastic config: %d worker replicas outside [min_replicas, max_replicas] = [%d, %d]", n, min, max)
 	}
 
+	if opts.AgentImage == "" {
+		opts.AgentImage = DefaultAgentImage()
+	}
 	nproc, restarts := ec.GetNprocPerNode(), ec.GetMaxRestarts()
 	rdzvBackend := kubeflowv1.RDZVBackend(backend)
 	host := opts.Name + "-master-0"
@@ -119,16 +125,37 @@ func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) err
 	if worker.RestartPolicy == kubeflowv1.RestartPolicyNever {
 		worker.RestartPolicy = kubeflowv1.RestartPolicyExitCode
 	}
+	c, err := containerNamed(&worker.Template.Spec, kubeflowv1.PyTorchJobDefaultContainerName)
+	if err != nil {
+		return err
+	}
+	launcher := LauncherOf(append(append([]string{}, c.Command...), c.Args...))
 	agentArgs := []string{
 		"agent",
+		"--launcher", launcher,
 		"--error-prefix", opts.ErrorPrefix,
 		"--nnodes", fmt.Sprintf("%d:%d", min, max),
-		"--nproc-per-node", strconv.Itoa(int(nproc)),
-		"--max-restarts", strconv.Itoa(int(restarts)),
+	}
+	if launcher == LauncherAgent {
+		agentArgs = append(agentArgs,
+			"--nproc-per-node", strconv.Itoa(int(nproc)),
+			"--max-restarts", strconv.Itoa(int(restarts)))
+	} else {
+		// torch's elastic_launch inside the command starts the
+		// nproc_per_node workers and spends the ElasticConfig's restart
+		// budget (flytekit passes both to its LaunchConfig). The agent
+		// starts the one command and must not restart it on top of that:
+		// 0, given explicitly, because the operator's PET_MAX_RESTARTS
+		// (the same budget) would otherwise become the agent's default.
+		// PET_NPROC_PER_NODE and the other PET_* stay as the operator
+		// sets them, for the command.
+		agentArgs = append(agentArgs, "--max-restarts", "0")
+	}
+	agentArgs = append(agentArgs,
 		"--rdzv-endpoint", fmt.Sprintf("%s:%d", host, port),
 		"--rdzv-id", opts.Name,
 		"--token-file", TokenFile,
-	}
+	)
 	if opts.NetworkCheck {
 		agentArgs = append(agentArgs, "--network-check")
 	}
@@ -138,29 +165,60 @@ func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) err
 	if opts.HangTimeoutSec > 0 {
 		agentArgs = append(agentArgs, "--hang-timeout", fmt.Sprintf("%ds", opts.HangTimeoutSec))
 	}
-	if err := injectAgent(&worker.Template.Spec, kubeflowv1.PyTorchJobDefaultContainerName, opts.AgentImage, agentArgs, opts.Name); err != nil {
+	if err := injectAgent(&worker.Template.Spec, c, opts.AgentImage, agentArgs, opts.Name); err != nil {
 		return err
 	}
 	job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster] = masterReplica(job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster], worker, min, max, opts)
 	return nil
 }
 
+// Launchers of `kfelastic agent --launcher` (DESIGN §4).
+const (
+	// LauncherAgent: the agent starts --nproc-per-node workers itself.
+	LauncherAgent = "agent"
+	// LauncherCommand: the command starts its own workers through torch
+	// elastic; the agent starts it once and relays torch's store.
+	LauncherCommand = "command"
+)
+
+// flytekitEntrypoints are the commands every flytekit task runs in its
+// container (python_auto_container's default command, and the prefix of
+// fast registration). An Elastic task's pyflyte-execute calls torch's
+// elastic_launch itself, with the task function as the workers, so no
+// outside launcher can take its place.
+var flytekitEntrypoints = map[string]bool{"pyflyte-execute": true, "pyflyte-fast-execute": true}
+
+// LauncherOf is the agent launcher for a container's command line
+// (Command then Args): LauncherCommand when it runs pyflyte-execute or
+// pyflyte-fast-execute (by name or path), LauncherAgent for anything else.
+func LauncherOf(argv []string) string {
+	if len(argv) > 0 && flytekitEntrypoints[path.Base(argv[0])] {
+		return LauncherCommand
+	}
+	return LauncherAgent
+}
+
+// DefaultAgentImage is the image an elastic job uses when Options.AgentImage
+// is empty: the one published for this build's version
+// (ghcr.io/kfelastic/kfelastic:<version>), so that the agent and master in
+// the pods match the plugin that built them.
+func DefaultAgentImage() string { return version.Image() }
+
+func containerNamed(spec *corev1.PodSpec, name string) (*corev1.Container, error) {
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == name {
+			return &spec.Containers[i], nil
+		}
+	}
+	return nil, badSpec("no container %q to wrap with the agent", name)
+}
+
 // injectAgent adds the init container that installs the agent and wraps the
-// primary container's command: Command+Args become the agent's arguments
+// primary container c of spec: Command+Args become the agent's arguments
 // after "--". A container with no Command relied on the image's entrypoint,
 // which cannot be known here; its Args are run as the command (flytekit's
 // images put pyflyte-execute in Args).
-func injectAgent(spec *corev1.PodSpec, primary, image string, agentArgs []string, job string) error {
-	idx := -1
-	for i := range spec.Containers {
-		if spec.Containers[i].Name == primary {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		return badSpec("no container %q to wrap with the agent", primary)
-	}
-	c := &spec.Containers[idx]
+func injectAgent(spec *corev1.PodSpec, c *corev1.Container, image string, agentArgs []string, job string) error {
 	original := append(append([]string{}, c.Command...), c.Args...)
 	if len(original) == 0 {
 		return badSpec("elastic pytorch task: the container has neither command nor args to run under the agent")
@@ -174,9 +232,10 @@ func injectAgent(spec *corev1.PodSpec, primary, image string, agentArgs []string
 		corev1.VolumeMount{Name: tokenVolume, MountPath: TokenDir, ReadOnly: true},
 	)
 	spec.InitContainers = append(spec.InitContainers, corev1.Container{
-		Name:         initContainer,
-		Image:        image,
-		Command:      []string{"cp", AgentBinaryInImage, AgentBinary},
+		Name:  initContainer,
+		Image: image,
+		// The binary copies itself: nothing else is needed in the image.
+		Command:      []string{AgentBinaryInImage, "install", AgentBinDir},
 		VolumeMounts: []corev1.VolumeMount{{Name: agentVolume, MountPath: AgentBinDir}},
 		Resources:    smallResources(),
 	})

@@ -2,7 +2,7 @@
 # PyTorch plugin, and the flags generator.
 BENCHES += plugin
 
-.PHONY: bench-plugin plugin-pflags
+.PHONY: bench-plugin plugin-pflags image
 
 # BuildResource and GetTaskPhase (terminal, 100 pods, 100 documents on MinIO,
 # pods on a real kube-apiserver), ours beside upstream's, in one run.
@@ -26,3 +26,11 @@ plugin-pflags: $(PFLAGS)
 .PHONY: deps-operator
 deps-operator:
 	scripts/deps.sh k8s
+
+# The agent image the plugin defaults to (ghcr.io/kfelastic/kfelastic:<VERSION>):
+# FROM scratch, the static binary at /kfelastic, entrypoint /kfelastic. Built
+# without any container daemon as an OCI image layout in out/image
+# (internal/ociimage); the Dockerfile builds the same image with a daemon.
+# Push it with an OCI tool, e.g. skopeo copy oci:out/image docker://REPO:TAG.
+image:
+	$(GO) run ./internal/ociimage/mkimage -version $(VERSION) -out out/image

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/version"
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
@@ -131,6 +132,71 @@ func TestBuildResourceMatchesUpstream(t *testing.T) {
 	}
 	if compared < 8 {
 		t.Errorf("compared only %d templates with upstream", compared)
+	}
+}
+
+// TestBuildResourceWrapsFlytekitElastic: with the default config (no
+// agentImage set), flytekit's Elastic templates build — the agent installed
+// from the image of the plugin's version by `/kfelastic install`, the
+// rendered pyflyte-execute / pyflyte-fast-execute command run once under
+// `--launcher command` (torch's elastic_launch inside starts the workers),
+// flytekit's /dev/shm volume kept — and any other command runs under
+// `--launcher agent` with the task's nproc_per_node.
+func TestBuildResourceWrapsFlytekitElastic(t *testing.T) {
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.ListPods = false
+	for _, c := range []struct {
+		template, launcher, command string
+		shm                         bool
+	}{
+		{"flytekit-elastic-pyflyte-execute", kfoperator.LauncherCommand, "pyflyte-execute --inputs s3://bucket/metadata/flytekit-elastic-pyflyte-execute/inputs/inputs.pb --output-prefix ", true},
+		{"flytekit-elastic-fast-execute", kfoperator.LauncherCommand, "pyflyte-fast-execute --additional-distribution s3://my-s3-bucket/", false},
+		{"upstream-pytorch-v1-elastic", kfoperator.LauncherAgent, "test-args", false},
+	} {
+		t.Run(c.template, func(t *testing.T) {
+			tmpl := flytetest.LoadTemplate(t, c.template)
+			tctx := flytetest.Task{Template: tmpl, Name: "job-" + c.template, Namespace: "ns", Prefix: storage.DataReference("s3://bucket/metadata/" + c.template), Store: memStore(t)}.Context(ctx)
+			obj, _, err := New(tmpl.GetType(), &cfg, nil).buildJob(ctx, tctx)
+			if err != nil {
+				t.Fatalf("default config: %v", err)
+			}
+			job := obj.(*kubeflowv1.PyTorchJob)
+			ws := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec
+			w := ws.Containers[0]
+			args := strings.Join(w.Args, " ")
+			if !strings.HasPrefix(args, "agent --launcher "+c.launcher+" ") || strings.Contains(args, "{{") {
+				t.Errorf("worker args %q, want agent --launcher %s and a rendered command", args, c.launcher)
+			}
+			if i := strings.Index(args, " -- "); i < 0 || !strings.HasPrefix(args[i+4:], c.command) {
+				t.Errorf("worker args %q: the wrapped command does not start with %q", args, c.command)
+			}
+			if (c.launcher == kfoperator.LauncherCommand) == strings.Contains(args, "--nproc-per-node") {
+				t.Errorf("worker args %q: --nproc-per-node belongs to the agent launcher only", args)
+			}
+			image := DefaultConfig().AgentImage
+			if len(ws.InitContainers) != 1 || ws.InitContainers[0].Image != image ||
+				strings.Join(ws.InitContainers[0].Command, " ") != "/kfelastic install /kfelastic-bin" {
+				t.Errorf("init containers %+v, want %s running /kfelastic install /kfelastic-bin", ws.InitContainers, image)
+			}
+			if m := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster].Template.Spec.Containers[0]; m.Image != image || m.Args[0] != "master" {
+				t.Errorf("master %s %q, want %s master", m.Image, m.Args, image)
+			}
+			shm := false
+			for _, m := range w.VolumeMounts {
+				shm = shm || m.MountPath == "/dev/shm"
+			}
+			if shm != c.shm {
+				t.Errorf("/dev/shm mounted: %v, want %v (flytekit's pod template)", shm, c.shm)
+			}
+		})
+	}
+}
+
+// The default agent image is the image of the plugin's own version.
+func TestDefaultConfigAgentImage(t *testing.T) {
+	if got := DefaultConfig().AgentImage; got == "" || got != kfoperator.DefaultAgentImage() || got != version.Image() {
+		t.Errorf("default agentImage %q, want %q", got, version.Image())
 	}
 }
 

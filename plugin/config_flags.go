@@ -50,10 +50,10 @@ func (Config) mustMarshalJSON(v json.Marshaler) string {
 // flags is json-name.json-sub-name... etc.
 func (cfg Config) GetPFlagSet(prefix string) *pflag.FlagSet {
 	cmdFlags := pflag.NewFlagSet("Config", pflag.ExitOnError)
-	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "agentImage"), defaultConfig.AgentImage, "Image with the static kfelastic binary at /kfelastic; its init container copies it into elastic PyTorch pods.")
+	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "agentImage"), defaultConfig.AgentImage, "Image with the static kfelastic binary at /kfelastic (the init container runs /kfelastic install); default: ghcr.io/kfelastic/kfelastic at the plugin's version.")
 	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "lateDocumentGrace"), defaultConfig.LateDocumentGrace.String(), "How long after a job turns terminal to wait for the error documents of its failed pods.")
 	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "operatorTimeout"), defaultConfig.OperatorTimeout.String(), "A job the training operator has not started this long after creation is reported as an error.")
-	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "readTimeout"), defaultConfig.ReadTimeout.String(), "Bound on every read: a task's error documents in one GetTaskPhase call, each call of the output reader given to propeller, the listing of a job's pods.")
+	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "readTimeout"), defaultConfig.ReadTimeout.String(), "Bound on every read: a task's error documents in one GetTaskPhase call,  each call of the output reader given to propeller,  the listing of a job's pods.")
 	cmdFlags.Int(fmt.Sprintf("%v%v", prefix, "readConcurrency"), defaultConfig.ReadConcurrency, "Concurrent error-document reads.")
 	cmdFlags.Int(fmt.Sprintf("%v%v", prefix, "messageCap"), defaultConfig.MessageCap, "Cap of the root cause message shown in Flyte,  in bytes (head and tail kept).")
 	cmdFlags.Int(fmt.Sprintf("%v%v", prefix, "maxDocumentBytes"), defaultConfig.MaxDocumentBytes, "Error documents larger than this are skipped and counted.")

@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +27,10 @@ import (
 // test (there is no kube-scheduler here), started by kwok, Running; then one
 // worker is OOM-killed (its status set as the kubelet would), the operator
 // fails the job, and the plugin reports a system-retryable OOMKilled on that
-// worker, synthesized from its pod status since it left no document.
+// worker, synthesized from its pod status since it left no document. Then
+// two elastic jobs run up to Running, one of them flytekit's Elastic task
+// with the default config (no agentImage set), and their pods are checked
+// as the operator made them.
 func TestLifecycleWithTrainingOperator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, training operator and kwok")
@@ -78,42 +83,72 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 		t.Errorf("the operator left the job at %+v", job.Status.Conditions)
 	}
 
-	// An elastic job: the operator renders our master and agent-wrapped
+	// Elastic jobs: the operator renders our master and agent-wrapped
 	// workers, pointing the workers' PET_* defaults at the kfelastic master.
-	etctx, ejob := e.launch(t, "elastic", "upstream-pytorch-v1-elastic")
-	waitPhase(ctx, t, e, etctx, ejob, func(p pluginsCore.PhaseInfo) bool { return p.Phase() == pluginsCore.PhaseRunning })
+	// One with the configured image and a plain command (--launcher agent);
+	// flytekit's Elastic task with the default config, no agentImage set
+	// (the image of the plugin's version; --launcher command).
+	for _, j := range []struct {
+		name, template, image, launcher, nnodes string
+		workers                                 int
+	}{
+		{"elastic", "upstream-pytorch-v1-elastic", e.cfg.AgentImage, "agent", "1:2", 2},
+		{"flytekit", "flytekit-elastic-pyflyte-execute", DefaultConfig().AgentImage, "command", "2:4", 4},
+	} {
+		e.cfg.AgentImage = j.image
+		etctx, ejob := e.launch(t, j.name, j.template)
+		waitPhase(ctx, t, e, etctx, ejob, func(p pluginsCore.PhaseInfo) bool { return p.Phase() == pluginsCore.PhaseRunning })
+		checkElasticPods(ctx, t, e, j.name, j.image, j.launcher, j.nnodes, j.workers)
+	}
+}
+
+// checkElasticPods: the operator made the master and the workers of an
+// elastic job as the plugin rendered them — the master running `kfelastic
+// master` from image under its account; each worker installing the agent
+// from image (`/kfelastic install`) and running its command under `agent
+// --launcher launcher`, with the operator's PET_* pointing at the master.
+func checkElasticPods(ctx context.Context, t *testing.T, e *managerEnv, job, image, launcher, nnodes string, workers int) {
+	t.Helper()
 	var pods corev1.PodList
-	if err := e.c.List(ctx, &pods, client.InNamespace(e.ns), client.MatchingLabels{kubeflowv1.JobNameLabel: "elastic"}); err != nil {
+	if err := e.c.List(ctx, &pods, client.InNamespace(e.ns), client.MatchingLabels{kubeflowv1.JobNameLabel: job}); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
 	for _, p := range pods.Items {
 		seen[p.Name] = true
 		c := p.Spec.Containers[0]
-		switch p.Name {
-		case "elastic-master-0":
-			if p.Spec.ServiceAccountName != "elastic-kfelastic-master" || c.Args[0] != "master" {
-				t.Errorf("master pod: account %q args %v", p.Spec.ServiceAccountName, c.Args)
+		if p.Name == job+"-master-0" {
+			if p.Spec.ServiceAccountName != job+"-kfelastic-master" || c.Args[0] != "master" || c.Image != image {
+				t.Errorf("master pod: account %q image %q args %v", p.Spec.ServiceAccountName, c.Image, c.Args)
 			}
-		default:
-			env := map[string]string{}
-			for _, v := range c.Env {
-				env[v.Name] = v.Value
-			}
-			if env["PET_RDZV_ENDPOINT"] != "elastic-master-0:23456" || env["PET_NNODES"] != "1:2" || c.Command[0] != "/kfelastic-bin/kfelastic" {
-				t.Errorf("worker pod %s: command %v, PET_RDZV_ENDPOINT %q PET_NNODES %q", p.Name, c.Command, env["PET_RDZV_ENDPOINT"], env["PET_NNODES"])
-			}
-			installed := false
-			for _, ic := range p.Spec.InitContainers {
-				installed = installed || ic.Name == "kfelastic-install"
-			}
-			if !installed {
-				t.Errorf("worker pod %s has no kfelastic-install init container", p.Name)
-			}
+			continue
+		}
+		env := map[string]string{}
+		for _, v := range c.Env {
+			env[v.Name] = v.Value
+		}
+		if env["PET_RDZV_ENDPOINT"] != job+"-master-0:23456" || env["PET_NNODES"] != nnodes || c.Command[0] != "/kfelastic-bin/kfelastic" ||
+			strings.Join(c.Args[:3], " ") != "agent --launcher "+launcher {
+			t.Errorf("worker pod %s: command %v %v, PET_RDZV_ENDPOINT %q PET_NNODES %q", p.Name, c.Command, c.Args, env["PET_RDZV_ENDPOINT"], env["PET_NNODES"])
+		}
+		installed := false
+		for _, ic := range p.Spec.InitContainers {
+			installed = installed || ic.Name == "kfelastic-install" && ic.Image == image &&
+				strings.Join(ic.Command, " ") == "/kfelastic install /kfelastic-bin"
+		}
+		if !installed {
+			t.Errorf("worker pod %s has no kfelastic-install init container running /kfelastic install from %s: %+v", p.Name, image, p.Spec.InitContainers)
 		}
 	}
-	if !seen["elastic-master-0"] || !seen["elastic-worker-0"] || !seen["elastic-worker-1"] {
-		t.Errorf("elastic pods %v", seen)
+	want := []string{job + "-master-0"}
+	for i := range workers {
+		want = append(want, fmt.Sprintf("%s-worker-%d", job, i))
+	}
+	for _, name := range want {
+		if !seen[name] {
+			t.Errorf("%s: pods %v, want %v", job, seen, want)
+			break
+		}
 	}
 }
 

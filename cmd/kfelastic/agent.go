@@ -50,6 +50,7 @@ type agentFlags struct {
 	preload         string
 	tokenFile       string
 	storeProxy      bool
+	launcher        string
 }
 
 func init() { rootCmd.AddCommand(newAgentCmd(agent.Run)) }
@@ -147,6 +148,7 @@ pod failed or succeeded) are appended under events/ there, in the background;
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
 	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
+	fl.StringVar(&f.launcher, "launcher", "agent", "who starts the workers: agent (the agent starts --nproc-per-node workers) or command (the command starts its own through torch elastic, as flytekit's pyflyte-execute does; the agent runs it once)")
 	fl.BoolVar(&f.storeProxy, "store-proxy", true, "on the node of group rank 0, accept the workers' store connections on MASTER_PORT at once and forward them to rank 0's store on a private port, so that no worker waits out torch's 1 s retry of a refused connect; rank 0's MASTER_PORT then differs from the others' (torchrun gives all the same)")
 	return cmd
 }
@@ -195,6 +197,12 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 	}
 	if math.IsNaN(f.monitorInterval) || f.monitorInterval < 0 {
 		return cfg, fmt.Errorf("--monitor-interval %v: want seconds ≥ 0", f.monitorInterval)
+	}
+	switch f.launcher {
+	case "agent", "command":
+		cfg.Launcher = f.launcher
+	default:
+		return cfg, fmt.Errorf("--launcher %q: want agent or command", f.launcher)
 	}
 	n, err := parseNProc(f.nprocPerNode)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
@@ -63,6 +64,9 @@ func TestAgentPETEnv(t *testing.T) {
 	if c.ErrorPrefix != "file:///out" {
 		t.Errorf("error prefix %q, want KFELASTIC_ERROR_PREFIX's", c.ErrorPrefix)
 	}
+	if c.Launcher != "agent" {
+		t.Errorf("launcher %q, want agent by default", c.Launcher)
+	}
 }
 
 // The store proxy is on unless --store-proxy=false.
@@ -100,6 +104,7 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"--max-restarts", "-1", "--", "x"},
 		{"--monitor-interval", "-1", "--", "x"},
 		{"--monitor-interval", "NaN", "--", "x"},
+		{"--launcher", "torchrun", "--", "x"},
 	} {
 		if _, err := parseAgent(t, nil, args...); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
 			t.Errorf("%q: %v, want an error naming the flag", args, err)
@@ -122,37 +127,61 @@ func TestExitCodeOfAgentError(t *testing.T) {
 
 // The seam between the plugin and the agent: the command kfoperator wraps an
 // elastic task's workers with parses as the agent's own flags, with the
-// training operator's PET_* variables set as it sets them.
+// training operator's PET_* variables set as it sets them. flytekit's
+// commands (pyflyte-execute, pyflyte-fast-execute, as in the flytekit
+// template of testdata/tasks) run once under the command launcher, with no
+// restart budget of the agent's own: torch's launcher inside spends the
+// task's; anything else under the agent's launcher with the task's
+// nproc_per_node and restarts.
 func TestAgentParsesThePluginsWrapping(t *testing.T) {
-	custom, _ := structpb.NewStruct(map[string]any{
-		"workerReplicas": map[string]any{"replicas": 2},
-		"elasticConfig":  map[string]any{"minReplicas": 2, "maxReplicas": 4, "nprocPerNode": 2, "maxRestarts": 3},
-	})
-	container := &core.Container{Image: "trainer:1", Args: []string{"pyflyte-execute", "--task-module", "train"}}
-	tmpl := &core.TaskTemplate{Type: "pytorch", TaskTypeVersion: 1, Custom: custom, Target: &core.TaskTemplate_Container{Container: container}}
-	job, err := kfoperator.BuildPyTorchJob(tmpl, singleContainer{container}, kfoperator.Options{
-		Name: "f3a-n0-0", Namespace: "ns", ErrorPrefix: "s3://flyte/metadata/f3a/n0/data/0", AgentImage: "kfelastic:test",
-		NetworkCheck: true, ExcludeStraggler: true, HangTimeoutSec: 900,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec.Containers[0]
-	if len(w.Command) != 1 || len(w.Args) == 0 || w.Args[0] != "agent" {
-		t.Fatalf("worker is not wrapped with the agent: %q %q", w.Command, w.Args)
-	}
-	c, err := parseAgent(t, map[string]string{"PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3",
-		"PET_RDZV_ID": "f3a-n0-0", "_F_WN": "f3a-n0-0-worker-1"}, w.Args[1:]...)
-	if err != nil {
-		t.Fatalf("the agent refuses the plugin's command %q: %v", w.Args, err)
-	}
-	if c.MinNodes != 2 || c.MaxNodes != 4 || c.NProcPerNode != 2 || c.MaxRestarts != 3 || c.RdzvID != "f3a-n0-0" ||
-		c.ErrorPrefix != "s3://flyte/metadata/f3a/n0/data/0" || c.TokenFile != kfoperator.TokenFile ||
-		c.HangTimeout != 15*time.Minute || c.Pod != "f3a-n0-0-worker-1" {
-		t.Errorf("config = %+v", c)
-	}
-	if got := strings.Join(c.Command, " "); got != "pyflyte-execute --task-module train" {
-		t.Errorf("worker command = %q", got)
+	fast := flytetest.LoadTemplate(t, "flytekit-elastic-fast-execute").GetContainer().GetArgs()
+	for _, c := range []struct {
+		args                  []string
+		launcher              string
+		nproc, restarts       int
+		wantCommandStartsWith string
+	}{
+		{[]string{"pyflyte-execute", "--task-module", "train"}, "command", 2, 0, "pyflyte-execute --task-module train"},
+		{fast, "command", 2, 0, "pyflyte-fast-execute --additional-distribution s3://"},
+		{[]string{"python3", "train.py", "--lr", "0.1"}, "agent", 2, 3, "python3 train.py --lr 0.1"},
+	} {
+		t.Run(c.launcher+"/"+c.args[0], func(t *testing.T) {
+			custom, _ := structpb.NewStruct(map[string]any{
+				"workerReplicas": map[string]any{"replicas": 2},
+				"elasticConfig":  map[string]any{"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "nprocPerNode": 2, "maxRestarts": 3},
+			})
+			container := &core.Container{Image: "trainer:1", Args: c.args}
+			tmpl := &core.TaskTemplate{Type: "pytorch", TaskTypeVersion: 1, Custom: custom, Target: &core.TaskTemplate_Container{Container: container}}
+			job, err := kfoperator.BuildPyTorchJob(tmpl, singleContainer{container}, kfoperator.Options{
+				Name: "f3a-n0-0", Namespace: "ns", ErrorPrefix: "s3://flyte/metadata/f3a/n0/data/0", AgentImage: "kfelastic:test",
+				NetworkCheck: true, ExcludeStraggler: true, HangTimeoutSec: 900,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := job.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker].Template.Spec.Containers[0]
+			if len(w.Command) != 1 || len(w.Args) == 0 || w.Args[0] != "agent" {
+				t.Fatalf("worker is not wrapped with the agent: %q %q", w.Command, w.Args)
+			}
+			// As the operator sets them for this ElasticPolicy.
+			cfg, err := parseAgent(t, map[string]string{"PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3",
+				"PET_RDZV_ID": "f3a-n0-0", "_F_WN": "f3a-n0-0-worker-1"}, w.Args[1:]...)
+			if err != nil {
+				t.Fatalf("the agent refuses the plugin's command %q: %v", w.Args, err)
+			}
+			if cfg.Launcher != c.launcher || cfg.NProcPerNode != c.nproc || cfg.MaxRestarts != c.restarts {
+				t.Errorf("launcher %q, nproc %d, max restarts %d; want %q, %d, %d (args %q)",
+					cfg.Launcher, cfg.NProcPerNode, cfg.MaxRestarts, c.launcher, c.nproc, c.restarts, w.Args)
+			}
+			if cfg.MinNodes != 2 || cfg.MaxNodes != 4 || cfg.RdzvID != "f3a-n0-0" || cfg.RdzvEndpoint != "f3a-n0-0-master-0:23456" ||
+				cfg.ErrorPrefix != "s3://flyte/metadata/f3a/n0/data/0" || cfg.TokenFile != kfoperator.TokenFile ||
+				cfg.HangTimeout != 15*time.Minute || cfg.Pod != "f3a-n0-0-worker-1" {
+				t.Errorf("config = %+v", cfg)
+			}
+			if got := strings.Join(cfg.Command, " "); !strings.HasPrefix(got, c.wantCommandStartsWith) || len(cfg.Command) != len(c.args) {
+				t.Errorf("worker command = %q, want the task's %q", got, c.args)
+			}
+		})
 	}
 }
 

@@ -2,24 +2,24 @@ package main
 
 import (
 	"fmt"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
-)
 
-// version is set at link time (-X main.version=…); otherwise the module's.
-var version = ""
+	"github.com/kfelastic/kfelastic/internal/version"
+)
 
 func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
+		Long: `version prints the binary's version: the one stamped at link time
+(-X ` + version.LinkerFlag + `=…, as make build, make image and the
+Dockerfile do), else the module's as Go recorded it, else (devel).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v := version
+			v := version.Get()
 			if v == "" {
-				if bi, ok := debug.ReadBuildInfo(); ok {
-					v = bi.Main.Version
-				}
+				v = "(devel)"
 			}
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), "kfelastic", v)
 			return err
