@@ -1,0 +1,293 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kfelastic/kfelastic/agent/tcpstore"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// storePython is an interpreter with torch: Debian's torch 1.13, and torch
+// 2.x from the chroot `scripts/deps.sh torch2` builds when it is there.
+type storePython struct {
+	name string
+	argv []string // the interpreter, before the script
+	dir  string   // where the interpreter sees agent/testdata
+}
+
+func torch2Root() string {
+	cache := os.Getenv("KFELASTIC_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "kfelastic")
+	}
+	return filepath.Join(cache, "torch2")
+}
+
+// torchPythons lists the interpreters present; it skips the test when there
+// is none.
+func torchPythons(t *testing.T) []storePython {
+	t.Helper()
+	testdata, _ := filepath.Abs("testdata")
+	var ps []storePython
+	if exec.Command("/usr/bin/python3", "-c", "import torch").Run() == nil {
+		ps = append(ps, storePython{name: "torch1.13", argv: []string{"/usr/bin/python3"}, dir: testdata})
+	}
+	if root := torch2Root(); fileExists(filepath.Join(root, "usr/bin/python3")) {
+		// A mount namespace of its own gives the chroot a /proc and this
+		// package's testdata, and both vanish with the process.
+		ps = append(ps, storePython{name: "torch2", dir: "/kfelastic", argv: []string{"unshare", "-m",
+			"--propagation", "private", "sh", "-c",
+			`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
+			root, testdata}})
+	} else {
+		t.Logf("no torch 2.x (scripts/deps.sh torch2 builds it into %s): 2.x is covered by recorded bytes only", root)
+	}
+	if len(ps) == 0 {
+		t.Skip("no torch: scripts/deps.sh apt installs it")
+	}
+	return ps
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (p storePython) command(ctx context.Context, script string, args ...string) *exec.Cmd {
+	argv := append(append(append([]string{}, p.argv...), filepath.Join(p.dir, script)), args...)
+	return exec.CommandContext(ctx, argv[0], argv[1:]...)
+}
+
+// startRelay dials m and starts a relay to it for the test.
+func startRelay(t *testing.T, endpoint, tokenFile string) *StoreRelay {
+	t.Helper()
+	token, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	m, err := DialMaster(MasterConfig{Endpoint: endpoint, Token: strings.TrimSpace(string(token)), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := StartStoreRelay(t.Context(), m, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = m.Close()
+	})
+	return r
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// A real torch client through the relay gets torch's answers for every
+// operation it has, from the master's store. torch 1.13's client opens a
+// second, silent connection, which must stay open for it to work.
+func TestStoreRelayTorchClient(t *testing.T) {
+	pythons := torchPythons(t)
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	common := `get a b'1'
+add n 5 5
+add n -2 3
+compare_set c '' x b'x'
+compare_set c y z b'x'
+compare_set c x z b'z'
+compare_set d y z b'y'
+num_keys 3
+delete a True
+delete a False
+wait n c
+`
+	for _, p := range pythons {
+		t.Run(p.name, func(t *testing.T) {
+			r := startRelay(t, m.Addr, m.TokenFile)
+			host, port, _ := net.SplitHostPort(r.Addr())
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			out, err := p.command(ctx, "storeclient.py", host, port, "ops").CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			want := common
+			if p.name != "torch1.13" {
+				want = strings.Replace(want, "num_keys", "check a n True\ncheck missing False\nnum_keys", 1)
+				want += "append l b'ab'\nmulti_get [b'x', b'y']\n"
+			}
+			want += "wait never timed out\n"
+			if got := torchLines(out); got != want {
+				t.Errorf("got\n%s\nwant\n%s", got, want)
+			}
+			// Each subtest's keys are its own: the next starts from none.
+			deleteAll(t, r)
+		})
+	}
+}
+
+// torchLines drops what torch and Debian's builds print beside the script.
+func torchLines(out []byte) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(string(out), "\n") {
+		if l == "" || strings.Contains(l, "UCX") || strings.Contains(l, "cpuinfo") || strings.HasPrefix(l, "[W") {
+			continue
+		}
+		b.WriteString(l)
+	}
+	return b.String()
+}
+
+// deleteAll removes what a test put in the store, over the relay.
+func deleteAll(t *testing.T, r *StoreRelay) {
+	t.Helper()
+	c := dialStore(t, r)
+	for _, k := range []string{"/a", "/n", "/c", "/d", "/l", "/m1", "/m2"} {
+		c.send(tcpstore.Request{Cmd: tcpstore.Delete, Key: k})
+		c.readN(8)
+	}
+}
+
+// storeConn is a raw client that speaks 1.13 numbering.
+type storeConn struct {
+	t    *testing.T
+	conn net.Conn
+}
+
+func dialStore(t *testing.T, r *StoreRelay) *storeConn {
+	t.Helper()
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &storeConn{t: t, conn: c}
+}
+
+func (c *storeConn) send(req tcpstore.Request) {
+	c.t.Helper()
+	b, err := tcpstore.AppendRequest(nil, tcpstore.Torch113, req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.write(b)
+}
+
+func (c *storeConn) write(b []byte) {
+	c.t.Helper()
+	if _, err := c.conn.Write(b); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *storeConn) readN(n int) []byte {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.conn, b); err != nil {
+		c.t.Fatalf("reading %d bytes: %v", n, err)
+	}
+	return b
+}
+
+// closed reports whether the relay closed the connection (within 5 s).
+func (c *storeConn) closed() bool {
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.conn.Read(make([]byte, 1))
+	return err == io.EOF || (err != nil && !isTimeout(err))
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func (r *StoreRelay) openConns() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.conns)
+}
+
+// A client that sends garbage, half a frame, a 4 GiB length, or goes away
+// in the middle of a WAIT loses its own connection and nothing else: a
+// waiting client beside them is answered, and the relay holds no
+// connection of theirs afterwards.
+func TestStoreRelayMisbehavingClients(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	good := dialStore(t, r)
+	good.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/go"}})
+
+	garbage := dialStore(t, r)
+	garbage.write([]byte{0xff, 1, 2, 3})
+	if !garbage.closed() {
+		t.Error("garbage: connection left open")
+	}
+	huge := dialStore(t, r)
+	huge.write(binary.LittleEndian.AppendUint64([]byte{2}, 4<<30)) // GET of a 4 GiB key, and no more
+	if !huge.closed() {
+		t.Error("4 GiB key: connection left open")
+	}
+	half := dialStore(t, r)
+	b, _ := tcpstore.AppendRequest(nil, tcpstore.Torch113, tcpstore.Request{Cmd: tcpstore.Set, Key: "/go", Value: []byte("half")})
+	half.write(b[:len(b)-2])
+	half.conn.(*net.TCPConn).CloseWrite()
+	if !half.closed() {
+		t.Error("half a frame: connection left open")
+	}
+	waiter := dialStore(t, r)
+	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/never"}})
+	time.Sleep(100 * time.Millisecond) // the WAIT is with the master
+	waiter.conn.Close()
+	unknown := dialStore(t, r)
+	unknown.send(tcpstore.Request{Cmd: tcpstore.WatchKey, Key: "/go"})
+	if !unknown.closed() {
+		t.Error("WATCH_KEY: connection left open")
+	}
+
+	// The half SET was not applied; the good client's WAIT is answered by a
+	// whole one.
+	other := dialStore(t, r)
+	other.send(tcpstore.Request{Cmd: tcpstore.Check, Keys: []string{"/go"}})
+	if got := other.readN(1); got[0] != tcpstore.CheckNotReady {
+		t.Errorf("the half SET was applied")
+	}
+	other.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/go", Value: []byte("now")})
+	if got := good.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT answered %v", got)
+	}
+	good.send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/go"})
+	if got := good.readN(11); !bytes.Equal(got[8:], []byte("now")) {
+		t.Errorf("GET answered %q", got)
+	}
+	// A GET of a missing key closes a 1.13 client's connection, as torch
+	// 1.13's server does.
+	good.send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/missing"})
+	if !good.closed() {
+		t.Error("GET of a missing key: connection left open")
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.openConns() != 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := r.openConns(); n != 1 { // other
+		t.Errorf("%d connections open, want 1", n)
+	}
+}
