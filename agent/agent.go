@@ -315,7 +315,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer c.Close()
 	}
 	if cfg.command() {
-		relay, err := startRelay(work, cfg.Rendezvous, log)
+		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
 		if err != nil {
 			return fmt.Errorf("store relay: %w", err)
 		}

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,33 +50,14 @@ const LauncherCommand = "command"
 
 func (c *Config) command() bool { return c.Launcher == LauncherCommand }
 
-// storeRelay is the agent's loopback TCPStore endpoint for the child, which
-// relays the store operations to the master (DESIGN §5 "torch store").
-type storeRelay interface {
-	Addr() string
-	Close() error
-}
-
-// newStoreRelay starts the relay over the master's connection; nil until
-// the relay is built into this package (then command mode with a master
-// refuses to start rather than give torch the master's gRPC port).
-var newStoreRelay func(ctx context.Context, m *Master, log *slog.Logger) (storeRelay, error)
-
-// errNoRelay: a command-mode agent with a master but no relay to give the
-// child.
-var errNoRelay = errors.New("--launcher command with the kfelastic master needs the agent's store relay, which this build lacks")
-
-// startRelay starts the child's store relay when the rendezvous is the
-// master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
-func startRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (storeRelay, error) {
+// startCommandRelay starts the child's store relay (storerelay.go) when the
+// rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
+func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*StoreRelay, error) {
 	m, ok := rdzv.(*Master)
 	if !ok {
 		return nil, nil
 	}
-	if newStoreRelay == nil {
-		return nil, errNoRelay
-	}
-	r, err := newStoreRelay(ctx, m, log)
+	r, err := StartStoreRelay(ctx, m, log)
 	if err != nil {
 		return nil, err
 	}
