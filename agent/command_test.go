@@ -2,16 +2,20 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // standIn is the flytekit stand-in (testdata/flytekit/elastic_task.py):
@@ -112,6 +116,88 @@ func TestCommandRealTorchDumpAndPreempted(t *testing.T) {
 	}
 	if f := readDocument(t, docs, ee.Document); f.Code != kferrors.CodePreempted {
 		t.Errorf("document %+v", f)
+	}
+}
+
+// The hang watchdog watches the command's output as a worker's.
+func TestCommandHangWatchdog(t *testing.T) {
+	cfg, out := helperConfig(t, 2, "hang")
+	cfg.Launcher, cfg.HangTimeout = LauncherCommand, 500*time.Millisecond
+	ee, _ := runBounded(t, t.Context(), cfg, 10*time.Second)
+	if ee == nil || ee.Failure.Code != kferrors.CodeHang || ee.Code != ExitHang {
+		t.Fatalf("want Hang, got %+v\n%s", ee, out)
+	}
+}
+
+// commandAgent runs a command-mode agent on the master until ctx ends.
+func commandAgent(t *testing.T, ctx context.Context, endpoint, tokenFile, pod string, rank, minNodes int, mode string) (chan error, *syncBuffer) {
+	cfg, out := helperConfig(t, 2, mode)
+	cfg.Launcher, cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = LauncherCommand, pod, rank, minNodes, 2
+	cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", endpoint, tokenFile
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	return done, out
+}
+
+// A master round that changes while the command runs (a second pod joins)
+// does not stop the command: the agent re-joins, the master completes a
+// round with both, and the command runs on; its PET_RDZV_ENDPOINT is the
+// agent's relay on loopback, not the master.
+func TestCommandMasterRoundDoesNotStopChild(t *testing.T) {
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	doneA, outA := commandAgent(t, ctx, endpoint, tokenFile, "pod-a", 0, 1, "hang")
+	waitFor(t, outA, "[default0]:helper hang", 5*time.Second)
+	doneB, outB := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-b", 1, 1, "ok")
+	if err := <-doneB; err != nil {
+		t.Fatalf("pod-b: %v\n%s", err, outB)
+	}
+	waitFor(t, outA, "the command goes on", 5*time.Second)
+	cancel()
+	err := <-doneA
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Failure.Code != kferrors.CodePreempted {
+		t.Fatalf("pod-a: want Preempted, got %v\n%s", err, outA)
+	}
+	s := outA.String()
+	if n := strings.Count(s, "helper hang"); n != 1 {
+		t.Errorf("pod-a's command started %d times, want once:\n%s", n, s)
+	}
+	if !regexp.MustCompile(`command started".*rdzv_endpoint=127\.0\.0\.1:\d+`).MatchString(s) {
+		t.Errorf("no relay endpoint for the command:\n%s", s)
+	}
+}
+
+// The master's EXIT stops the command: the other pod of a 2:2 job fails
+// for good (its command exits 1: a user error, not relaunched), the master
+// stops the job, and the agent learns it on its heartbeat, stops its
+// command and exits 1 with the master's code.
+func TestCommandMasterExitStopsChild(t *testing.T) {
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond})
+	doneA, outA := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-a", 0, 2, "hang")
+	doneB, outB := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-b", 1, 2, "exitlater:1")
+	waitFor(t, outA, "[default0]:helper hang", 5*time.Second)
+	m := regexp.MustCompile(`helper hang rank \S* restart \d+ pid (\d+)`).FindStringSubmatch(outA.String())
+	if m == nil {
+		t.Fatalf("no child pid:\n%s", outA)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	var ee *ExitError
+	if err := <-doneB; !errors.As(err, &ee) || ee.Code != 1 {
+		t.Fatalf("pod-b: want a user failure, got %v\n%s", err, outB)
+	}
+	var errA error
+	select {
+	case errA = <-doneA:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the agent of a stopped job goes on:\n%s", outA)
+	}
+	if !errors.As(errA, &ee) || ee.Failure.Code != master.CodeJobStopped || ee.Code != 1 {
+		t.Fatalf("pod-a: want JobStopped, exit 1; got %v\n%s", errA, outA)
+	}
+	if alive(pid) {
+		t.Errorf("the command %d of the stopped job lives on", pid)
 	}
 }
 
