@@ -36,15 +36,16 @@ type commandJob struct {
 	nodes     int
 	ckpt      string
 	steps     int
+	flags     []string // more master flags
 	master    *proc
 }
 
-func newCommandJob(t *testing.T, nodes, steps int) *commandJob {
+func newCommandJob(t *testing.T, nodes, steps int, masterFlags ...string) *commandJob {
 	t.Helper()
 	bin := torchBinary(t)
 	dir := t.TempDir()
 	j := &commandJob{t: t, bin: bin, dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", freePortForTest(t)),
-		tokenFile: filepath.Join(dir, "token"), nodes: nodes, ckpt: filepath.Join(dir, "ckpt"), steps: steps}
+		tokenFile: filepath.Join(dir, "token"), nodes: nodes, ckpt: filepath.Join(dir, "ckpt"), steps: steps, flags: masterFlags}
 	if err := os.WriteFile(j.tokenFile, []byte("job-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +56,10 @@ func newCommandJob(t *testing.T, nodes, steps int) *commandJob {
 // startMaster starts (or restarts, on the same address and state) the
 // master.
 func (j *commandJob) startMaster() {
-	j.master = startProc(j.t, nil, j.bin, "master", "--listen", j.addr, "--nnodes", fmt.Sprint(j.nodes),
-		"--rdzv-id", "cmdjob", "--token-file", j.tokenFile, "--state", "file://"+filepath.Join(j.dir, "state"),
-		"--waiting-timeout", "1s", "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s")
+	args := []string{"master", "--listen", j.addr, "--nnodes", fmt.Sprint(j.nodes),
+		"--rdzv-id", "cmdjob", "--token-file", j.tokenFile, "--state", "file://" + filepath.Join(j.dir, "state"),
+		"--waiting-timeout", "1s", "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s"}
+	j.master = startProc(j.t, nil, j.bin, append(args, j.flags...)...)
 }
 
 // pod starts the agent of node rank in command mode, with the PET_* the
@@ -95,13 +97,18 @@ var lastStep = func(steps int) *regexp.Regexp {
 	return regexp.MustCompile(fmt.Sprintf(`(?m)^\[default0\]:step = %d$`, steps-1))
 }
 
-// 2 and 3 pods in command mode: torch's c10d rendezvous runs through the
-// agents' relays in the master, every pod trains to the end, and every
-// agent ran one child.
+// 2 and 3 pods in command mode (the 2 with the master's node check: each
+// agent passes the check before its child starts), torch's c10d rendezvous runs
+// through the agents' relays in the master, every pod trains to the end,
+// and every agent ran one child.
 func TestCommandLauncherRealTorch(t *testing.T) {
 	for _, nodes := range []int{2, 3} {
 		t.Run(fmt.Sprintf("%d-pods", nodes), func(t *testing.T) {
-			j := newCommandJob(t, nodes, 30)
+			var check []string
+			if nodes == 2 {
+				check = []string{"--network-check"}
+			}
+			j := newCommandJob(t, nodes, 30, check...)
 			var pods []*proc
 			for r := range nodes {
 				pods = append(pods, j.pod(r))
@@ -118,6 +125,10 @@ func TestCommandLauncherRealTorch(t *testing.T) {
 				}
 				if !strings.Contains(s, fmt.Sprintf("world %d", nodes)) {
 					t.Errorf("pod %d: workers did not meet %d-wide:\n%s", i, nodes, s)
+				}
+				checked, started := strings.Index(s, "node check result"), strings.Index(s, "command started")
+				if len(check) > 0 && (checked < 0 || checked > started) {
+					t.Errorf("pod %d: no node check before the command:\n%s", i, s)
 				}
 			}
 		})
@@ -142,6 +153,9 @@ func TestCommandScenario11WorkerZeroLost(t *testing.T) {
 	}
 	_ = p0.cmd.Wait()
 	r0 := j.pod(0)
+	resumed := regexp.MustCompile(`(?m)^\[default0\]:restart [1-9]\d* rank \d world 3 start [1-9]`)
+	p1.waitFor(t, resumed, 120*time.Second)
+	recovery := time.Since(killed)
 	errs := waitAll(t, 180*time.Second, r0, p1, p2)
 	for i, p := range []*proc{r0, p1, p2} {
 		if errs[i] != nil {
@@ -154,7 +168,13 @@ func TestCommandScenario11WorkerZeroLost(t *testing.T) {
 	if s := r0.out.String(); !regexp.MustCompile(`restart \d+ rank \d world 3 start [1-9]\d*`).MatchString(s) {
 		t.Errorf("the replacement did not resume from a checkpoint with 3 workers:\n%s", s)
 	}
-	t.Logf("pod 0 killed; training finished %v later", time.Since(killed).Round(time.Second))
+	for i, p := range []*proc{p1, p2} {
+		if !strings.Contains(p.out.String(), "the command goes on") {
+			t.Errorf("pod %d did not follow the master's new round:\n%s", i+1, p.out)
+		}
+	}
+	t.Logf("pod 0 killed → the others' workers resumed from the checkpoint in a 3-pod round: %v; training finished %v after the kill",
+		recovery.Round(100*time.Millisecond), time.Since(killed).Round(time.Second))
 }
 
 // Scenario 11's other half, upstream's layout: no kfelastic, the pods run
@@ -247,6 +267,8 @@ func TestCommandScenario12MasterRestart(t *testing.T) {
 	if err != nil || before == 0 {
 		t.Fatalf("store before the kill: %d keys, %v", before, err)
 	}
+	steps := func() int { return strings.Count(pods[0].out.String(), "[default0]:step = ") }
+	stepsAtKill := steps()
 	killed := time.Now()
 	if err := syscall.Kill(-j.master.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -264,6 +286,10 @@ func TestCommandScenario12MasterRestart(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	blackout := time.Since(killed)
+	during := steps() - stepsAtKill
+	if during == 0 {
+		t.Errorf("training stopped while the master was away")
+	}
 	if after < before {
 		t.Errorf("the store lost keys across the restart: %d before, %d after", before, after)
 	}
@@ -281,6 +307,6 @@ func TestCommandScenario12MasterRestart(t *testing.T) {
 			t.Errorf("pod %d: torch restarted its workers over the master's restart:\n%s", i, s)
 		}
 	}
-	t.Logf("master blackout (kill → first store call answered by the restarted master): %v; store keys %d → %d",
-		blackout.Round(time.Millisecond), before, after)
+	t.Logf("master blackout (kill → first store call answered by the restarted master): %v; pod 0 trained %d steps meanwhile; store keys %d → %d",
+		blackout.Round(time.Millisecond), during, before, after)
 }
