@@ -80,6 +80,15 @@ a whole second, which a worker that starts before rank 0 has bound its port woul
 otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
 workers the same one. --store-proxy=false restores that.
 
+--launcher command runs the command once, for one that starts its own workers
+through torch elastic (flytekit's pyflyte-execute, a script calling elastic_launch
+or torchrun): torch restarts them (PET_MAX_RESTARTS; the agent never restarts the
+command), and the command's PET_RDZV_ENDPOINT is the agent's loopback relay to the
+master's store, so torch's c10d rendezvous lives in the master. The agent joins
+the master first (node check included); a master round that changes later does
+not stop the command, the master's EXIT does. The dump signal goes to the
+command's children, its workers.
+
 Signals: SIGTERM is a preemption (--dump-signal, --dump-timeout, then the stop;
 a Preempted document, exit 143). SIGINT, SIGHUP and SIGQUIT stop the workers
 without the dump (a Signal<NAME> document, exit 128+N). A repeated signal is
