@@ -101,6 +101,9 @@ func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 	if opts.Job == "" {
 		opts.Job = "job"
 	}
+	if opts.MaxRestarts == 0 {
+		opts.MaxRestarts = 2
+	}
 	if opts.Grace == 0 {
 		opts.Grace = 3 * time.Second
 	}
@@ -188,4 +191,62 @@ func TestScenario1DeletePod(t *testing.T) {
 	if !strings.Contains(j.res.Message, "Preempted") {
 		t.Errorf("earliest document: %q, want the deleted pod's Preempted", j.res.Message)
 	}
+}
+
+// Scenario 5: a training process is kill -9ed: its agent restarts the
+// local group in place (restart_count=1); the pod does not fail and no pod
+// is relaunched.
+func TestScenario5KillWorker(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 2}, 40, "kill-worker:1/1@step=8")
+	j.succeeded()
+	j.expect("kill", j.view, `kill-worker: kill -9 of job-worker-1's local rank 1 \(pid \d+\)`)
+	j.expect("in-place restart", j.podLog("job-worker-1"), `(?s)restart_count=1\n.*resumed from step [1-9]`)
+	if strings.Contains(j.view, "replaces") || len(j.res.Pods) != 2 {
+		t.Errorf("a pod was relaunched: %+v", j.res.Pods)
+	}
+}
+
+// Scenario 6: scale up. 3 of 4 pods can start (3 slots): training starts
+// with group_world_size=3; a slot frees, the 4th pod starts, and training
+// restarts with 4, not counted against the pods' budget. (DESIGN.md §8 says
+// restart_count=1 there, as DLRover's agent prints; this agent keeps
+// torchrun's count, which a membership change does not raise, so the test
+// asserts the round change itself.)
+func TestScenario6AddSlot(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, Slots: 3}, 40, "add-slot@step=8")
+	j.succeeded()
+	j.expect("4th pod pending then started", j.view, `(?s)add-slot: 4 slots.*job-worker-3 started: rank 3`)
+	log := j.podLog("job-worker-0")
+	j.expect("round of 3 then 4", log, `(?s)group_world_size=3.*the master outdates this node's round.*group_world_size=4`)
+	j.resumed("job-worker-3")
+}
+
+// Scenario 7: scale down. One of 4 pods fails for good (its machine dies,
+// and so does its replacement): the relaunch budget is spent, and training
+// restarts with 3 from its checkpoint.
+func TestScenario7FailPod(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, MaxRelaunches: 1}, 40, "fail-pod:3@step=8")
+	j.succeeded()
+	j.expect("failure", j.view, `fail-pod: job-worker-3's machine fails`)
+	j.expect("replacement fails too", j.view, `job-worker-4 replaces job-worker-3 as rank 3 after NodeLost \(relaunch, counted\)(?s).*job-worker-4, rank 3's replacement, fails too`)
+	j.expect("not relaunched again", j.view, `job-worker-4 \(rank 3\) is not relaunched: rank relaunched 1 times already`)
+	m := j.expect("a round of 3 after the loss", j.podLog("job-worker-0"), `(?s)group_world_size=4.*group_world_size=3\n(?:.*\n)*?.*resumed from step (\d+)`)
+	if m[1] == "0" {
+		t.Errorf("the round of 3 started from step 0, not from the checkpoint")
+	}
+}
+
+// Scenario 12 (in part): the master stops and restarts with its state:
+// training goes on in the same round, no pod restarts.
+func TestKillMaster(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1}, 60, "kill-master@step=8")
+	j.succeeded()
+	m := j.expect("restart", j.view, `kill-master: master back on \S+ after (\S+)`)
+	t.Logf("master blackout: %s", m[1])
+	for _, pod := range []string{"job-worker-0", "job-worker-1"} {
+		if n := strings.Count(j.podLog(pod), "Rendezvous complete"); n != 1 {
+			t.Errorf("%s: %d rounds, want 1 (the master's restart is a pause)", pod, n)
+		}
+	}
+	j.expect("training after the restart", j.podLog("job-worker-0"), `step = 5\d`)
 }
