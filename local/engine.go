@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -352,12 +353,17 @@ func (e *Engine) stopMaster() {
 	}
 }
 
+// masterDown is how long kill-master keeps the master away: about what a
+// master pod's restart takes, long enough for the agents to notice.
+const masterDown = 2 * time.Second
+
 // restartMaster is kill-master: the master stops and a new one starts on
 // the same address with the same state.
 func (e *Engine) restartMaster(ctx context.Context) {
 	start := time.Now()
 	e.stopMaster()
-	e.note("chaos", "kill-master: master stopped; restarting it with its state")
+	e.note("chaos", "kill-master: master stopped; it restarts with its state in %s", masterDown)
+	time.Sleep(masterDown)
 	if err := e.startMaster(ctx); err != nil {
 		e.note("chaos", "kill-master: the master did not come back: %v", err)
 		return
@@ -640,7 +646,7 @@ func (e *Engine) exited(p *podProc, werr error) {
 		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, signalName(ws.Signal())), p.pod.Name, now)
 		f = &x
 	default:
-		p.exit = fmt.Sprintf("exit %d", ws.ExitStatus())
+		p.exit = exitText(ws.ExitStatus())
 	}
 	if f != nil {
 		p.exit = f.Code
@@ -690,6 +696,17 @@ func (e *Engine) podGone(pod string, f kferrors.Failure) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// exitText names the agent's exit codes (agent/exitcode.go), which say
+// what its document says.
+func exitText(code int) string {
+	name := map[int]string{agent.ExitNodeCheckFailed: kferrors.CodeNodeCheckFailed, agent.ExitStraggler: kferrors.CodeStraggler,
+		agent.ExitRendezvousTimeout: kferrors.CodeRendezvousTimeout, agent.ExitHang: kferrors.CodeHang, 143: kferrors.CodePreempted}[code]
+	if name == "" {
+		return fmt.Sprintf("exit %d", code)
+	}
+	return fmt.Sprintf("exit %d (%s)", code, name)
 }
 
 func signalName(s syscall.Signal) string {

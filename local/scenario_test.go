@@ -250,3 +250,46 @@ func TestKillMaster(t *testing.T) {
 	}
 	j.expect("training after the restart", j.podLog("job-worker-0"), `step = 5\d`)
 }
+
+// Scenario 3: a pod is on a faulty machine: its health-check process is
+// killed in every round; it fails both rounds, exits with a
+// NodeCheckFailed document, and its replacement passes and trains.
+func TestScenario3BreakCheck(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, CheckTimeout: 30 * time.Second}, 40, "break-check:1")
+	j.succeeded()
+	j.expect("check killed", j.view, `break-check: killed job-worker-1's check process`)
+	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-1 as rank 1 after NodeCheckFailed \(relaunch-avoid-host, counted\)`)
+	master, _ := os.ReadFile(filepath.Join(j.out, "master.log"))
+	j.expect("check rounds logged", string(master), `Round 2: The node status are`)
+	j.expect("replacement trains", j.podLog("job-worker-3"), `step = \d+`)
+	if !strings.Contains(j.res.Message, "NodeCheckFailed") {
+		t.Errorf("root cause %q, want job-worker-1's NodeCheckFailed", j.res.Message)
+	}
+}
+
+// Scenario 2: a straggler (its CPU throttled): the health check finds it
+// slower than twice the others' median; with exclude-straggler it exits
+// with a Straggler document, and its replacement passes.
+func TestScenario2Straggler(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, ExcludeStraggler: true}, 30, "straggler:2")
+	j.succeeded()
+	j.expect("throttled", j.view, `straggler: job-worker-2 (throttled|is paused)`)
+	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after Straggler`)
+	master, _ := os.ReadFile(filepath.Join(j.out, "master.log"))
+	j.expect("elapsed times logged", string(master), `The node elapsed time are`)
+	if !strings.Contains(j.res.Message, "Straggler") {
+		t.Errorf("root cause %q, want job-worker-2's Straggler", j.res.Message)
+	}
+}
+
+// Scenario 9, on PyTorch: a pod goes past its memory limit and is
+// OOMKilled as a whole; the master relaunches its rank with twice the
+// memory, enforced by the same mechanism.
+func TestOOMDoublesMemory(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1, Memory: 768 << 20}, 40, "oom:1@step=8")
+	j.succeeded()
+	j.expect("allocation", j.view, `oom: a process in job-worker-1's cgroup allocates past its limit of 768 MiB`)
+	j.expect("relaunch", j.view, `job-worker-2 replaces job-worker-1 as rank 1 after OOMKilled \(relaunch-more-memory, counted, memory 768 MiB → 1.5 GiB \(cgroup v\d\)\)`)
+	j.expect("replacement's limit", j.view, `job-worker-2 started: rank 1, pid \d+, memory 1.5 GiB`)
+	j.resumed("job-worker-2")
+}
