@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -162,25 +163,28 @@ type Engine struct {
 	token     string
 	policy    relaunch.OOM
 
-	mu       sync.Mutex
-	server   *master.Server
-	addr     string
-	mstop    context.CancelFunc
-	mdone    chan error
-	book     *Book
-	procs    map[string]*podProc
-	carried  map[int64]bool
-	onExit   map[string]master.Decision
-	fired    []bool
-	maxStep  int64
-	failing  map[int]bool    // fail-pod ranks: their relaunches fail too
-	later    map[int][]Chaos // chaos for a rank whose pod is not running yet
-	extras   []kferrors.Failure
-	stopped  string
-	finished bool
-	wake     chan struct{}
-	started  time.Time
-	mctx     context.Context
+	mu      sync.Mutex
+	server  *master.Server
+	addr    string
+	mstop   context.CancelFunc
+	mdone   chan error
+	book    *Book
+	procs   map[string]*podProc
+	carried map[int64]bool
+	onExit  map[string]master.Decision
+	fired   []bool
+	maxStep int64
+	failing map[int]bool // fail-pod ranks: their relaunches fail too
+	// recovered are pods whose replacement joined a round: their failure
+	// is recovered from.
+	recovered map[string]bool
+	later     map[int][]Chaos // chaos for a rank whose pod is not running yet
+	extras    []kferrors.Failure
+	stopped   string
+	finished  bool
+	wake      chan struct{}
+	started   time.Time
+	mctx      context.Context
 }
 
 // podProc is one pod's agent process.
@@ -205,7 +209,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, procs: map[string]*podProc{}, carried: map[int64]bool{}, onExit: map[string]master.Decision{},
-		failing: map[int]bool{}, later: map[int][]Chaos{}, fired: make([]bool, len(opts.Chaos)), wake: make(chan struct{}, 1),
+		failing: map[int]bool{}, recovered: map[string]bool{}, later: map[int][]Chaos{}, fired: make([]bool, len(opts.Chaos)), wake: make(chan struct{}, 1),
 		policy: relaunch.DefaultOOM}
 	return e.run(ctx)
 }
@@ -403,7 +407,7 @@ func (e *Engine) carry(d master.Decision) {
 		}
 		e.note("master", "the master stopped the job: %s", d.Message)
 	case relaunch.None:
-		e.note("master", "%s (rank %d) is not relaunched: %s", d.Pod, d.Rank, d.Message)
+		e.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, shortMessage(d.Message))
 	default:
 		if p := e.procs[d.Pod]; p != nil && p.pod.State == Running {
 			// Its agent has not exited yet (it is leaving, or it is lost):
@@ -448,6 +452,23 @@ func (e *Engine) relaunch(d master.Decision) {
 	}
 	e.note("relaunch", "%s replaces %s as rank %d after %s (%s, %s%s)", p.Name, d.Pod, d.Rank, d.Reason, master.KindName(d.Kind), counted, note)
 	e.schedule()
+}
+
+// shortMessage is a message's first clause and last line (a traceback's
+// exception), for one line of the view.
+func shortMessage(m string) string {
+	lines := strings.Split(strings.TrimSpace(m), "\n")
+	first, last := lines[0], strings.TrimSpace(lines[len(lines)-1])
+	if len(lines) > 1 {
+		if head, _, ok := strings.Cut(first, "; "); ok {
+			first = head
+		}
+		first += "; … " + last
+	}
+	if r := []rune(first); len(r) > 240 {
+		first = string(r[:240]) + "…"
+	}
+	return first
 }
 
 func bytesText(b int64) string {
@@ -582,6 +603,10 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 			} else {
 				p.groupWorldSize, p.round = n, true
 				e.note("round", "%s: Rendezvous complete: group_world_size=%d restart_count=%d", p.pod.Name, n, p.restartCount)
+				if old := p.pod.Replaces; old != "" && !e.recovered[old] {
+					e.recovered[old] = true
+					go e.supersede(old, p.pod.Name, time.Now())
+				}
 			}
 			e.mu.Unlock()
 			continue
@@ -673,6 +698,37 @@ func (e *Engine) exited(p *podProc, werr error) {
 	e.schedule()
 	e.mu.Unlock()
 	e.signal()
+}
+
+// supersede moves the documents of a pod that was replaced, dated before
+// its replacement joined a round, out of the reader's way, as its agent
+// does for the failures it restarted from (kferrors.Supersede): the
+// replacement's round is their recovery. On Kubernetes the training
+// operator recreates a pod under its own name and the new agent does this;
+// here the replacement has the next index, so its owner does it.
+func (e *Engine) supersede(old, by string, before time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
+	if err != nil {
+		e.log.Warn("cannot open the documents", "err", err)
+		return
+	}
+	defer b.Close()
+	// The old pod's agent may still be uploading: wait for its exit.
+	e.mu.Lock()
+	p := e.procs[old]
+	e.mu.Unlock()
+	if p != nil {
+		<-p.done
+	}
+	moved, err := kferrors.Supersede(ctx, b, old, before)
+	if err != nil {
+		e.log.Warn("cannot supersede a replaced pod's documents", "pod", old, "err", err)
+	}
+	if len(moved) > 0 {
+		e.note("recovered", "%s's failure is recovered (%s trains in its place): its documents moved to %s", old, by, kferrors.SupersededPrefix)
+	}
 }
 
 // podGone tells the master, retried while it restarts.
@@ -840,6 +896,7 @@ func (e *Engine) result() *Result {
 	e.mu.Lock()
 	res := &Result{Documents: e.errURL, Pods: e.book.Pods(), Stopped: e.stopped}
 	extras := e.extras
+	recovered := maps.Clone(e.recovered)
 	finished := map[int]bool{}
 	for _, p := range e.book.Pods() {
 		if pp := e.procs[p.Name]; pp != nil && pp.exit == "succeeded" {
@@ -863,7 +920,7 @@ func (e *Engine) result() *Result {
 	}
 	var missing []kferrors.Failure
 	for _, f := range extras {
-		if !sum.HasPod(f.Worker) {
+		if !sum.HasPod(f.Worker) && !recovered[f.Worker] {
 			missing = append(missing, f)
 		}
 	}
