@@ -675,9 +675,7 @@ func (e *Engine) exited(p *podProc, werr error) {
 	}
 	if f != nil {
 		p.exit = f.Code
-		e.mu.Lock()
-		e.extras = append(e.extras, *f)
-		e.mu.Unlock()
+		e.document(*f)
 		e.podGone(p.pod.Name, *f)
 	}
 	e.note("pod", "%s exited: %s", p.pod.Name, p.exit)
@@ -728,6 +726,27 @@ func (e *Engine) supersede(old, by string, before time.Time) {
 	}
 	if len(moved) > 0 {
 		e.note("recovered", "%s's failure is recovered (%s trains in its place): its documents moved to %s", old, by, kferrors.SupersededPrefix)
+	}
+}
+
+// document writes the document of a pod that died without writing one (its
+// agent was killed with it): what the plugin synthesizes from the pod's
+// status on Kubernetes (OOMKilled, a lost node), written here so that the
+// report draws it and a recovery supersedes it like any other. A document
+// that cannot be written is kept for the root cause all the same.
+func (e *Engine) document(f kferrors.Failure) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
+	if err == nil {
+		_, err = kferrors.NewWriter(b, nil).Write(ctx, f)
+		b.Close()
+	}
+	if err != nil {
+		e.log.Warn("cannot write a dead pod's document", "pod", f.Worker, "err", err)
+		e.mu.Lock()
+		e.extras = append(e.extras, f)
+		e.mu.Unlock()
 	}
 }
 

@@ -295,4 +295,8 @@ func TestOOMDoublesMemory(t *testing.T) {
 	j.expect("relaunch", j.view, `job-worker-2 replaces job-worker-1 as rank 1 after OOMKilled \(relaunch-more-memory, counted, memory 768 MiB → 1.5 GiB \(cgroup v\d\)\)`)
 	j.expect("replacement's limit", j.view, `job-worker-2 started: rank 1, pid \d+, memory 1.5 GiB`)
 	j.resumed("job-worker-2")
+	// The OOMKilled pod's document (its agent died with it, so the engine
+	// writes it, as the plugin synthesizes one from a pod status) is moved
+	// aside once the replacement trains.
+	j.expect("recovered", j.view, `job-worker-1's failure is recovered`)
 }
