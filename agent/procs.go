@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,10 +61,10 @@ func attemptMark(agentID string, attempt int) string {
 
 // sweep kills, with SIGKILL, the process groups pgids and every live
 // process whose mark (agentMarkEnv) is mark, or starts with mark when
-// prefix. It goes again, 10 ms later, while it finds marked processes (one
+// prefix, but the processes keep. It goes again, 10 ms later, while it finds marked processes (one
 // may fork while it dies), twice at least, for at most a second. It returns
 // how many marked processes it killed.
-func sweep(mark string, prefix bool, pgids []int) int {
+func sweep(mark string, prefix bool, pgids []int, keep ...int) int {
 	match := func(v string) bool { return v == mark || (prefix && strings.HasPrefix(v, mark)) }
 	self := os.Getpid()
 	killed := 0
@@ -75,7 +76,7 @@ func sweep(mark string, prefix bool, pgids []int) int {
 		}
 		found := 0
 		for _, pid := range marked(match) {
-			if pid != self && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			if pid != self && !slices.Contains(keep, pid) && syscall.Kill(pid, syscall.SIGKILL) == nil {
 				found++
 			}
 		}
