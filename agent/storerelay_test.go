@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -49,11 +50,12 @@ func storePythons(t *testing.T) []storePython {
 		ps = append(ps, storePython{name: "torch1.13", argv: []string{"/usr/bin/python3"}, dir: testdata})
 	}
 	if root := torch2Root(); fileExists(filepath.Join(root, "usr/bin/python3")) {
-		// A mount namespace of its own gives the chroot a /proc and this
-		// package's testdata, and both vanish with the process.
+		// A mount namespace of its own gives the chroot a /proc, this
+		// machine's /etc/hosts (torch resolves the host's name) and this
+		// package's testdata, and they vanish with the process.
 		ps = append(ps, storePython{name: "torch2", dir: "/kfelastic", argv: []string{"unshare", "-m",
 			"--propagation", "private", "sh", "-c",
-			`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
+			`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind /etc/hosts "$0/etc/hosts" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
 			root, testdata}})
 	} else {
 		t.Logf("no torch 2.x (scripts/deps.sh torch2 builds it into %s): 2.x is covered by recorded bytes only", root)
@@ -503,5 +505,59 @@ func TestStoreRelayLostRepliesAppliedOnce(t *testing.T) {
 	t.Logf("%d connections cut", proxy.cuts.Load())
 	if proxy.cuts.Load() < 5 {
 		t.Errorf("only %d cuts: the test did not test", proxy.cuts.Load())
+	}
+}
+
+// torch elastic's own c10d rendezvous runs through the relay: two torchrun
+// agents, each pointed at its own agent's relay (as --launcher command
+// does), meet in the master's store and start one gloo group of two.
+func TestStoreRelayTorchRendezvous(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs torch elastic agents")
+	}
+	for _, py := range storePythons(t) {
+		t.Run(py.name, func(t *testing.T) {
+			m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+			defer cancel()
+			const n = 2
+			outs := make([][]byte, n)
+			errs := make(chan error, n)
+			for i := range n {
+				r := startRelay(t, m.Addr, m.TokenFile)
+				cmd := py.command(ctx, "", "-m", "torch.distributed.run", "--nnodes", fmt.Sprint(n),
+					"--nproc_per_node", "1", "--max_restarts", "0", "--monitor_interval", "1", "--redirects", "2", "--tee", "2",
+					"--rdzv_backend", "c10d", "--rdzv_endpoint", r.Addr(), "--rdzv_id", "relaytest",
+					filepath.Join(py.dir, "train", "train_steps.py"), "--steps", "3", "--sleep", "0")
+				cmd.Args = slices.Delete(cmd.Args, len(py.argv), len(py.argv)+1) // no script: -m
+				cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+				if py.name != "torch1.13" {
+					// Debian's torch 2.x is built without libuv
+					// (testdata/nolibuv says more).
+					cmd.Env = append(cmd.Env, "USE_LIBUV=0", "PYTHONPATH="+filepath.Join(py.dir, "nolibuv"))
+				}
+				go func() {
+					var err error
+					outs[i], err = cmd.CombinedOutput()
+					errs <- err
+				}()
+			}
+			for range n {
+				if err := <-errs; err != nil {
+					t.Errorf("torchrun: %v", err)
+				}
+			}
+			all := string(bytes.Join(outs, nil))
+			for rank := range n {
+				if !strings.Contains(all, fmt.Sprintf(" rank %d world %d\n", rank, n)) {
+					t.Errorf("no worker of rank %d", rank)
+				}
+			}
+			if t.Failed() {
+				for i, o := range outs {
+					t.Logf("agent %d:\n%s", i, o)
+				}
+			}
+		})
 	}
 }
