@@ -405,6 +405,19 @@ func TestStoreRelaySurvivesMasterKill(t *testing.T) {
 			}
 		})
 	}
+	// A WAIT held by the master when it dies is asked again of the next
+	// one, and answered by a SET made there.
+	r := startRelay(t, addr, tokenFile)
+	waiter, setter := dialStore(t, r), dialStore(t, r)
+	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/after-kill"}})
+	time.Sleep(100 * time.Millisecond)
+	p.kill()
+	time.Sleep(300 * time.Millisecond)
+	p.start()
+	setter.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/after-kill", Value: []byte("1")})
+	if got := waiter.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT across a restart answered %v", got)
+	}
 }
 
 // cuttingProxy forwards TCP to target and, each time it is armed, drops the
@@ -559,5 +572,57 @@ func TestStoreRelayTorchRendezvous(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A 2.2+ client's own commands, from bytes written after torch's client
+// code (TCPStore.cpp): the handshake has no reply, PING echoes, a GET of a
+// missing key is empty (the libuv server's answer), CANCEL_WAIT ends a WAIT
+// with 1, the MULTI_ commands, and QUEUE_* (not relayed) close the
+// connection.
+func TestStoreRelayTorch22Frames(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	c := dialStore(t, r)
+	send := func(req tcpstore.Request) {
+		t.Helper()
+		b, err := tcpstore.AppendRequest(nil, tcpstore.Torch22, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.write(b)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Validate, Number: tcpstore.Magic})
+	send(tcpstore.Request{Cmd: tcpstore.Ping, Number: 0xdeadbeef})
+	if got := binary.LittleEndian.Uint32(c.readN(4)); got != 0xdeadbeef {
+		t.Errorf("PING answered %#x", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/missing"})
+	if got := c.readN(8); binary.LittleEndian.Uint64(got) != 0 {
+		t.Errorf("GET of a missing key: length %x, want 0", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/never"}})
+	send(tcpstore.Request{Cmd: tcpstore.CancelWait})
+	if got := c.readN(1); got[0] != tcpstore.WaitCanceled {
+		t.Errorf("CANCEL_WAIT answered %v", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.MultiSet, Keys: []string{"/x", "/y"}, Values: [][]byte{[]byte("1"), []byte("22")}})
+	send(tcpstore.Request{Cmd: tcpstore.Append, Key: "/y", Value: []byte("3")})
+	send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/x", "/y"}})
+	if got := c.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT answered %v", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.MultiGet, Keys: []string{"/y", "/x"}})
+	want := tcpstore.AppendBytes(tcpstore.AppendBytes(nil, []byte("223")), []byte("1"))
+	if got := c.readN(len(want)); !bytes.Equal(got, want) {
+		t.Errorf("MULTI_GET answered %x, want %x", got, want)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Delete, Key: "/x"})
+	if got := binary.LittleEndian.Uint64(c.readN(8)); got != 1 {
+		t.Errorf("DELETE_KEY answered %d", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.QueuePush, Key: "/q", Value: []byte("v")})
+	if !c.closed() {
+		t.Error("QUEUE_PUSH: connection left open")
 	}
 }
