@@ -36,6 +36,9 @@ import (
 //     PET_MAX_RESTARTS); the agent never restarts the child. The child's exit
 //     status decides the pod's end: documents and exit codes as for a worker
 //     (OOM, signal, exit code, torch's error file when the child writes one).
+//     A failed child counts as OOM when the OOM killer struck in the pod's
+//     memory cgroup during its life: it kills a worker, and torch's agent
+//     then fails with whatever status it chooses.
 //     flytekit writes its own documents (_F_WN, _F_DES), which the agent
 //     leaves alone: the child gets the pod's environment, not a worker's.
 //   - Signals: SIGTERM to the agent sends the dump signal to the child's

@@ -34,10 +34,12 @@ type commandJob struct {
 	addr      string
 	tokenFile string
 	nodes     int
-	ckpt      string
-	steps     int
-	flags     []string // more master flags
-	master    *proc
+	// nnodes is --nnodes and PET_NNODES: nodes, or MIN:MAX.
+	nnodes string
+	ckpt   string
+	steps  int
+	flags  []string // more master flags
+	master *proc
 }
 
 func newCommandJob(t *testing.T, nodes, steps int, masterFlags ...string) *commandJob {
@@ -45,18 +47,17 @@ func newCommandJob(t *testing.T, nodes, steps int, masterFlags ...string) *comma
 	bin := torchBinary(t)
 	dir := t.TempDir()
 	j := &commandJob{t: t, bin: bin, dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", freePortForTest(t)),
-		tokenFile: filepath.Join(dir, "token"), nodes: nodes, ckpt: filepath.Join(dir, "ckpt"), steps: steps, flags: masterFlags}
+		tokenFile: filepath.Join(dir, "token"), nodes: nodes, nnodes: fmt.Sprint(nodes), ckpt: filepath.Join(dir, "ckpt"), steps: steps, flags: masterFlags}
 	if err := os.WriteFile(j.tokenFile, []byte("job-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	j.startMaster()
 	return j
 }
 
 // startMaster starts (or restarts, on the same address and state) the
 // master.
 func (j *commandJob) startMaster() {
-	args := []string{"master", "--listen", j.addr, "--nnodes", fmt.Sprint(j.nodes),
+	args := []string{"master", "--listen", j.addr, "--nnodes", j.nnodes,
 		"--rdzv-id", "cmdjob", "--token-file", j.tokenFile, "--state", "file://" + filepath.Join(j.dir, "state"),
 		"--waiting-timeout", "1s", "--heartbeat-interval", "1s", "--heartbeat-timeout", "10s"}
 	j.master = startProc(j.t, nil, j.bin, append(args, j.flags...)...)
@@ -67,12 +68,12 @@ func (j *commandJob) startMaster() {
 func (j *commandJob) pod(rank int) *proc {
 	script, _ := filepath.Abs("../../testdata/flytekit/elastic_task.py")
 	env := []string{fmt.Sprintf("POD_NAME=cmdjob-worker-%d", rank), "OMP_NUM_THREADS=1",
-		fmt.Sprintf("PET_NNODES=%d", j.nodes), "PET_NPROC_PER_NODE=1", "PET_RDZV_ENDPOINT=" + j.addr,
+		"PET_NNODES=" + j.nnodes, "PET_NPROC_PER_NODE=1", "PET_RDZV_ENDPOINT=" + j.addr,
 		"PET_RDZV_ID=cmdjob", fmt.Sprintf("PET_NODE_RANK=%d", rank), "PET_MAX_RESTARTS=3"}
 	return startProc(j.t, env, j.bin, "agent", "--launcher", "command", "--rdzv-backend", "c10d",
 		"--token-file", j.tokenFile, "--error-prefix", "file://"+filepath.Join(j.dir, "out"),
 		"--", torchPython, script, "--steps", fmt.Sprint(j.steps), "--sleep", "0.05", "--ckpt", j.ckpt,
-		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "cmdjob")
+		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "cmdjob", "--rdzv-conf", "last_call_timeout=1")
 }
 
 // waitAll waits for every agent to exit and reports their exit errors.
@@ -109,6 +110,7 @@ func TestCommandLauncherRealTorch(t *testing.T) {
 				check = []string{"--network-check"}
 			}
 			j := newCommandJob(t, nodes, 30, check...)
+			j.startMaster()
 			var pods []*proc
 			for r := range nodes {
 				pods = append(pods, j.pod(r))
@@ -135,6 +137,39 @@ func TestCommandLauncherRealTorch(t *testing.T) {
 	}
 }
 
+// Scenario 6 in command mode: 2 of 2:3 pods train, the third arrives
+// later. torch's own agents restart their workers into a 3-wide round and
+// resume from the checkpoint; the agents only follow the master's new round,
+// every agent runs one child throughout. (torch counts the change against
+// its budget on a node whose worker saw its peer go before its agent saw the
+// new node: gloo's "Connection reset by peer" is a worker failure to it.)
+func TestCommandScaleUp(t *testing.T) {
+	j := newCommandJob(t, 3, 160)
+	j.nnodes = "2:3"
+	j.startMaster()
+	p0, p1 := j.pod(0), j.pod(1)
+	step := regexp.MustCompile(`(?m)^\[default0\]:step = 10$`)
+	p0.waitFor(t, step, 90*time.Second)
+	p1.waitFor(t, step, 90*time.Second)
+	p2 := j.pod(2)
+	pods := []*proc{p0, p1, p2}
+	for i, err := range waitAll(t, 150*time.Second, pods...) {
+		if err != nil {
+			t.Errorf("pod %d: %v\n%s", i, err, pods[i].out)
+		}
+	}
+	three := regexp.MustCompile(`(?m)^\[default0\]:restart \d+ rank \d world 3 start [1-9]`)
+	for i, p := range pods {
+		s := p.out.String()
+		if !lastStep(j.steps).MatchString(s) || !three.MatchString(s) || strings.Count(s, "command started") != 1 {
+			t.Errorf("pod %d: no 3-wide resume from the checkpoint, no last step, or not one child:\n%s", i, s)
+		}
+	}
+	if s := p0.out.String(); !strings.Contains(s, "world 2") || !strings.Contains(s, "the command goes on") {
+		t.Errorf("pod 0 did not start 2-wide and follow the master's new round:\n%s", s)
+	}
+}
+
 // Scenario 11 (DESIGN §8): the pod of node rank 0 is SIGKILLed mid-training
 // (agent, torch's agent and its worker with it) and the operator starts its
 // replacement. The store lives in the master, so the other pods' torch
@@ -142,6 +177,7 @@ func TestCommandLauncherRealTorch(t *testing.T) {
 // checkpoint.
 func TestCommandScenario11WorkerZeroLost(t *testing.T) {
 	j := newCommandJob(t, 3, 160)
+	j.startMaster()
 	p0, p1, p2 := j.pod(0), j.pod(1), j.pod(2)
 	step := regexp.MustCompile(`(?m)^\[default0\]:step = 20$`)
 	for _, p := range []*proc{p0, p1, p2} {
@@ -246,6 +282,7 @@ func lastLines(s string, n int) string {
 // to the first store call the restarted master answers.
 func TestCommandScenario12MasterRestart(t *testing.T) {
 	j := newCommandJob(t, 2, 200)
+	j.startMaster()
 	pods := []*proc{j.pod(0), j.pod(1)}
 	step := regexp.MustCompile(`(?m)^\[default0\]:step = 30$`)
 	for _, p := range pods {
