@@ -432,3 +432,35 @@ func TestForkServerRefusesWithThreads(t *testing.T) {
 		}
 	}
 }
+
+// Forked workers are classified as exec'd ones: a signal that kills one is
+// its failure and exit code; one that hangs is found by the watchdog and
+// its process group killed; an exception in @record is its document's
+// code.
+func TestForkedWorkersClassified(t *testing.T) {
+	needPython(t)
+	for _, c := range []struct {
+		name, code string
+		hang       time.Duration
+		exit       int
+		failure    string
+	}{
+		{"segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", 0, 139, "SignalSIGSEGV"},
+		{"hang", "import os, time\nprint('up', flush=True)\nif os.environ['LOCAL_RANK'] == '0':\n    time.sleep(600)\n" +
+			"while True:\n    print('alive', flush=True)\n    time.sleep(0.1)\n", 700 * time.Millisecond, ExitHang, "Hang"},
+		{"raise", "from torch.distributed.elastic.multiprocessing.errors import record\n@record\ndef main():\n    raise KeyError('k')\nmain()\n",
+			0, 1, "KeyError"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, out := helperConfig(t, 2, "")
+			cfg.Command, cfg.HangTimeout = []string{python, writePy(t, "w.py", c.code)}, c.hang
+			if !strings.Contains(c.code, "torch") {
+				cfg.Preload = "json" // a fast fork server
+			}
+			ee, _ := runAgent(t, t.Context(), cfg)
+			if ee == nil || ee.Code != c.exit || ee.Failure.Code != c.failure || !strings.Contains(out.String(), `msg="fork server ready"`) {
+				t.Fatalf("want %s exit %d from forked workers, got %+v\n%s", c.failure, c.exit, ee, out)
+			}
+		})
+	}
+}
