@@ -745,7 +745,7 @@ func (l *loop) cleanup() {
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
-	sweep(l.agentID+"/", true, nil)
+	sweep([]string{l.agentID + "/"}, true, nil)
 	l.superseding.Wait()
 }
 

@@ -12,11 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/procmem"
 )
 
 // The fork server makes a restart as fast as a fork (DESIGN §4): starting
@@ -178,7 +179,7 @@ func (s *forkServer) read() {
 		}
 		switch m.T {
 		case "ready":
-			rss, pss := memoryKiB(s.pid)
+			rss, pss, _ := procmem.Rollup(s.pid)
 			s.log.Info("fork server ready", "pid", s.pid, "after", time.Since(s.started).Round(time.Millisecond),
 				"rss_mib", rss/1024, "pss_mib", pss/1024)
 			close(s.ready)
@@ -314,32 +315,6 @@ func (s *forkServer) refused() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.refusal
-}
-
-// memoryKiB is a process's resident set and proportional set (its share of
-// the pages it shares, with forked workers for one), in KiB; 0 if unknown.
-func memoryKiB(pid int) (rss, pss int64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "Rss":
-			rss = n
-		case "Pss":
-			pss = n
-		}
-	}
-	return rss, pss
 }
 
 // tail is the last n bytes of a file, for a log line.

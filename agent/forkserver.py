@@ -154,21 +154,42 @@ def _serve():
                 say(t="forked", id=req["id"], pid=pid)
 
 
-_req = _serve()
-del _serve
-import os as _os, runpy as _runpy, sys as _sys
+def _become(argv):
+    # Run the worker as `python ARGV` would, in the real __main__ module
+    # (pickle and multiprocessing find its classes there).
+    import os, runpy, sys
+    import __main__
 
-_argv = _req["argv"]
-if _argv[0] == "-m":
-    # python -m MODULE: sys.path[0] is the working directory; runpy sets
-    # sys.argv[0] to the module's file.
-    _sys.argv = _argv[1:]
-    _sys.path[0] = _os.getcwd()
-    del _os, _sys, _req
-    _runpy.run_module(_argv[1], run_name="__main__", alter_sys=True)
-else:
-    # python SCRIPT: sys.path[0] is the script's folder, symlinks resolved.
-    _sys.argv = _argv
-    _sys.path[0] = _os.path.dirname(_os.path.realpath(_argv[0]))
-    del _os, _sys, _req
-    _runpy.run_path(_argv[0], run_name="__main__")
+    if argv[0] == "-m":
+        # python -m MODULE: sys.path[0] is the working directory; runpy sets
+        # sys.argv[0] to the module's file, as python -m does with it.
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        run = getattr(runpy, "_run_module_as_main", None)
+        if run is not None:
+            return run(argv[1])
+        return runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    # python SCRIPT: sys.argv as given, sys.path[0] the script's folder with
+    # symlinks resolved, __file__ absolute (Python 3.9+: joined to the
+    # working directory, not normalised).
+    sys.argv = argv
+    path = os.path.join(os.getcwd(), argv[0])
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    import zipfile
+    from importlib.machinery import SourceFileLoader
+
+    if os.path.isdir(path) or zipfile.is_zipfile(path):
+        return runpy.run_path(argv[0], run_name="__main__")  # with a __main__.py
+
+    g = __main__.__dict__
+    for k in list(g):  # this program's own names
+        if k not in ("__name__", "__builtins__"):
+            del g[k]
+    g.update(__file__=path, __cached__=None, __doc__=None, __package__=None, __spec__=None,
+             __loader__=SourceFileLoader("__main__", path))
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, g)
+
+
+_become(_serve()["argv"])

@@ -55,36 +55,48 @@ func writePy(t *testing.T, name, code string) string {
 	return p
 }
 
-// `python -m MODULE ARGS` forked is as exec'd: sys.argv (the module's
-// file first), sys.path[0] (the working directory), __name__, and what
-// runs.
-func TestForkServerModule(t *testing.T) {
+// `python SCRIPT ARGS` (a relative path) and `python -m MODULE ARGS`
+// forked are as exec'd: sys.argv, sys.path[0], __name__, __file__,
+// __loader__, __spec__, and the real __main__ module as the globals.
+func TestForkServerAsExeced(t *testing.T) {
 	needPython(t)
-	dir := filepath.Dir(writePy(t, "kfmod.py", "import json, sys\nprint(json.dumps({'argv': sys.argv, 'path0': sys.path[0], 'name': __name__}))\n"))
+	code := `import json, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__, "spec": __spec__ and __spec__.name,
+    "loader": type(__loader__).__name__, "main": sys.modules["__main__"].__dict__ is globals(), "doc": __doc__}))
+`
+	script := writePy(t, "kfmod.py", `"""doc"""`+"\n"+code)
+	dir := filepath.Dir(script)
+	wd, _ := os.Getwd()
+	rel, err := filepath.Rel(wd, script)
+	if err != nil {
+		t.Fatal(err)
+	}
 	env := []string{"PYTHONPATH=" + dir}
 	s := newTestForkServer(t, "", env...)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, exit, err := s.fork([]string{"-m", "kfmod", "a", "-b"}, env, w, w)
-	w.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	forked, _ := io.ReadAll(r)
-	r.Close()
-	if e := waitForkExit(t, exit); e.lost || e.status.ExitStatus() != 0 {
-		t.Errorf("exit %+v", e)
-	}
-	cmd := exec.Command(python, "-m", "kfmod", "a", "-b")
-	cmd.Env = env
-	execd, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(forked) != string(execd) || !strings.Contains(string(forked), `"name": "__main__"`) {
-		t.Errorf("forked %s, exec'd %s", forked, execd)
+	for _, argv := range [][]string{{rel, "a", "-b"}, {"-m", "kfmod", "a", "-b"}} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, exit, err := s.fork(argv, env, w, w)
+		w.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		forked, _ := io.ReadAll(r)
+		r.Close()
+		if e := waitForkExit(t, exit); e.lost || e.status.ExitStatus() != 0 {
+			t.Errorf("%q: exit %+v: %s", argv, e, forked)
+		}
+		cmd := exec.Command(python, argv...)
+		cmd.Env = env
+		execd, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(forked) != string(execd) || !strings.Contains(string(forked), `"name": "__main__"`) {
+			t.Errorf("%q:\nforked  %s\nexec'd  %s", argv, forked, execd)
+		}
 	}
 }
 
@@ -418,5 +430,37 @@ func TestForkServerRefusesWithThreads(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "threads") || s.refused() == "" {
 			t.Errorf("fork with a thread running: %v (refused: %q)", err, s.refused())
 		}
+	}
+}
+
+// Forked workers are classified as exec'd ones: a signal that kills one is
+// its failure and exit code; one that hangs is found by the watchdog and
+// its process group killed; an exception in @record is its document's
+// code.
+func TestForkedWorkersClassified(t *testing.T) {
+	needPython(t)
+	for _, c := range []struct {
+		name, code string
+		hang       time.Duration
+		exit       int
+		failure    string
+	}{
+		{"segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", 0, 139, "SignalSIGSEGV"},
+		{"hang", "import os, time\nprint('up', flush=True)\nif os.environ['LOCAL_RANK'] == '0':\n    time.sleep(600)\n" +
+			"while True:\n    print('alive', flush=True)\n    time.sleep(0.1)\n", 700 * time.Millisecond, ExitHang, "Hang"},
+		{"raise", "from torch.distributed.elastic.multiprocessing.errors import record\n@record\ndef main():\n    raise KeyError('k')\nmain()\n",
+			0, 1, "KeyError"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, out := helperConfig(t, 2, "")
+			cfg.Command, cfg.HangTimeout = []string{python, writePy(t, "w.py", c.code)}, c.hang
+			if !strings.Contains(c.code, "torch") {
+				cfg.Preload = "json" // a fast fork server
+			}
+			ee, _ := runAgent(t, t.Context(), cfg)
+			if ee == nil || ee.Code != c.exit || ee.Failure.Code != c.failure || !strings.Contains(out.String(), `msg="fork server ready"`) {
+				t.Fatalf("want %s exit %d from forked workers, got %+v\n%s", c.failure, c.exit, ee, out)
+			}
+		})
 	}
 }

@@ -57,11 +57,16 @@ func (g *group) end() {
 	}
 	g.swept = true
 	g.stopProxy()
-	if g.mark != "" {
-		sweep(g.mark, false, nil)
+	var marks []string
+	for _, m := range []string{g.mark, g.forkMark} {
+		if m != "" {
+			marks = append(marks, m)
+		}
 	}
-	if g.forkMark != "" {
-		sweep(g.forkMark, false, nil, g.forkPid)
+	if len(marks) > 0 {
+		// The fork server carries its mark and lives on: it forks the
+		// next group.
+		sweep(marks, false, nil, g.forkPid)
 	}
 }
 

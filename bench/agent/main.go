@@ -30,6 +30,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/procmem"
 )
 
 const python = "/usr/bin/python3"
@@ -213,7 +215,7 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (r recovered, e
 	if data, err := os.ReadFile(logf.Name()); err == nil {
 		if m := forkServerPid.FindAllSubmatch(data, -1); m != nil {
 			pid, _ := strconv.Atoi(string(m[len(m)-1][1]))
-			r.forkRSS, r.forkPSS = smapsRollup(pid)
+			r.forkRSS, r.forkPSS, _ = procmem.Rollup(pid)
 		}
 	}
 	return r, nil
@@ -221,28 +223,6 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (r recovered, e
 
 // forkServerPid finds the fork server in the agent's log.
 var forkServerPid = regexp.MustCompile(`msg="fork server starting" pid=(\d+)`)
-
-// smapsRollup is a process's RSS and PSS in KiB.
-func smapsRollup(pid int) (rss, pss int64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return -1, -1
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "Rss":
-			rss = n
-		case "Pss":
-			pss = n
-		}
-	}
-	return rss, pss
-}
 
 // coldStart times launch → first step once, and launch → the script's
 // first line (the launcher's own share, without the imports).
