@@ -16,7 +16,7 @@ import (
 type network struct {
 	bridge string
 	subnet string // "10.213.X": the bridge is .1, pod index i is .(i+2)
-	nss    []string
+	pods   []int  // indexes of the pods given a namespace
 }
 
 // newNetwork makes the job's bridge; nil and why not when it cannot.
@@ -63,7 +63,7 @@ func (n *network) pod(i int) (prefix []string, addr string, err error) {
 	if i > 250 {
 		return nil, "", fmt.Errorf("pod index %d: at most 251 pods with a network namespace each", i)
 	}
-	ns := fmt.Sprintf("%s-%d", n.bridge, i)
+	ns := n.namespace(i)
 	addr = fmt.Sprintf("%s.%d", n.subnet, i+2)
 	host := n.hostLink(i)
 	steps := [][]string{
@@ -74,7 +74,7 @@ func (n *network) pod(i int) (prefix []string, addr string, err error) {
 		{"-n", ns, "link", "set", "eth0", "up"},
 		{"-n", ns, "link", "set", "lo", "up"},
 	}
-	n.nss = append(n.nss, ns)
+	n.pods = append(n.pods, i)
 	for _, s := range steps {
 		if err := ip(s...); err != nil {
 			return nil, "", err
@@ -83,6 +83,8 @@ func (n *network) pod(i int) (prefix []string, addr string, err error) {
 	return []string{"nsenter", "--net=/run/netns/" + ns, "--"}, addr, nil
 }
 
+func (n *network) namespace(i int) string { return fmt.Sprintf("%s-%d", n.bridge, i) }
+
 func (n *network) hostLink(i int) string { return fmt.Sprintf("%sh%d", n.bridge, i) }
 
 // cut takes pod index i's link down: nothing gets in or out any more.
@@ -90,8 +92,11 @@ func (n *network) cut(i int) error { return ip("link", "set", n.hostLink(i), "do
 
 // close removes the namespaces (their links go with them) and the bridge.
 func (n *network) close() {
-	for _, ns := range n.nss {
-		_ = ip("netns", "del", ns)
+	for _, i := range n.pods {
+		// The pair goes with its host end at once; a namespace lingers
+		// while the kernel still holds sockets of it.
+		_ = ip("link", "del", n.hostLink(i))
+		_ = ip("netns", "del", n.namespace(i))
 	}
 	_ = ip("link", "del", n.bridge)
 }
