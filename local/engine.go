@@ -177,6 +177,10 @@ type Result struct {
 	Pods []Pod
 	// Stopped is the master's reason when it stopped the job.
 	Stopped string
+	// Recovery is, for each chaos action that fired, how long from the
+	// action to the first training step after a round formed again (zero
+	// when training did not resume after it).
+	Recovery []time.Duration
 }
 
 // Engine runs one elastic job on this machine: the master in-process, one
@@ -218,9 +222,14 @@ type Engine struct {
 	extras    []kferrors.Failure
 	stopped   string
 	finished  bool
-	wake      chan struct{}
-	started   time.Time
-	mctx      context.Context
+	// faults are the times the chaos actions fired; recoveredAt[i] the
+	// first step after a round that formed after faults[i] (zero: none
+	// yet); lastRound when a pod last printed a completed rendezvous.
+	faults, recoveredAt []time.Time
+	lastRound           time.Time
+	wake                chan struct{}
+	started             time.Time
+	mctx                context.Context
 }
 
 // podProc is one pod's agent process.
@@ -661,6 +670,7 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 				p.restartCount = n
 			} else {
 				p.groupWorldSize, p.round = n, true
+				e.lastRound = time.Now()
 				e.note("round", "%s: Rendezvous complete: group_world_size=%d restart_count=%d", p.pod.Name, n, p.restartCount)
 				if old := p.pod.Replaces; old != "" && !e.recovered[old] {
 					e.recovered[old] = true
@@ -686,6 +696,12 @@ func (e *Engine) stepSeen(p *podProc, n int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	p.step = n
+	now := time.Now()
+	for i, at := range e.faults {
+		if e.recoveredAt[i].IsZero() && e.lastRound.After(at) {
+			e.recoveredAt[i] = now
+		}
+	}
 	if n <= e.maxStep {
 		return
 	}
@@ -973,6 +989,13 @@ func (e *Engine) refresh(ctx context.Context) {
 func (e *Engine) result() *Result {
 	e.mu.Lock()
 	res := &Result{Documents: e.errURL, Pods: e.book.Pods(), Stopped: e.stopped}
+	for i, at := range e.faults {
+		var d time.Duration
+		if !e.recoveredAt[i].IsZero() {
+			d = e.recoveredAt[i].Sub(at)
+		}
+		res.Recovery = append(res.Recovery, d)
+	}
 	extras := e.extras
 	recovered := maps.Clone(e.recovered)
 	finished := map[int]bool{}

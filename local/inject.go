@@ -22,6 +22,8 @@ func (e *Engine) fire(i int) {
 		return
 	}
 	e.fired[i] = true
+	e.faults = append(e.faults, time.Now())
+	e.recoveredAt = append(e.recoveredAt, time.Time{})
 	c := e.opts.Chaos[i]
 	switch c.Action {
 	case AddSlot:

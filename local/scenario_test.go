@@ -123,6 +123,9 @@ func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 	t.Logf("job ran %s", time.Since(start).Round(time.Millisecond))
 	j := &job{t: t, res: res, view: view.String(), out: opts.Out}
 	t.Logf("view:\n%s", j.view)
+	if res != nil {
+		t.Logf("recovery after each fault: %v", res.Recovery)
+	}
 	if err != nil {
 		j.dump()
 		t.Fatal(err)
