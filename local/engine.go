@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -168,26 +170,29 @@ type Engine struct {
 	token     string
 	policy    relaunch.OOM
 
-	mu       sync.Mutex
-	server   *master.Server
-	addr     string
-	mstop    context.CancelFunc
-	mdone    chan error
-	book     pods
-	tf       *tfJob // a TF PS job's replicas (nil: an elastic job)
-	procs    map[string]*podProc
-	carried  map[int64]bool
-	onExit   map[string]master.Decision
-	fired    []bool
-	maxStep  int64
-	failing  map[int]bool    // fail-pod ranks: their relaunches fail too
-	later    map[int][]Chaos // chaos for a rank whose pod is not running yet
-	extras   []kferrors.Failure
-	stopped  string
-	finished bool
-	wake     chan struct{}
-	started  time.Time
-	mctx     context.Context
+	mu      sync.Mutex
+	server  *master.Server
+	addr    string
+	mstop   context.CancelFunc
+	mdone   chan error
+	book    pods
+	tf      *tfJob // a TF PS job's replicas (nil: an elastic job)
+	procs   map[string]*podProc
+	carried map[int64]bool
+	onExit  map[string]master.Decision
+	fired   []bool
+	maxStep int64
+	failing map[int]bool // fail-pod ranks: their relaunches fail too
+	// recovered are pods whose replacement joined a round: their failure
+	// is recovered from.
+	recovered map[string]bool
+	later     map[int][]Chaos // chaos for a rank whose pod is not running yet
+	extras    []kferrors.Failure
+	stopped   string
+	finished  bool
+	wake      chan struct{}
+	started   time.Time
+	mctx      context.Context
 }
 
 // podProc is one pod's agent process.
@@ -212,7 +217,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, procs: map[string]*podProc{}, carried: map[int64]bool{}, onExit: map[string]master.Decision{},
-		failing: map[int]bool{}, later: map[int][]Chaos{}, fired: make([]bool, len(opts.Chaos)), wake: make(chan struct{}, 1),
+		failing: map[int]bool{}, recovered: map[string]bool{}, later: map[int][]Chaos{}, fired: make([]bool, len(opts.Chaos)), wake: make(chan struct{}, 1),
 		policy: relaunch.DefaultOOM}
 	return e.run(ctx)
 }
@@ -368,12 +373,17 @@ func (e *Engine) stopMaster() {
 	}
 }
 
+// masterDown is how long kill-master keeps the master away: about what a
+// master pod's restart takes, long enough for the agents to notice.
+const masterDown = 2 * time.Second
+
 // restartMaster is kill-master: the master stops and a new one starts on
 // the same address with the same state.
 func (e *Engine) restartMaster(ctx context.Context) {
 	start := time.Now()
 	e.stopMaster()
-	e.note("chaos", "kill-master: master stopped; restarting it with its state")
+	e.note("chaos", "kill-master: master stopped; it restarts with its state in %s", masterDown)
+	time.Sleep(masterDown)
 	if err := e.startMaster(ctx); err != nil {
 		e.note("chaos", "kill-master: the master did not come back: %v", err)
 		return
@@ -413,7 +423,7 @@ func (e *Engine) carry(d master.Decision) {
 		}
 		e.note("master", "the master stopped the job: %s", d.Message)
 	case relaunch.None:
-		e.note("master", "%s (rank %d) is not relaunched: %s", d.Pod, d.Rank, d.Message)
+		e.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, shortMessage(d.Message))
 	default:
 		if p := e.procs[d.Pod]; p != nil && p.pod.State == Running {
 			// Its agent has not exited yet (it is leaving, or it is lost):
@@ -458,6 +468,23 @@ func (e *Engine) relaunch(d master.Decision) {
 	}
 	e.note("relaunch", "%s replaces %s as rank %d after %s (%s, %s%s)", p.Name, d.Pod, d.Rank, d.Reason, master.KindName(d.Kind), counted, note)
 	e.schedule()
+}
+
+// shortMessage is a message's first clause and last line (a traceback's
+// exception), for one line of the view.
+func shortMessage(m string) string {
+	lines := strings.Split(strings.TrimSpace(m), "\n")
+	first, last := lines[0], strings.TrimSpace(lines[len(lines)-1])
+	if len(lines) > 1 {
+		if head, _, ok := strings.Cut(first, "; "); ok {
+			first = head
+		}
+		first += "; … " + last
+	}
+	if r := []rune(first); len(r) > 240 {
+		first = string(r[:240]) + "…"
+	}
+	return first
 }
 
 func bytesText(b int64) string {
@@ -598,6 +625,10 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 			} else {
 				p.groupWorldSize, p.round = n, true
 				e.note("round", "%s: Rendezvous complete: group_world_size=%d restart_count=%d", p.pod.Name, n, p.restartCount)
+				if old := p.pod.Replaces; old != "" && !e.recovered[old] {
+					e.recovered[old] = true
+					go e.supersede(old, p.pod.Name, time.Now())
+				}
 			}
 			e.mu.Unlock()
 			continue
@@ -662,16 +693,14 @@ func (e *Engine) exited(p *podProc, werr error) {
 		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, signalName(ws.Signal())), p.pod.Name, now)
 		f = &x
 	default:
-		p.exit = fmt.Sprintf("exit %d", ws.ExitStatus())
+		p.exit = exitText(ws.ExitStatus())
 	}
 	if e.tf != nil {
 		f = e.tfExited(p, f, werr)
 	}
 	if f != nil {
 		p.exit = f.Code
-		e.mu.Lock()
-		e.extras = append(e.extras, *f)
-		e.mu.Unlock()
+		e.document(*f)
 		if e.tf == nil {
 			e.podGone(p.pod.Name, *f)
 		}
@@ -696,6 +725,58 @@ func (e *Engine) exited(p *podProc, werr error) {
 	e.signal()
 }
 
+// supersede moves the documents of a pod that was replaced, dated before
+// its replacement joined a round, out of the reader's way, as its agent
+// does for the failures it restarted from (kferrors.Supersede): the
+// replacement's round is their recovery. On Kubernetes the training
+// operator recreates a pod under its own name and the new agent does this;
+// here the replacement has the next index, so its owner does it.
+func (e *Engine) supersede(old, by string, before time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
+	if err != nil {
+		e.log.Warn("cannot open the documents", "err", err)
+		return
+	}
+	defer b.Close()
+	// The old pod's agent may still be uploading: wait for its exit.
+	e.mu.Lock()
+	p := e.procs[old]
+	e.mu.Unlock()
+	if p != nil && old != by { // (a TF pod recreated under its name: the old one is gone)
+		<-p.done
+	}
+	moved, err := kferrors.Supersede(ctx, b, old, before)
+	if err != nil {
+		e.log.Warn("cannot supersede a replaced pod's documents", "pod", old, "err", err)
+	}
+	if len(moved) > 0 {
+		e.note("recovered", "%s's failure is recovered (%s trains in its place): its documents moved to %s", old, by, kferrors.SupersededPrefix)
+	}
+}
+
+// document writes the document of a pod that died without writing one (its
+// agent was killed with it): what the plugin synthesizes from the pod's
+// status on Kubernetes (OOMKilled, a lost node), written here so that the
+// report draws it and a recovery supersedes it like any other. A document
+// that cannot be written is kept for the root cause all the same.
+func (e *Engine) document(f kferrors.Failure) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
+	if err == nil {
+		_, err = kferrors.NewWriter(b, nil).Write(ctx, f)
+		b.Close()
+	}
+	if err != nil {
+		e.log.Warn("cannot write a dead pod's document", "pod", f.Worker, "err", err)
+		e.mu.Lock()
+		e.extras = append(e.extras, f)
+		e.mu.Unlock()
+	}
+}
+
 // podGone tells the master, retried while it restarts.
 func (e *Engine) podGone(pod string, f kferrors.Failure) {
 	mf := master.Failure{Code: f.Code, Message: f.Message, Recoverable: f.Recoverable, Time: f.Time}
@@ -717,6 +798,17 @@ func (e *Engine) podGone(pod string, f kferrors.Failure) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// exitText names the agent's exit codes (agent/exitcode.go), which say
+// what its document says.
+func exitText(code int) string {
+	name := map[int]string{agent.ExitNodeCheckFailed: kferrors.CodeNodeCheckFailed, agent.ExitStraggler: kferrors.CodeStraggler,
+		agent.ExitRendezvousTimeout: kferrors.CodeRendezvousTimeout, agent.ExitHang: kferrors.CodeHang, 143: kferrors.CodePreempted}[code]
+	if name == "" {
+		return fmt.Sprintf("exit %d", code)
+	}
+	return fmt.Sprintf("exit %d (%s)", code, name)
 }
 
 func signalName(s syscall.Signal) string {
@@ -850,6 +942,7 @@ func (e *Engine) result() *Result {
 	e.mu.Lock()
 	res := &Result{Documents: e.errURL, Pods: e.book.Pods(), Stopped: e.stopped}
 	extras := e.extras
+	recovered := maps.Clone(e.recovered)
 	finished := map[int]bool{}
 	for _, p := range e.book.Pods() {
 		if pp := e.procs[p.Name]; pp != nil && pp.exit == "succeeded" {
@@ -876,7 +969,7 @@ func (e *Engine) result() *Result {
 	}
 	var missing []kferrors.Failure
 	for _, f := range extras {
-		if !sum.HasPod(f.Worker) {
+		if !sum.HasPod(f.Worker) && !recovered[f.Worker] {
 			missing = append(missing, f)
 		}
 	}

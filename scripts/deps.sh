@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|minio|k8s|protoc]
-# (k8s: etcd, kube-apiserver, CRDs, training operator, kwok)
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|k8s|protoc]
+# (torch: Debian's python3-torch alone, for make demo; k8s: etcd, kube-apiserver,
+# CRDs, training operator, kwok)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
 BIN=$CACHE/bin
@@ -23,6 +24,16 @@ need_apt() {
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq >"$CACHE/logs/apt.log" 2>&1
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/apt.log" 2>&1
+}
+
+# Debian's torch alone: all that make demo needs beside the Go build.
+need_torch() {
+  /usr/bin/python3 -c 'import torch' 2>/dev/null && return 0
+  log "apt-get install python3-torch (≈1 min)"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq >"$CACHE/logs/apt.log" 2>&1
+  $SUDO apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/apt.log" 2>&1
 }
 
 need_minio() {
@@ -101,6 +112,7 @@ need_protoc() {
 what=${1:-all}
 case $what in
   apt) need_apt ;;
+  torch) need_torch ;;
   minio) need_minio ;;
   protoc) need_protoc ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
@@ -113,5 +125,5 @@ case $what in
     need_crds
     wait $p1; wait $p2; wait $p3
     ;;
-  *) echo "usage: $0 [all|apt|minio|k8s|protoc]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|torch|minio|k8s|protoc]" >&2; exit 2 ;;
 esac

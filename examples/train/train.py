@@ -10,7 +10,9 @@ atomically); every rank resumes from the latest checkpoint after a restart,
 so a recovered job goes on where it was, not from step 0.
 
 Options: --steps N (default 200), --sleep SEC per step (default 0.05),
---ckpt-dir DIR (default: none), --ckpt-every N (default 10).
+--ckpt-dir DIR (default: none), --ckpt-every N (default 10), --fail-at N: every
+rank raises ValueError("loss diverged") at step N, a bug in the training code
+that no restart fixes (make demo's fault that ends the job).
 """
 import argparse
 import os
@@ -45,6 +47,7 @@ def main():
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--ckpt-dir", default="")
     p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--fail-at", type=int, default=-1)
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -61,6 +64,8 @@ def main():
         x = torch.randn(32, 16, generator=g)
         y = x @ w + 0.01 * torch.randn(32, 1, generator=g)
         loss = torch.nn.functional.mse_loss(model(x), y)
+        if step == a.fail_at:
+            raise ValueError(f"loss diverged at step {step} on rank {rank}: {loss.item() * float('inf')}")
         opt.zero_grad()
         loss.backward()
         for prm in model.parameters():
