@@ -75,11 +75,18 @@ type Options struct {
 	// in place (a terminal) instead of writing plain lines.
 	View io.Writer
 	Live bool
+	// TF makes it a TensorFlow PS job (tfjob.go): pods <job>-chief-0,
+	// <job>-ps-<i>, <job>-worker-<i> with TF_CONFIG, recreated under their
+	// own name; MinNodes and MaxNodes are its replica count.
+	TF *TF
 }
 
 func (o *Options) defaults() error {
 	if o.Job == "" {
 		o.Job = "local"
+	}
+	if o.TF != nil {
+		o.MinNodes, o.MaxNodes, o.NProcPerNode = o.TF.Replicas(), o.TF.Replicas(), 1
 	}
 	if o.MinNodes < 1 || o.MaxNodes < o.MinNodes {
 		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", o.MinNodes, o.MaxNodes)
@@ -208,7 +215,8 @@ type Engine struct {
 	addr    string
 	mstop   context.CancelFunc
 	mdone   chan error
-	book    *Book
+	book    pods
+	tf      *tfJob // a TF PS job's replicas (nil: an elastic job)
 	procs   map[string]*podProc
 	carried map[int64]bool
 	onExit  map[string]master.Decision
@@ -299,16 +307,24 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 		defer e.net.close()
 	}
 	e.book = NewBook(o.Job, o.MaxNodes, o.Slots, o.Memory)
+	if o.TF != nil {
+		if e.tf, err = newTFJob(*o.TF); err != nil {
+			return nil, err
+		}
+		e.book = NewTFBook(o.Job, *o.TF, o.Memory)
+	}
 
 	e.started = time.Now()
 
 	mctx, cancelMaster := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelMaster()
 	e.mctx = mctx
-	if err := e.startMaster(mctx); err != nil {
-		return nil, err
+	if e.tf == nil { // TF replicas find each other by TF_CONFIG, not the master
+		if err := e.startMaster(mctx); err != nil {
+			return nil, err
+		}
+		e.note("master", "master serving on %s (state %s, documents %s)", e.addr, filepath.Join(out, "state"), e.errURL)
 	}
-	e.note("master", "master serving on %s (state %s, documents %s)", e.addr, filepath.Join(out, "state"), e.errURL)
 
 	e.mu.Lock()
 	for i, c := range o.Chaos {
@@ -561,7 +577,7 @@ func (e *Engine) schedule() {
 // start runs a pod's agent (with e.mu held).
 func (e *Engine) start(p Pod) error {
 	o := &e.opts
-	cg, err := e.limits.Pod(p.Name, p.Memory)
+	cg, err := e.limits.Pod(e.cgroupName(p), p.Memory)
 	if err != nil {
 		return fmt.Errorf("its cgroup: %w", err)
 	}
@@ -582,6 +598,12 @@ func (e *Engine) start(p Pod) error {
 	args = append(args, o.AgentArgs...)
 	args = append(args, "--")
 	args = append(args, o.Command...)
+	var podEnv []string
+	if e.tf != nil {
+		if args, podEnv, err = e.tfPod(p, logDir); err != nil {
+			return err
+		}
+	}
 	// A shell joins the pod's cgroups (or sets its address-space limit)
 	// and execs the agent, so that no process of the pod ever runs outside.
 	script := `for f in $KFELASTIC_LOCAL_CGROUPS; do echo $$ > "$f" || exit 111; done
@@ -590,7 +612,7 @@ exec "$@"`
 	argv := append([]string{"-c", script, "sh"}, prefix...)
 	cmd := exec.Command("/bin/sh", append(append(argv, o.Binary), args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Env = append(os.Environ(), o.Env...)
+	cmd.Env = append(append(os.Environ(), o.Env...), podEnv...)
 	cmd.Env = append(cmd.Env, "POD_NAME="+p.Name, "HOSTNAME="+p.Name,
 		// Each pod is its own machine: a relaunch "elsewhere" is another name.
 		"KFELASTIC_NODE_NAME="+fmt.Sprintf("%s-node-%d", o.Job, p.Index),
@@ -748,10 +770,15 @@ func (e *Engine) exited(p *podProc, werr error) {
 	default:
 		p.exit = exitText(ws.ExitStatus())
 	}
+	if e.tf != nil {
+		f = e.tfExited(p, f, werr)
+	}
 	if f != nil {
 		p.exit = f.Code
 		e.document(*f)
-		e.podGone(p.pod.Name, *f)
+		if e.tf == nil {
+			e.podGone(p.pod.Name, *f)
+		}
 	}
 	e.note("pod", "%s exited: %s", p.pod.Name, p.exit)
 	go func() {
@@ -792,7 +819,7 @@ func (e *Engine) supersede(old, by string, before time.Time) {
 	e.mu.Lock()
 	p := e.procs[old]
 	e.mu.Unlock()
-	if p != nil {
+	if p != nil && old != by { // (a TF pod recreated under its name: the old one is gone)
 		<-p.done
 	}
 	moved, err := kferrors.Supersede(ctx, b, old, before)
@@ -1006,6 +1033,9 @@ func (e *Engine) result() *Result {
 	}
 	e.mu.Unlock()
 	res.Succeeded = e.stopped == "" && len(finished) >= e.opts.MinNodes
+	if e.tf != nil {
+		res.Succeeded = e.tf.over // a TFJob succeeds with its chief
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, err := kferrors.OpenPrefix(ctx, e.errURL, false)

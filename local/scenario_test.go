@@ -96,8 +96,10 @@ func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 	opts.Out = t.TempDir()
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")
-	opts.Command = []string{python, script, "--steps", strconv.Itoa(steps), "--sleep", "0.05", "--ckpt-every", "5",
-		"--ckpt-dir", filepath.Join(opts.Out, "ckpt")}
+	if opts.Command == nil {
+		opts.Command = []string{python, script, "--steps", strconv.Itoa(steps), "--sleep", "0.05", "--ckpt-every", "5",
+			"--ckpt-dir", filepath.Join(opts.Out, "ckpt")}
+	}
 	if opts.Job == "" {
 		opts.Job = "job"
 	}

@@ -21,6 +21,7 @@ type localFlags struct {
 	nnodes, nproc, launcher, out, job, memory, binary string
 	network                                           string
 	maxRestarts, slots, maxRelaunches                 int
+	tfPS, tfWorkers                                   int
 	chaos                                             []string
 	networkCheck, excludeStraggler                    bool
 	heartbeatInterval, heartbeatTimeout, waiting      time.Duration
@@ -60,6 +61,12 @@ start); without it, at once. Actions:
   kill-master  the master stops and restarts with its state
 A bad spec is refused before anything starts.
 
+--tf-ps N --tf-workers M makes it a TensorFlow parameter-server job as the training
+operator runs a TFJob (no --nnodes): pods <job>-chief-0, <job>-ps-<i>, <job>-worker-<i>,
+each with TF_CONFIG and its process under a single-node agent; a failed pod is
+recreated under its own name and index. --chaos targets: 0 is the chief, 1..N the ps,
+N+1.. the workers. examples/tfps/ps_standin.py is a stand-in for such a job.
+
 Output goes to --out: errors/ (the pods' error documents, file://), pods/<pod>.log, the
 master's state and log, and report.html (kfelastic report). While it runs it shows the
 pods, ranks, round, restarts and last step; at the end the root cause as the Flyte UI
@@ -97,11 +104,21 @@ shows it. Ctrl-C stops every process it started. Exit status: 0 when the job suc
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL for a deleted pod, and the agents' --stop-grace")
 	fl.StringVar(&f.binary, "binary", "", "the kfelastic binary the pods run (default: this one)")
 	fl.StringVar(&f.network, "network", "", "pods' network: host (this machine's loopback), netns (a network namespace each, on a bridge; root), or empty: netns when a cut-network needs it and it can be had")
+	fl.IntVar(&f.tfPS, "tf-ps", 0, "a TensorFlow PS job with this many parameter servers (with --tf-workers; see above)")
+	fl.IntVar(&f.tfWorkers, "tf-workers", 0, "a TensorFlow PS job with this many workers besides its chief")
 	return cmd
 }
 
 func (f *localFlags) options(command []string) (local.Options, error) {
 	var o local.Options
+	var tf *local.TF
+	if f.tfPS > 0 || f.tfWorkers > 0 {
+		if f.tfPS < 1 || f.tfWorkers < 0 {
+			return o, fmt.Errorf("--tf-ps %d --tf-workers %d: want at least one ps and no negative count", f.tfPS, f.tfWorkers)
+		}
+		tf = &local.TF{PS: f.tfPS, Workers: f.tfWorkers}
+		f.nnodes = fmt.Sprint(tf.Replicas())
+	}
 	if f.nnodes == "" {
 		return o, errors.New("--nnodes MIN:MAX is required")
 	}
@@ -157,7 +174,7 @@ func (f *localFlags) options(command []string) (local.Options, error) {
 	return local.Options{Job: f.job, MinNodes: lo, MaxNodes: hi, NProcPerNode: n, MaxRestarts: f.maxRestarts, Slots: f.slots,
 		Launcher: f.launcher, Out: out, Chaos: chaos, Command: command, Binary: f.binary, Memory: mem, MaxRelaunches: f.maxRelaunches,
 		NetworkCheck: f.networkCheck || f.excludeStraggler, ExcludeStraggler: f.excludeStraggler, HeartbeatInterval: f.heartbeatInterval,
-		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network}, nil
+		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network, TF: tf}, nil
 }
 
 // runLocal runs the job, then prints how it ended and writes its report.
