@@ -175,8 +175,10 @@ func (r *StoreRelay) serve(conn net.Conn, client string) {
 	for {
 		req, err := c.dec.Next()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, tcpstore.ErrTooLarge) || errors.Is(err, tcpstore.ErrUnknown) || errors.Is(err, io.ErrUnexpectedEOF) {
 				c.log.Warn("store relay: closing a torch connection that sent a bad frame", "err", err)
+			} else {
+				c.log.Debug("store relay: torch connection ended", "err", err)
 			}
 			return
 		}
