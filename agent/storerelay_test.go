@@ -668,3 +668,28 @@ func TestStoreRelayKeepsSilentConnection(t *testing.T) {
 		})
 	}
 }
+
+// A client without the handshake that sends a 2.1-only command (MULTI_SET,
+// 10) is read in 2.1 numbering from then on: its 7 is DELETE_KEY, answered
+// with an i64, not 1.13's WATCH_KEY. From bytes: there is no 2.1 client here.
+func TestStoreRelayTorch21Frames(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	c := dialStore(t, r)
+	for _, req := range []tcpstore.Request{
+		{Cmd: tcpstore.MultiSet, Keys: []string{"/a"}, Values: [][]byte{[]byte("1")}},
+		{Cmd: tcpstore.Delete, Key: "/a"},
+		{Cmd: tcpstore.Delete, Key: "/a"},
+	} {
+		b, err := tcpstore.AppendRequest(nil, tcpstore.Torch21, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.write(b)
+	}
+	for i, want := range []uint64{1, 0} {
+		if got := binary.LittleEndian.Uint64(c.readN(8)); got != want {
+			t.Errorf("DELETE_KEY %d answered %d, want %d", i, got, want)
+		}
+	}
+}
