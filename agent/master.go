@@ -203,6 +203,12 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 	m.mu.Unlock()
 	pb := m.nodePB(node)
 	for {
+		// A node the master told to exit (on a heartbeat) does not join
+		// again: a Join of this incarnation would take its rank back from
+		// the pod that replaced it.
+		if e := m.exclusion(); e != nil {
+			return Round{}, e
+		}
 		var res *masterpb.JoinResponse
 		err := m.retry(ctx, "Join", func(ctx context.Context) error {
 			cctx, cancel := context.WithTimeout(ctx, joinWait+10*time.Second)
@@ -251,6 +257,16 @@ func unwrapStatus(err error) error {
 		return fmt.Errorf("%s: %s", s.Code(), s.Message())
 	}
 	return err
+}
+
+// exclusion is the EXIT a heartbeat brought, as an error; nil if none.
+func (m *Master) exclusion() *ExcludedError {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.exit; e != nil {
+		return &ExcludedError{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
+	}
+	return nil
 }
 
 // runCheck runs one health-check round and reports its result.
