@@ -68,6 +68,12 @@ type Config struct {
 	// restart skips the interpreter start and imports (see spare.go).
 	WarmSpares bool
 	Preload    string
+	// NoForkServer turns the fork server off (--fork-server=false): by
+	// default, for a `python SCRIPT` or `python -m MODULE` command (and
+	// without WarmSpares), the agent keeps one interpreter with Preload
+	// imported and forks each worker from it, so that a restart skips the
+	// interpreter start and the imports (forkserver.go).
+	NoForkServer bool
 	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
 	// default the agent of group rank 0 listens on the round's MASTER_PORT
 	// and forwards to the rank-0 worker's store on a private port, so that
@@ -311,6 +317,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
+	// cleanup first, so that it runs last, after any early return below.
+	defer l.cleanup()
+	if !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command) {
+		// Started now, it imports while the rendezvous goes on.
+		l.startForkServer()
+	}
 	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
 		defer c.Close()
 	}
@@ -324,7 +336,6 @@ func Run(ctx context.Context, cfg Config) error {
 			l.relayAddr = relay.Addr()
 		}
 	}
-	defer l.cleanup()
 	return l.run(ctx)
 }
 
@@ -374,6 +385,10 @@ type loop struct {
 	// relayAddr is the store relay's address (--launcher command with the
 	// master), the child's PET_RDZV_ENDPOINT.
 	relayAddr string
+	// fork is the fork server, nil without one; forkStarts counts the
+	// servers started, for their marks and the restart limit.
+	fork       *forkServer
+	forkStarts int
 }
 
 func (l *loop) send(ev Event) bool {
@@ -596,7 +611,7 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -720,6 +735,9 @@ func (l *loop) cleanup() {
 		l.group.signal(syscall.SIGKILL)
 		l.group.stopProxy()
 	}
+	if l.fork != nil {
+		l.fork.stop()
+	}
 	for _, w := range l.spares {
 		if w != nil {
 			w.discard()
@@ -727,7 +745,7 @@ func (l *loop) cleanup() {
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
-	sweep(l.agentID+"/", true, nil)
+	sweep([]string{l.agentID + "/"}, true, nil)
 	l.superseding.Wait()
 }
 
@@ -738,6 +756,56 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
+}
+
+// startForkServer starts a fork server (forkserver.go) for the command's
+// interpreter, or goes on without one.
+func (l *loop) startForkServer() {
+	preload := l.cfg.Preload
+	if preload == "" {
+		preload = "torch"
+	}
+	l.forkStarts++
+	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
+	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
+	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode), preload, mark, logPath, l.log)
+	if err != nil {
+		l.log.Warn("no fork server: workers are started with exec", "err", err)
+		return
+	}
+	l.guard.register(s.pid, true)
+	l.fork = s
+	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
+}
+
+// forkServer returns the fork server for the next group, nil for exec. A
+// server that refused to fork is given up; one that died is replaced, at
+// most maxForkRestarts times, and that group is exec'd while the new one
+// imports.
+func (l *loop) forkServer() *forkServer {
+	s := l.fork
+	if s == nil {
+		return nil
+	}
+	if why := s.refused(); why != "" {
+		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
+		s.stop()
+		l.guard.register(s.pid, false)
+		l.fork = nil
+		return nil
+	}
+	if !s.isDead() {
+		return s
+	}
+	l.guard.register(s.pid, false)
+	l.fork = nil
+	if l.forkStarts > maxForkRestarts {
+		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
+		return nil
+	}
+	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.pid)
+	l.startForkServer()
+	return nil
 }
 
 // spareDelay is the longest the spares wait for the group to speak.

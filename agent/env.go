@@ -93,8 +93,18 @@ func WorkerEnv(base []string, w workerSpec) []string {
 	if _, ok := env["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"]; ok {
 		set["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"] = "Earliest"
 	}
+	setDefaults(env, w.localWorkers)
+	for k, v := range set {
+		env[k] = v
+	}
+	return envList(env)
+}
+
+// setDefaults sets in env the variables WorkerEnv gives a worker when the
+// agent's environment lacks them.
+func setDefaults(env map[string]string, localWorkers int) {
 	defaults := map[string]string{"NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}
-	if w.localWorkers > 1 {
+	if localWorkers > 1 {
 		defaults["OMP_NUM_THREADS"] = "1"
 	}
 	for k, v := range defaults {
@@ -102,10 +112,6 @@ func WorkerEnv(base []string, w workerSpec) []string {
 			env[k] = v
 		}
 	}
-	for k, v := range set {
-		env[k] = v
-	}
-	return envList(env)
 }
 
 // envMap is an environment (KEY=value lines) as a map.
@@ -117,6 +123,16 @@ func envMap(env []string) map[string]string {
 		}
 	}
 	return m
+}
+
+// serverEnv is the fork server's environment: base with the workers'
+// defaults, which matter while it imports (OpenMP reads OMP_NUM_THREADS
+// when torch loads it), and without base's own mark.
+func serverEnv(base []string, localWorkers int) []string {
+	env := envMap(base)
+	setDefaults(env, localWorkers)
+	delete(env, agentMarkEnv)
+	return envList(env)
 }
 
 // envList is envMap's inverse, sorted.

@@ -328,32 +328,13 @@ func (c *relayConn) read(req *masterpb.StoreRequest) (*masterpb.StoreResponse, e
 	return res, err
 }
 
-// retry calls until it succeeds, fails for good, or ctx ends;
-// unlike Master.retry it has no give-up time of its own: torch's own
-// timeouts bound how long the client waits, and the agent's heartbeat
-// decides when the master is gone for good.
+// retry calls until it succeeds, fails for good, or ctx ends; unlike
+// Master.retry it has no give-up time of its own: torch's own timeouts bound
+// how long the client waits, and the agent's heartbeat decides when the
+// master is gone for good.
 func (c *relayConn) retry(ctx context.Context, call func(ctx context.Context) error) error {
-	backoff := 50 * time.Millisecond
-	warned := false
-	for {
-		err := call(ctx)
-		if err == nil || ctx.Err() != nil || !transient(err) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		if !warned {
-			warned = true
-			c.log.Warn("store relay: master unreachable; retrying", "err", status.Convert(err).Message())
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff + mathrand.N(backoff/2+1)):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
+	_, err := retryTransient(ctx, c.log, 0, call, "call", "store")
+	return err
 }
 
 // startWait relays a WAIT as long polls on the master, renewed until every

@@ -1,7 +1,7 @@
 # A torch TCPStore client for the store relay's tests (agent/storerelay_test.go):
 # `storeclient.py HOST PORT ops` runs every operation torch's client has and
-# prints one line per answer; `storeclient.py HOST PORT count N` adds 1 to
-# "counter" N times, checking each answer, and prints the final value.
+# prints one line per answer; `storeclient.py HOST PORT count KEY N` adds 1
+# to KEY N times, checking each answer, and prints the final value.
 import datetime
 import sys
 
@@ -15,16 +15,16 @@ kw = {"use_libuv": False} if v2 else {}
 s = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60), **kw)
 
 if mode == "count":
-    n = int(sys.argv[4])
+    key, n = sys.argv[4], int(sys.argv[5])
     print("started", flush=True)
     for i in range(1, n + 1):
-        got = s.add("counter", 1)
+        got = s.add(key, 1)
         if got != i:
             print(f"add {i} answered {got}", flush=True)
             sys.exit(1)
         if i % 100 == 0:
             print(i, flush=True)
-    print("final", int(s.get("counter")), flush=True)
+    print("final", int(s.get(key)), flush=True)
     sys.exit(0)
 
 s.set("a", "1")
