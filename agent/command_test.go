@@ -208,3 +208,26 @@ func freePortT(t *testing.T) int {
 	}
 	return p
 }
+
+// A command whose main is under torch's @record (torchrun's is) writes its
+// exception to the TORCHELASTIC_ERROR_FILE the agent gives it, and the
+// pod's document has that exception, not only an exit code. (torch 1.13's
+// torchrun itself fails on this Python before any worker starts, so the
+// command here is a script with @record.)
+func TestCommandRealTorchErrorFile(t *testing.T) {
+	needTorch(t)
+	cfg, out := torchConfig(t, 2)
+	cfg.Launcher = LauncherCommand
+	cfg.Command = []string{python, "-c", `from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("bad launch config")
+
+main()
+`}
+	ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second)
+	if ee == nil || ee.Code != 1 || ee.Failure.Code != "ValueError" || !strings.Contains(ee.Failure.Message, "bad launch config") {
+		t.Fatalf("want the command's ValueError, got %+v\n%s", ee, out)
+	}
+}
