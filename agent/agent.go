@@ -65,7 +65,8 @@ type Config struct {
 	StorageTimeout time.Duration
 	// WarmSpares starts the next attempt's Python interpreters ahead, with
 	// Preload (comma-separated modules, default "torch") imported, so that a
-	// restart skips the interpreter start and imports (see spare.go).
+	// restart skips the interpreter start and imports (see spare.go). The
+	// fork server imports Preload too.
 	WarmSpares bool
 	Preload    string
 	// NoForkServer turns the fork server off (--fork-server=false): by

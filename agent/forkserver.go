@@ -125,6 +125,8 @@ type forkMessage struct {
 	PID    int    `json:"pid"`
 	Error  string `json:"error"`
 	Status int    `json:"status"`
+	// Failed: the preloads that did not import, with their errors.
+	Failed map[string]string `json:"failed"`
 }
 
 // startForkServer starts a fork server with python; env is its environment
@@ -182,6 +184,9 @@ func (s *forkServer) read() {
 			rss, pss, _ := procmem.Rollup(s.pid)
 			s.log.Info("fork server ready", "pid", s.pid, "after", time.Since(s.started).Round(time.Millisecond),
 				"rss_mib", rss/1024, "pss_mib", pss/1024)
+			if len(m.Failed) > 0 {
+				s.log.Warn("fork server: preloads not imported; the workers import them", "failed", m.Failed)
+			}
 			close(s.ready)
 		case "forked":
 			r := forkReply{id: m.ID, pid: m.PID, err: m.Error}
@@ -208,6 +213,7 @@ func (s *forkServer) read() {
 		}
 	}
 	s.conn.Close()
+	close(s.dead) // before the lost exits: a restart that follows sees it dead
 	s.emu.Lock()
 	lost := len(s.exits)
 	for pid, ch := range s.exits {
@@ -219,7 +225,6 @@ func (s *forkServer) read() {
 		s.log.Warn("fork server died; its workers died with it (reported as SIGKILL)", "pid", s.pid, "workers", lost,
 			"its_log", tail(s.logPath, 2048))
 	}
-	close(s.dead)
 }
 
 // waitReady waits until the server has imported its preloads; false if it
@@ -279,7 +284,7 @@ func (s *forkServer) fork(argv, env []string, stdout, stderr *os.File) (int, <-c
 		_, err = s.conn.Write(frame[n:])
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("fork server: %w", err)
+		return 0, nil, fmt.Errorf("fork server died or stopped: %w", err)
 	}
 	t := time.NewTimer(forkTimeout)
 	defer t.Stop()
