@@ -464,3 +464,24 @@ func TestForkedWorkersClassified(t *testing.T) {
 		})
 	}
 }
+
+// A fork server that refuses to fork (a preload started a thread) costs
+// nothing but a warning: that attempt's workers are exec'd, the server is
+// given up, and the next attempts are exec'd too.
+func TestForkServerRefusalFallsBackToExec(t *testing.T) {
+	needPython(t)
+	threaded := writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+	cfg, out := helperConfig(t, 2, "")
+	cfg.Command = []string{python, writePy(t, "w.py", "import os, sys\nprint('forked' if 'kfthread' in sys.modules else 'execd')\n"+
+		"sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.Preload, cfg.MaxRestarts = "kfthread", 1
+	cfg.Env = append(cfg.Env, "PYTHONPATH="+filepath.Dir(threaded))
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	s := out.String()
+	if strings.Contains(s, "]:forked") || strings.Count(s, "]:execd") != 4 || !strings.Contains(s, "fork server refused") ||
+		!strings.Contains(s, `msg="fork server given up`) {
+		t.Errorf("want 4 exec'd workers after a refusal, and the server given up:\n%s", s)
+	}
+}
