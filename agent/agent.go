@@ -743,6 +743,15 @@ func (l *loop) forkServer() *forkServer {
 	}
 	l.guard.register(s.pid, false)
 	l.fork = nil
+	select {
+	case <-s.ready:
+	default:
+		// It never got as far as forking (an interpreter too old, a broken
+		// environment): a new one would not either.
+		l.log.Error("fork server died before it was ready: workers are started with exec from now on",
+			"its_log", tail(s.logPath, 2048))
+		return nil
+	}
 	if l.forkStarts > maxForkRestarts {
 		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
 		return nil

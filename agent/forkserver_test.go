@@ -485,3 +485,24 @@ func TestForkServerRefusalFallsBackToExec(t *testing.T) {
 		t.Errorf("want 4 exec'd workers after a refusal, and the server given up:\n%s", s)
 	}
 }
+
+// A fork server that dies before it is ready (here: an interpreter that
+// cannot run it) is not started again: every attempt is exec'd.
+func TestForkServerDeadBeforeReadyGivenUp(t *testing.T) {
+	needPython(t)
+	// A "python" that runs the workers' scripts but dies on the server's -c.
+	fake := filepath.Join(t.TempDir(), "python3")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\n[ \"$1\" = -c ] && { echo 'no -c here' >&2; exit 2; }\nexec "+python+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, out := helperConfig(t, 1, "")
+	cfg.Command = []string{fake, writePy(t, "w.py", "import os, sys\nsys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.MaxRestarts = 1
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	if s := out.String(); strings.Count(s, `msg="fork server starting"`) != 1 || !strings.Contains(s, "died before it was ready") ||
+		!strings.Contains(s, "no -c here") {
+		t.Errorf("want one fork server, given up with its log:\n%s", s)
+	}
+}
