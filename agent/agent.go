@@ -175,6 +175,11 @@ func (c *Config) validate() error {
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
+	if c.command() {
+		// Spares are interpreters for the agent's own workers; the command
+		// forks its workers itself.
+		c.WarmSpares = false
+	}
 	if c.Rendezvous != nil {
 		return nil
 	}
@@ -313,6 +318,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
+	// cleanup first, so that it runs last, after any early return below.
 	defer l.cleanup()
 	if !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command) {
 		// Started now, it imports while the rendezvous goes on.
@@ -320,6 +326,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
 		defer c.Close()
+	}
+	if cfg.command() {
+		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
+		if err != nil {
+			return fmt.Errorf("store relay: %w", err)
+		}
+		if relay != nil {
+			defer relay.Close()
+			l.relayAddr = relay.Addr()
+		}
 	}
 	return l.run(ctx)
 }
@@ -367,6 +383,9 @@ type loop struct {
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
+	// relayAddr is the store relay's address (--launcher command with the
+	// master), the child's PET_RDZV_ENDPOINT.
+	relayAddr string
 	// fork is the fork server, nil without one; forkStarts counts the
 	// servers started, for their marks and the restart limit.
 	fork       *forkServer
@@ -384,7 +403,8 @@ func (l *loop) send(ev Event) bool {
 
 func (l *loop) run(ctx context.Context) error {
 	l.policy = NewPolicy(PolicyConfig{Pod: l.cfg.Pod, LocalWorkers: l.cfg.NProcPerNode, MaxRestarts: l.cfg.MaxRestarts,
-		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout})
+		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout,
+		Command: l.cfg.command()})
 	actions := l.policy.Start()
 	terminated := ctx.Done()
 	l.stopping = ctx.Done()
@@ -478,6 +498,10 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.join()
 	case StartGroup:
 		l.start(a)
+	case WatchRound:
+		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
+			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
+		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
 			l.log.Info("signaling workers", "attempt", a.Attempt, "signal", a.Signal.String())
@@ -569,6 +593,10 @@ func (l *loop) stopWatch() {
 // round's membership.
 func (l *loop) start(a StartGroup) {
 	r := a.Round
+	if l.cfg.command() {
+		l.startCommand(a)
+		return
+	}
 	local := make([]int, l.cfg.NProcPerNode)
 	global := make([]int, l.cfg.NProcPerNode)
 	sizes := make([]int, l.cfg.NProcPerNode)
@@ -626,7 +654,13 @@ func (l *loop) start(a StartGroup) {
 		"dir", l.group.dir)
 	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
 		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
+	l.watch(r)
+}
 
+// watch turns the end of round r into a MembershipChanged, in the
+// background.
+func (l *loop) watch(r Round) {
+	l.stopWatch()
 	ctx, cancel := context.WithCancel(l.work)
 	l.watchStop = cancel
 	go func() {
@@ -634,6 +668,29 @@ func (l *loop) start(a StartGroup) {
 			l.send(MembershipChanged{Round: r.Number})
 		}
 	}()
+}
+
+// startCommand starts --launcher command's one child (command.go) with the
+// pod's environment and the relay as PET_RDZV_ENDPOINT. torch's own agent
+// in the child prints torchrun's rendezvous block for its workers.
+func (l *loop) startCommand(a StartGroup) {
+	r := a.Round
+	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
+		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
+		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr}}
+	gs.oomBaseline, gs.oomKnown = oomKills()
+	l.groupStarted = time.Now()
+	l.supersede(l.groupStarted)
+	var notStarted []WorkerExited
+	l.group, notStarted = startGroup(gs, a, nil)
+	for _, we := range notStarted {
+		l.pending = append(l.pending, we)
+	}
+	l.log.Info("command started", "attempt", a.Attempt, "round", r.Number, "group_rank", r.GroupRank,
+		"group_world_size", r.GroupWorldSize, "rdzv_endpoint", l.relayAddr, "dir", l.group.dir)
+	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
+		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
+	l.watch(r)
 }
 
 // startProxy starts the group's store proxy on the round's MASTER_PORT and

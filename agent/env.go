@@ -57,12 +57,7 @@ type workerSpec struct {
 //   - KFELASTIC_AGENT=<agent id>/<attempt>, the mark by which the agent
 //     and its guardian find every process the workers started (procs.go).
 func WorkerEnv(base []string, w workerSpec) []string {
-	env := map[string]string{}
-	for _, kv := range base {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			env[k] = v
-		}
-	}
+	env := envMap(base)
 	r := w.group.Round
 	rank := r.FirstGlobalRank + w.localRank
 	set := map[string]string{
@@ -119,6 +114,17 @@ func setDefaults(env map[string]string, localWorkers int) {
 	}
 }
 
+// envMap is an environment (KEY=value lines) as a map.
+func envMap(env []string) map[string]string {
+	m := make(map[string]string, len(env))
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
 // serverEnv is the fork server's environment: base with the workers'
 // defaults, which matter while it imports (OpenMP reads OMP_NUM_THREADS
 // when torch loads it), and without base's own mark.
@@ -129,10 +135,10 @@ func serverEnv(base []string, localWorkers int) []string {
 	return envList(env)
 }
 
-// envList is env as sorted KEY=VALUE strings.
-func envList(env map[string]string) []string {
-	out := make([]string, 0, len(env))
-	for k, v := range env {
+// envList is envMap's inverse, sorted.
+func envList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
 		out = append(out, k+"="+v)
 	}
 	slices.Sort(out)

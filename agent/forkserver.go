@@ -322,16 +322,6 @@ func (s *forkServer) refused() string {
 	return s.refusal
 }
 
-// envMap is env (KEY=VALUE) as a map, the last value winning as in exec.
-func envMap(env []string) map[string]string {
-	m := make(map[string]string, len(env))
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
-}
-
 // tail is the last n bytes of a file, for a log line.
 func tail(path string, n int64) string {
 	f, err := os.Open(path)

@@ -28,6 +28,9 @@ type group struct {
 	proxy *storeProxy
 	// mark is what every process of the group carries (procs.go).
 	mark string
+	// command: the one worker is --launcher command's child, whose
+	// children get the dump signal (command.go).
+	command bool
 	// forkMark and forkPid are the fork server's mark and pid when the
 	// group's workers were forked: its forks carry its mark (forkserver.go).
 	forkMark string
@@ -138,6 +141,9 @@ type groupStart struct {
 	guard   *guardian
 	// stop, closed by a stop signal, interrupts a start in progress.
 	stop <-chan struct{}
+	// launch, when set, makes the one worker --launcher command's child,
+	// with CommandEnv instead of WorkerEnv (command.go).
+	launch *commandSpec
 	// fork, if set, forks the workers (forkserver.go); a worker it cannot
 	// fork is started with exec.
 	fork *forkServer
@@ -152,7 +158,7 @@ type groupStart struct {
 // start: the workers not started yet are returned as such too, so that the
 // stop does not wait for a thousand workers to start first.
 func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
-	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
+	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt), command: gs.launch != nil}
 	if gs.agentID != "" {
 		g.mark = attemptMark(gs.agentID, sg.Attempt)
 	}
@@ -179,6 +185,11 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		default:
 		}
 		env := func(w *worker) []string {
+			if c := gs.launch; c != nil {
+				s := *c
+				s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, g.mark
+				return CommandEnv(gs.baseEnv, s)
+			}
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
 				storePort: gs.storePort, mark: g.mark})
@@ -386,7 +397,9 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 			e.ErrorFileProblem = err.Error()
 		}
 		e.RecoverableMarker = recoverable
-		if e.Signal == syscall.SIGKILL && gs.oomKnown {
+		// A worker of the command's that the OOM killer ended fails the
+		// command, whatever status torch's agent then exits with.
+		if (e.Signal == syscall.SIGKILL || gs.launch != nil) && gs.oomKnown {
 			if n, ok := oomKills(); ok && n > gs.oomBaseline {
 				e.OOM = true
 			}
@@ -397,15 +410,19 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 
 // signal sends sig to every live worker: SIGTERM and SIGKILL to the whole
 // process group, other signals (the dump signal) to the worker alone so that
-// its helpers (data loader processes) are not killed by a default action.
+// its helpers (data loader processes) are not killed by a default action;
+// under --launcher command to the child's children, its workers.
 func (g *group) signal(sig syscall.Signal) {
 	for _, w := range g.workers {
 		if w.pgid == 0 || w.exited.Load() {
 			continue
 		}
-		if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
+		switch {
+		case sig == syscall.SIGTERM || sig == syscall.SIGKILL:
 			_ = syscall.Kill(-w.pgid, sig)
-		} else {
+		case g.command:
+			signalChildren(w.pgid, sig) // the child leads its group
+		default:
 			_ = syscall.Kill(w.pgid, sig) // the group's leader
 		}
 	}

@@ -358,7 +358,8 @@ func DecisionPB(d Decision) *masterpb.Decision {
 		Message: d.Message, Counted: d.Counted, TimeUnixNano: unixNano(d.Time)}
 }
 
-func decisionFrom(p *masterpb.Decision) Decision {
+// DecisionFrom is a decision from the protocol (DecisionPB's inverse).
+func DecisionFrom(p *masterpb.Decision) Decision {
 	d := Decision{Seq: p.GetSeq(), Rank: int(p.GetRank()), Pod: p.GetPod(), Host: p.GetHost(), Reason: p.GetReason(),
 		Message: p.GetMessage(), Counted: p.GetCounted(), Time: fromUnixNano(p.GetTimeUnixNano())}
 	if p.GetKind() == masterpb.Decision_STOP_JOB {
@@ -477,7 +478,7 @@ func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Jo
 			j.nodes[n.Rank] = n
 			j.byPod[n.Pod] = n.Rank
 		case *masterpb.StateRecord_Decision:
-			j.decisions = append(j.decisions, decisionFrom(x.Decision))
+			j.decisions = append(j.decisions, DecisionFrom(x.Decision))
 		}
 	}
 	slices.SortFunc(j.decisions, func(a, b Decision) int { return int(a.Seq - b.Seq) })

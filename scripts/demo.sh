@@ -1,54 +1,42 @@
 #!/usr/bin/env bash
-# make demo: an elastic job on this machine with an injected failure, read
-# back as the Flyte UI would show it. Real processes throughout: the agent
-# (kfelastic agent, the torchrun drop-in) supervises real torch.distributed
-# workers (gloo, /usr/bin/python3).
+# make demo: an elastic job on this machine (kfelastic local), with one fault
+# it recovers from and one that ends it, read back as the Flyte UI shows it.
+# Real processes throughout: the master in-process, one kfelastic agent per
+# pod (the torchrun drop-in), real torch.distributed workers (gloo, Debian's
+# torch at /usr/bin/python3) running examples/train/train.py.
 #
-#   pod demo-worker-0: 3 workers; rank 1 raises ValueError at step 3, its peers
-#     then fail with secondary "Connection closed by peer" errors. The agent
-#     restarts the group once (restart_count=1), the failure repeats, the
-#     budget is spent: it writes the pod's error document (the earliest
-#     failure, at sub-second precision) and exits 1.
-#   pod demo-worker-1: a healthy worker the operator tears down once the job
-#     failed (SIGTERM): its agent writes a Preempted document, later in time.
+#   --nnodes 2:3, 3 pods of 2 workers, checkpoints every 10 steps.
+#   1. delete-pod:1@step=15  pod demo-worker-1 is preempted (SIGTERM): the
+#      master relaunches rank 1 as demo-worker-3 (not counted), the others
+#      re-rendezvous with it, and training resumes from the checkpoint.
+#   2. --fail-at 45          the loss diverges at step 45 on every rank (a
+#      bug no restart fixes): each agent restarts its workers once from the
+#      checkpoint, fails again, the pods fail with user errors, which the
+#      master does not relaunch, and the job stops. The root cause is the
+#      earliest ValueError, with its pod and time.
 #
-# `kfelastic errors` then lists every document and names the root cause, and
-# `kfelastic report` draws both pods' lanes (failures, restarts) in one page.
+# Only what the demo needs is installed: Debian's python3-torch (scripts/deps.sh
+# torch), while the Go build runs beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=/usr/bin/python3
 BIN=${BIN:-bin/kfelastic}
-[[ -x $BIN ]] || { echo "demo: $BIN missing: run make build" >&2; exit 1; }
-"$PY" -c 'import torch.distributed' 2>/dev/null || { echo "demo: $PY has no torch: run scripts/deps.sh apt" >&2; exit 1; }
+GO=${GO:-go}
+start=$(date +%s)
+if ! "$PY" -c 'import torch.distributed' 2>/dev/null; then
+  scripts/deps.sh torch & deps=$!
+fi
+[[ -x $BIN && -z ${REBUILD:-} ]] || $GO build -o "$BIN" ./cmd/kfelastic
+[[ -z ${deps:-} ]] || wait "$deps"
+echo "demo: ready after $(( $(date +%s) - start )) s (torch and the kfelastic binary)"
 
-work=$(mktemp -d /tmp/kfelastic-demo.XXXXXX)
-out="file://$work/outputs"
-pid1=
-cleanup() { [[ -z $pid1 ]] || kill -TERM "$pid1" 2>/dev/null || true; }
-trap cleanup EXIT
-
-echo "== pod demo-worker-1: one healthy worker (logs: $work/pod1.log)"
-POD_NAME=demo-worker-1 "$BIN" agent --nproc-per-node 1 --rdzv-id demo-1 --error-prefix "$out" \
-  --log-dir "$work/logs1" -- "$PY" agent/testdata/train/train_steps.py --sleep 0.05 >"$work/pod1.log" 2>&1 &
-pid1=$!
-
-echo "== pod demo-worker-0: 3 workers, --max-restarts 1, rank 1 fails at step 3 (logs: $work/pod0.log)"
-rc=0
-POD_NAME=demo-worker-0 FAIL_RANK=1 FAIL_STEP=3 "$BIN" agent --nproc-per-node 3 --max-restarts 1 --rdzv-id demo-0 \
-  --error-prefix "$out" --log-dir "$work/logs0" -- "$PY" testdata/train/allreduce_fail.py >"$work/pod0.log" 2>&1 || rc=$?
-grep -E "restart_count=|Connection closed|ValueError: loss" "$work/pod0.log" | sed 's/^/   /' | head -12
-echo "   demo-worker-0's agent exited with $rc"
-
-echo "== the job failed: the operator stops demo-worker-1 (SIGTERM)"
-kill -TERM "$pid1"
-rc1=0; wait "$pid1" || rc1=$?
-pid1=
-echo "   demo-worker-1's agent exited with $rc1"
-
-echo "== kfelastic errors $out"
-"$BIN" errors "$out"
-
-echo "== kfelastic report $out"
-"$BIN" report "$out" -o "$work/report.html"
-echo "   open $work/report.html in a browser"
+out=${OUT:-$(mktemp -d /tmp/kfelastic-demo.XXXXXX)}
+set -x
+"$BIN" local --job demo --nnodes 2:3 --nproc-per-node 2 --max-restarts 1 --out "$out" \
+  --chaos delete-pod:1@step=15 \
+  -- "$PY" examples/train/train.py --steps 200 --sleep 0.05 --ckpt-dir "$out/ckpt" --fail-at 45 || true
+{ set +x; } 2>/dev/null
+echo
+echo "demo: every document: $BIN errors file://$out/errors"
+echo "demo: the pods' logs: $out/pods/*.log; the master's: $out/master.log"

@@ -81,6 +81,15 @@ a whole second, which a worker that starts before rank 0 has bound its port woul
 otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
 workers the same one. --store-proxy=false restores that.
 
+--launcher command runs the command once, for one that starts its own workers
+through torch elastic (flytekit's pyflyte-execute, a script calling elastic_launch
+or torchrun): torch restarts them (PET_MAX_RESTARTS; the agent never restarts the
+command), and the command's PET_RDZV_ENDPOINT is the agent's loopback relay to the
+master's store, so torch's c10d rendezvous lives in the master. The agent joins
+the master first (node check included); a master round that changes later does
+not stop the command, the master's EXIT does. The dump signal goes to the
+command's children, its workers.
+
 Restarts are as fast as a fork (--fork-server, on by default): for a
 "python SCRIPT" or "python -m MODULE" command the agent keeps one interpreter with
 --preload imported and forks each worker from it; the workers share its pages.

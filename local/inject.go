@@ -1,0 +1,223 @@
+package local
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// fire carries out chaos spec i once: on the job (add-slot, kill-master)
+// or on the pod that holds its rank now (a pod not running yet gets it
+// when it starts).
+func (e *Engine) fire(i int) {
+	e.mu.Lock()
+	if e.fired[i] || e.finished {
+		e.mu.Unlock()
+		return
+	}
+	e.fired[i] = true
+	e.faults = append(e.faults, time.Now())
+	e.recoveredAt = append(e.recoveredAt, time.Time{})
+	c := e.opts.Chaos[i]
+	switch c.Action {
+	case AddSlot:
+		e.book.AddSlot()
+		e.note("chaos", "add-slot: %d slots", e.book.Slots())
+		e.schedule()
+		e.mu.Unlock()
+		return
+	case KillMaster:
+		e.mu.Unlock()
+		e.restartMaster(e.mctx)
+		return
+	}
+	var p *podProc
+	if cur := e.book.Current(c.Node); cur != nil && cur.State == Running {
+		p = e.procs[cur.Name]
+	}
+	if p == nil {
+		e.later[c.Node] = append(e.later[c.Node], c)
+		e.note("chaos", "%s: rank %d has no running pod; it applies to the next one", c, c.Node)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	e.apply(c, p)
+}
+
+// apply carries out a pod's chaos for real.
+func (e *Engine) apply(c Chaos, p *podProc) {
+	name := p.pod.Name
+	switch c.Action {
+	case DeletePod:
+		e.note("chaos", "delete-pod: SIGTERM to %s (grace %s, then SIGKILL)", name, e.opts.Grace)
+		e.deletePod(p, syscall.SIGTERM, kferrors.CodePreempted)
+	case KillWorker:
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if pid := e.worker(p, c.Worker); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				e.note("chaos", "kill-worker: kill -9 of %s's local rank %d (pid %d)", name, c.Worker, pid)
+				return
+			}
+			if isDone(p) {
+				break
+			}
+		}
+		e.note("chaos", "kill-worker: %s has no worker of local rank %d running", name, c.Worker)
+	case Straggler:
+		if p.cg.Throttle(0.2) {
+			e.note("chaos", "straggler: %s throttled to 20%% of one CPU (%s cpu quota)", name, e.limits.Mode)
+			return
+		}
+		e.note("chaos", "straggler: %s is paused 80%% of the time (SIGSTOP/SIGCONT: no cpu cgroup here)", name)
+		go e.pauseInBursts(p)
+	case BreakCheck:
+		e.note("chaos", "break-check: %s's health-check processes are killed, every round", name)
+		go e.breakChecks(p)
+	case CutNetwork:
+		if e.net != nil {
+			if err := e.net.cut(p.pod.Index); err != nil {
+				e.note("chaos", "cut-network: %v", err)
+				return
+			}
+			e.note("chaos", "cut-network: %s's link is down (its network namespace is cut off the bridge)", name)
+			return
+		}
+		// Without a network namespace per pod the pod is frozen: the
+		// master and the peers see what they would see of a lost network
+		// (no heartbeat, no answer on its sockets), the pod sees nothing.
+		e.note("chaos", "cut-network: %s is frozen (SIGSTOP to all its processes), which the master and its peers see as a lost network", name)
+		go e.freeze(p)
+	case OOM:
+		e.oom(p)
+	case FailPod:
+		e.mu.Lock()
+		e.failing[p.pod.Rank] = true
+		e.mu.Unlock()
+		e.note("chaos", "fail-pod: %s's machine fails (SIGKILL to every process); its relaunches fail too", name)
+		e.killPod(p, master.CodeNodeLost)
+	}
+}
+
+func isDone(p *podProc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// podPids is every process of the pod.
+func podPids(p *podProc) []int {
+	return append(descendants(p.cmd.Process.Pid), p.cg.Procs()...)
+}
+
+// worker finds the training process of a local rank: the agent starts
+// its workers with torchrun's environment (LOCAL_RANK) and its own mark
+// (KFELASTIC_AGENT); the node check's processes carry KFELASTIC_NODE_CHECK.
+func (e *Engine) worker(p *podProc, localRank int) int {
+	want := strconv.Itoa(localRank)
+	for _, pid := range descendants(p.cmd.Process.Pid) {
+		env := environ(pid)
+		if env["LOCAL_RANK"] == want && env["KFELASTIC_AGENT"] != "" && env["KFELASTIC_NODE_CHECK"] == "" {
+			return pid
+		}
+	}
+	return 0
+}
+
+// breakChecks kills the pod's health-check processes as they appear.
+func (e *Engine) breakChecks(p *podProc) {
+	killed := map[int]bool{}
+	for !isDone(p) {
+		for _, pid := range descendants(p.cmd.Process.Pid) {
+			if killed[pid] {
+				continue
+			}
+			if environ(pid)["KFELASTIC_NODE_CHECK"] == "1" {
+				killed[pid] = true
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				e.note("chaos", "break-check: killed %s's check process (pid %d)", p.pod.Name, pid)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pauseInBursts slows a pod without a cpu cgroup: stopped 80 ms of 100.
+func (e *Engine) pauseInBursts(p *podProc) {
+	for !isDone(p) {
+		pids := podPids(p)
+		killAll(pids, syscall.SIGSTOP)
+		time.Sleep(80 * time.Millisecond)
+		killAll(pids, syscall.SIGCONT)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freeze stops every process of the pod until it is killed.
+func (e *Engine) freeze(p *podProc) {
+	for !isDone(p) {
+		killAll(podPids(p), syscall.SIGSTOP)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// oom starts a process in the pod's memory cgroup that allocates without
+// bound (tail of /dev/zero keeps its one endless line in memory) until the
+// kernel OOM-kills it, and the pod with it.
+func (e *Engine) oom(p *podProc) {
+	files := p.cg.ProcsFiles()
+	if len(files) == 0 {
+		e.note("chaos", "oom: %s has no memory cgroup here (%s): the allocation fails in its own process, no OOM kill", p.pod.Name, e.limits.Mode)
+	} else {
+		e.note("chaos", "oom: a process in %s's cgroup allocates past its limit of %s", p.pod.Name, bytesText(p.pod.Memory))
+	}
+	cmd := exec.Command("/bin/sh", "-c", `for f in $KFELASTIC_LOCAL_CGROUPS; do echo $$ > "$f" || exit 111; done
+[ -z "$KFELASTIC_LOCAL_RLIMIT_KB" ] || ulimit -v "$KFELASTIC_LOCAL_RLIMIT_KB"
+exec tail /dev/zero`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Env = append(os.Environ(), "KFELASTIC_LOCAL_JOB="+e.jobMark, "KFELASTIC_LOCAL_CGROUPS="+strings.Join(files, " "))
+	if len(files) == 0 && p.pod.Memory > 0 {
+		cmd.Env = append(cmd.Env, "KFELASTIC_LOCAL_RLIMIT_KB="+strconv.FormatInt(p.pod.Memory>>10, 10))
+	}
+	if err := cmd.Start(); err != nil {
+		e.note("chaos", "oom: cannot start the allocation: %v", err)
+		return
+	}
+	go func() {
+		select {
+		case <-p.done:
+			_ = cmd.Process.Kill()
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+		}
+	}()
+	go func() { _ = cmd.Wait() }()
+}
+
+// failOnJoin fails a fail-pod rank's replacement once the master knows it
+// (so that the master counts the relaunch).
+func (e *Engine) failOnJoin(p *podProc) {
+	for !isDone(p) {
+		if s := e.masterServer(); s != nil {
+			if st, err := s.Status(e.mctx); err == nil {
+				for _, n := range st.GetNodes() {
+					if n.GetPod() == p.pod.Name {
+						e.note("chaos", "fail-pod: %s, rank %d's replacement, fails too", p.pod.Name, p.pod.Rank)
+						e.killPod(p, master.CodeNodeLost)
+						return
+					}
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

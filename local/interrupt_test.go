@@ -1,0 +1,81 @@
+package local
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Ctrl-C (SIGINT to `kfelastic local`) stops every process the job
+// started: agents, their guardians, workers; none is left once the command
+// returns. Processes are found by the pod name every one of them inherits.
+func TestInterruptLeavesNoProcess(t *testing.T) {
+	bin := kfelasticBinary(t)
+	out := t.TempDir()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")
+	var buf syncBuffer
+	cmd := exec.Command(bin, "local", "--nnodes", "2:2", "--nproc-per-node", "2", "--job", "ctrlc", "--out", out, "--grace", "3s",
+		"--", python, script, "--steps", "100000", "--sleep", "0.05")
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for !trained(out, "ctrlc-worker-1") {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no training step in 90 s:\n%s", buf.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := len(jobProcesses("ctrlc-worker-")); n < 6 {
+		t.Fatalf("only %d processes of the job found before the interrupt (want agents and 4 workers)", n)
+	}
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	t.Logf("stopped in %s", time.Since(start).Round(time.Millisecond))
+	if err == nil {
+		t.Errorf("exit 0 after an interrupt")
+	}
+	if left := jobProcesses("ctrlc-worker-"); len(left) > 0 {
+		t.Fatalf("processes left after Ctrl-C: %v\n%s", left, buf.String())
+	}
+	if !strings.Contains(buf.String(), "interrupted") || !strings.Contains(buf.String(), "Report: ") {
+		t.Errorf("output:\n%s", buf.String())
+	}
+}
+
+func trained(out, pod string) bool {
+	b, _ := os.ReadFile(filepath.Join(out, "pods", pod+".log"))
+	return bytes.Contains(b, []byte("step = 1"))
+}
+
+// jobProcesses lists the live processes whose environment names a pod
+// with this prefix.
+func jobProcesses(prefix string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); bytes.Contains(stat, []byte(") Z ")) {
+			continue // a zombie holds nothing and is its parent's to reap
+		}
+		if env := environ(pid); strings.HasPrefix(env["POD_NAME"], prefix) {
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}
