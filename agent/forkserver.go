@@ -45,10 +45,13 @@ import (
 // a SIGKILL of its workers, reported as such, and the group restarts with
 // a new server (and exec for that attempt, while the new one imports).
 //
-// A forked process's /proc/PID/environ is its parent's, so the server's
-// mark (procs.go) is on every worker and on whatever a worker forks; its
-// exec'd children have the attempt's. When a group has ended, every process
-// with the server's mark but the server belongs to it and is swept.
+// A forked process's /proc/PID/environ is its parent's: the server's, with
+// its mark (procs.go). A worker writes its own environment over it
+// (forkserver.py), so that it and what it forks carry the attempt's mark, and
+// tools that find workers by their environment (LOCAL_RANK) find them. Where
+// that could not be done the server's mark stays: when a group has ended,
+// every process with the server's mark but the server belongs to it and is
+// swept too.
 
 //go:embed forkserver.py
 var forkServerProgram string
@@ -75,6 +78,9 @@ const (
 	// maxForkRestarts: a server that keeps dying is given up; workers are
 	// exec'd from then on.
 	maxForkRestarts = 3
+	// forkEnvPad is the room the server's environment keeps for what a
+	// worker's adds (≈1–2 KiB of torchrun's variables and paths).
+	forkEnvPad = 16 << 10
 )
 
 // forkServer is the agent's side of one fork server.
@@ -151,7 +157,11 @@ func startForkServer(python string, env []string, preload, mark, logPath string,
 	}
 	defer logFile.Close()
 	cmd := exec.Command(python, "-c", forkServerProgram)
-	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark)
+	// The pad makes room in the server's environment block for each
+	// worker's, which a forked worker writes over it (forkserver.py,
+	// expose): its torchrun variables are the difference.
+	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark,
+		"KFELASTIC_FORK_PAD="+strings.Repeat("-", forkEnvPad))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{theirs}
 	// Its own process group, and it dies with the agent; its workers die

@@ -69,6 +69,26 @@ def _serve():
                 return
             say(t="exit", pid=pid, status=status)
 
+    def expose(env):
+        # /proc/PID/environ shows the memory the kernel put the environment
+        # in at exec, which a fork inherits: the server's. The agent's sweep
+        # (the attempt's mark) and whoever looks for a worker by its
+        # LOCAL_RANK read it there, so the worker writes its own environment
+        # over it, as setproctitle writes over argv. Nothing points into it
+        # any more (os.environ.clear() unset every variable; putenv keeps
+        # Python's own copies); the agent padded the server's environment
+        # (KFELASTIC_FORK_PAD) so that a worker's fits. If it does not, the
+        # server's stays, with its mark, which the agent sweeps too.
+        try:
+            with open("/proc/self/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50, 51 of proc(5)
+        except (OSError, IndexError, ValueError):
+            return
+        data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+        if 0 < start < end and len(data) <= end - start:
+            ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
     def child(req, out, err):
         os.setpgid(0, 0)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the server
@@ -89,6 +109,7 @@ def _serve():
         # own children inherit (os.environ calls putenv and unsetenv).
         os.environ.clear()
         os.environ.update(req["env"])
+        expose(req["env"])
         if os.environ.get("PYTHONUNBUFFERED"):
             # Python built its stdio for the server; -u's are unbuffered.
             for name in ("stdout", "stderr"):

@@ -142,7 +142,8 @@ func TestForkServerWorker(t *testing.T) {
 	needPython(t)
 	s := newTestForkServer(t, "")
 	code := `import json, os, sys
-print(json.dumps({"env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+proc = [kv for kv in open("/proc/self/environ").read().split("\0") if kv]
+print(json.dumps({"env": dict(os.environ), "proc": proc, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
     "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(), "name": __name__, "file": __file__}))
 sys.exit(3)
 `
@@ -154,6 +155,7 @@ sys.exit(3)
 	}
 	var got struct {
 		Env                    map[string]string
+		Proc                   []string
 		Argv                   []string
 		Path0, Cwd, Name, File string
 		PGID, PID, PPID        int
@@ -164,6 +166,11 @@ sys.exit(3)
 	}
 	if len(got.Env) != 3 || got.Env["A"] != "1" || got.Env["B"] != "two words" {
 		t.Errorf("env %v, want exactly %v", got.Env, env)
+	}
+	// What others read of it too (the agent's sweep, tools that look for
+	// LOCAL_RANK): not the server's.
+	if slices.Sort(got.Proc); !slices.Equal(got.Proc, env) {
+		t.Errorf("/proc/PID/environ %q, want %q", got.Proc, env)
 	}
 	wd, _ := os.Getwd()
 	if got.PID != pid || got.PGID != pid || got.PPID != s.pid || got.Cwd != wd || got.Name != "__main__" ||
