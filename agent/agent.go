@@ -65,7 +65,8 @@ type Config struct {
 	StorageTimeout time.Duration
 	// WarmSpares starts the next attempt's Python interpreters ahead, with
 	// Preload (comma-separated modules, default "torch") imported, so that a
-	// restart skips the interpreter start and imports (see spare.go).
+	// restart skips the interpreter start and imports (see spare.go). The
+	// fork server imports Preload too.
 	WarmSpares bool
 	Preload    string
 	// NoForkServer turns the fork server off (--fork-server=false): by
@@ -319,10 +320,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// cleanup first, so that it runs last, after any early return below.
 	defer l.cleanup()
-	if !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command) {
-		// Started now, it imports while the rendezvous goes on.
-		l.startForkServer()
-	}
+	// The fork server starts with the first group (forkServer).
+	l.forkWanted = !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command)
 	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
 		defer c.Close()
 	}
@@ -386,9 +385,11 @@ type loop struct {
 	// master), the child's PET_RDZV_ENDPOINT.
 	relayAddr string
 	// fork is the fork server, nil without one; forkStarts counts the
-	// servers started, for their marks and the restart limit.
+	// servers started, for their marks and the restart limit; forkWanted:
+	// the command can be forked and the fork server is not turned off.
 	fork       *forkServer
 	forkStarts int
+	forkWanted bool
 }
 
 func (l *loop) send(ev Event) bool {
@@ -778,11 +779,19 @@ func (l *loop) startForkServer() {
 	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
 }
 
-// forkServer returns the fork server for the next group, nil for exec. A
-// server that refused to fork is given up; one that died is replaced, at
-// most maxForkRestarts times, and that group is exec'd while the new one
-// imports.
+// forkServer returns the fork server for the next group, nil for exec; the
+// first group starts the first server. A server that refused to fork is
+// given up; one that died is replaced, at most maxForkRestarts times, and
+// that group is exec'd while the new one imports.
 func (l *loop) forkServer() *forkServer {
+	if l.forkWanted && l.forkStarts == 0 {
+		// Not before the first round: its imports would compete for the
+		// CPU with the master's node check, a timing test, and skew it.
+		// Started now, with the first group waiting for it, a cold start
+		// costs one import and forks, where exec costs one import per
+		// worker, side by side.
+		l.startForkServer()
+	}
 	s := l.fork
 	if s == nil {
 		return nil
@@ -799,6 +808,15 @@ func (l *loop) forkServer() *forkServer {
 	}
 	l.guard.register(s.pid, false)
 	l.fork = nil
+	select {
+	case <-s.ready:
+	default:
+		// It never got as far as forking (an interpreter too old, a broken
+		// environment): a new one would not either.
+		l.log.Error("fork server died before it was ready: workers are started with exec from now on",
+			"its_log", tail(s.logPath, 2048))
+		return nil
+	}
 	if l.forkStarts > maxForkRestarts {
 		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
 		return nil

@@ -45,10 +45,13 @@ import (
 // a SIGKILL of its workers, reported as such, and the group restarts with
 // a new server (and exec for that attempt, while the new one imports).
 //
-// A forked process's /proc/PID/environ is its parent's, so the server's
-// mark (procs.go) is on every worker and on whatever a worker forks; its
-// exec'd children have the attempt's. When a group has ended, every process
-// with the server's mark but the server belongs to it and is swept.
+// A forked process's /proc/PID/environ is its parent's: the server's, with
+// its mark (procs.go). A worker writes its own environment over it
+// (forkserver.py), so that it and what it forks carry the attempt's mark, and
+// tools that find workers by their environment (LOCAL_RANK) find them. Where
+// that could not be done the server's mark stays: when a group has ended,
+// every process with the server's mark but the server belongs to it and is
+// swept too.
 
 //go:embed forkserver.py
 var forkServerProgram string
@@ -75,6 +78,9 @@ const (
 	// maxForkRestarts: a server that keeps dying is given up; workers are
 	// exec'd from then on.
 	maxForkRestarts = 3
+	// forkEnvPad is the room the server's environment keeps for what a
+	// worker's adds (≈1–2 KiB of torchrun's variables and paths).
+	forkEnvPad = 16 << 10
 )
 
 // forkServer is the agent's side of one fork server.
@@ -125,6 +131,8 @@ type forkMessage struct {
 	PID    int    `json:"pid"`
 	Error  string `json:"error"`
 	Status int    `json:"status"`
+	// Failed: the preloads that did not import, with their errors.
+	Failed map[string]string `json:"failed"`
 }
 
 // startForkServer starts a fork server with python; env is its environment
@@ -149,7 +157,11 @@ func startForkServer(python string, env []string, preload, mark, logPath string,
 	}
 	defer logFile.Close()
 	cmd := exec.Command(python, "-c", forkServerProgram)
-	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark)
+	// The pad makes room in the server's environment block for each
+	// worker's, which a forked worker writes over it (forkserver.py,
+	// expose): its torchrun variables are the difference.
+	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark,
+		"KFELASTIC_FORK_PAD="+strings.Repeat("-", forkEnvPad))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{theirs}
 	// Its own process group, and it dies with the agent; its workers die
@@ -182,6 +194,9 @@ func (s *forkServer) read() {
 			rss, pss, _ := procmem.Rollup(s.pid)
 			s.log.Info("fork server ready", "pid", s.pid, "after", time.Since(s.started).Round(time.Millisecond),
 				"rss_mib", rss/1024, "pss_mib", pss/1024)
+			if len(m.Failed) > 0 {
+				s.log.Warn("fork server: preloads not imported; the workers import them", "failed", m.Failed)
+			}
 			close(s.ready)
 		case "forked":
 			r := forkReply{id: m.ID, pid: m.PID, err: m.Error}
@@ -208,6 +223,7 @@ func (s *forkServer) read() {
 		}
 	}
 	s.conn.Close()
+	close(s.dead) // before the lost exits: a restart that follows sees it dead
 	s.emu.Lock()
 	lost := len(s.exits)
 	for pid, ch := range s.exits {
@@ -219,7 +235,6 @@ func (s *forkServer) read() {
 		s.log.Warn("fork server died; its workers died with it (reported as SIGKILL)", "pid", s.pid, "workers", lost,
 			"its_log", tail(s.logPath, 2048))
 	}
-	close(s.dead)
 }
 
 // waitReady waits until the server has imported its preloads; false if it
@@ -279,7 +294,7 @@ func (s *forkServer) fork(argv, env []string, stdout, stderr *os.File) (int, <-c
 		_, err = s.conn.Write(frame[n:])
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("fork server: %w", err)
+		return 0, nil, fmt.Errorf("fork server died or stopped: %w", err)
 	}
 	t := time.NewTimer(forkTimeout)
 	defer t.Stop()

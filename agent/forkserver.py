@@ -1,33 +1,34 @@
 # kfelastic fork server: one interpreter per pod that has imported the
 # preload modules (torch) and forks each worker from itself, so that a
 # restart costs a fork instead of an interpreter start and the imports.
-# agent/forkserver.go starts it and explains the protocol; in short:
+# agent/forkserver.go starts it and says why it is built so. The protocol:
 #
 #   fd 3 is a Unix stream socket to the agent. The agent sends requests, each
 #   a 4-byte big-endian length and a JSON object {"id", "argv", "env", "cwd"},
 #   with the worker's stdout and stderr as two SCM_RIGHTS descriptors. The
-#   server answers lines of JSON: {"t": "ready"} once the preloads are done;
-#   {"t": "forked", "id", "pid"} or {"t": "forked", "id", "error"} per
-#   request; {"t": "exit", "pid", "status"} (the raw wait status) when a
+#   server answers lines of JSON: {"t": "ready", "failed": {module: error}}
+#   once the preloads are done; {"t": "forked", "id", "pid"} or
+#   {"t": "forked", "id", "error"} per request; {"t": "exit", "pid", "status"} (the raw wait status) when a
 #   worker it forked ends. EOF from the agent ends the server; its workers
 #   die with it (PR_SET_PDEATHSIG), as they would with the agent.
 #
-# The forked child returns out of _serve() and runs the worker's script at
-# the top level of this program, so that its end is the interpreter's own:
-# an uncaught exception prints its traceback and exits 1, SystemExit exits
-# with its code, and non-daemon threads and atexit handlers run as in
-# `python SCRIPT`.
+# The forked child returns out of _serve() and runs the worker's script
+# (_become) in this program's __main__ module, so that its end is the
+# interpreter's own: an uncaught exception prints its traceback and exits 1,
+# SystemExit exits with its code, and non-daemon threads and atexit
+# handlers run as in `python SCRIPT`.
 
 
 def _serve():
     import ctypes, gc, importlib, io, json, os, selectors, signal, socket, struct, sys, threading
 
+    failed = {}
     for m in os.environ.pop("KFELASTIC_FORK_PRELOAD", "").split(","):
         if m:
             try:
                 importlib.import_module(m)
             except Exception as e:  # the script will meet it again and say so
-                print(f"kfelastic fork server: preloading {m}: {e!r}", file=sys.stderr, flush=True)
+                failed[m] = repr(e)
     libc = ctypes.CDLL(None, use_errno=True)
     me = os.getpid()
     sock = socket.socket(fileno=3)
@@ -68,6 +69,26 @@ def _serve():
                 return
             say(t="exit", pid=pid, status=status)
 
+    def expose(env):
+        # /proc/PID/environ shows the memory the kernel put the environment
+        # in at exec, which a fork inherits: the server's. The agent's sweep
+        # (the attempt's mark) and whoever looks for a worker by its
+        # LOCAL_RANK read it there, so the worker writes its own environment
+        # over it, as setproctitle writes over argv. Nothing points into it
+        # any more (os.environ.clear() unset every variable; putenv keeps
+        # Python's own copies); the agent padded the server's environment
+        # (KFELASTIC_FORK_PAD) so that a worker's fits. If it does not, the
+        # server's stays, with its mark, which the agent sweeps too.
+        try:
+            with open("/proc/self/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50, 51 of proc(5)
+        except (OSError, IndexError, ValueError):
+            return
+        data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+        if 0 < start < end and len(data) <= end - start:
+            ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
     def child(req, out, err):
         os.setpgid(0, 0)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the server
@@ -88,6 +109,7 @@ def _serve():
         # own children inherit (os.environ calls putenv and unsetenv).
         os.environ.clear()
         os.environ.update(req["env"])
+        expose(req["env"])
         if os.environ.get("PYTHONUNBUFFERED"):
             # Python built its stdio for the server; -u's are unbuffered.
             for name in ("stdout", "stderr"):
@@ -103,7 +125,7 @@ def _serve():
             np_random.seed()
         return req
 
-    say(t="ready")
+    say(t="ready", failed=failed)
     while True:
         for key, _ in sel.select():
             if key.fileobj == wake_r:

@@ -142,7 +142,8 @@ func TestForkServerWorker(t *testing.T) {
 	needPython(t)
 	s := newTestForkServer(t, "")
 	code := `import json, os, sys
-print(json.dumps({"env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+proc = [kv for kv in open("/proc/self/environ").read().split("\0") if kv]
+print(json.dumps({"env": dict(os.environ), "proc": proc, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
     "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(), "name": __name__, "file": __file__}))
 sys.exit(3)
 `
@@ -154,6 +155,7 @@ sys.exit(3)
 	}
 	var got struct {
 		Env                    map[string]string
+		Proc                   []string
 		Argv                   []string
 		Path0, Cwd, Name, File string
 		PGID, PID, PPID        int
@@ -164,6 +166,11 @@ sys.exit(3)
 	}
 	if len(got.Env) != 3 || got.Env["A"] != "1" || got.Env["B"] != "two words" {
 		t.Errorf("env %v, want exactly %v", got.Env, env)
+	}
+	// What others read of it too (the agent's sweep, tools that look for
+	// LOCAL_RANK): not the server's.
+	if slices.Sort(got.Proc); !slices.Equal(got.Proc, env) {
+		t.Errorf("/proc/PID/environ %q, want %q", got.Proc, env)
 	}
 	wd, _ := os.Getwd()
 	if got.PID != pid || got.PGID != pid || got.PPID != s.pid || got.Cwd != wd || got.Name != "__main__" ||
@@ -462,5 +469,47 @@ func TestForkedWorkersClassified(t *testing.T) {
 				t.Fatalf("want %s exit %d from forked workers, got %+v\n%s", c.failure, c.exit, ee, out)
 			}
 		})
+	}
+}
+
+// A fork server that refuses to fork (a preload started a thread) costs
+// nothing but a warning: that attempt's workers are exec'd, the server is
+// given up, and the next attempts are exec'd too.
+func TestForkServerRefusalFallsBackToExec(t *testing.T) {
+	needPython(t)
+	threaded := writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+	cfg, out := helperConfig(t, 2, "")
+	cfg.Command = []string{python, writePy(t, "w.py", "import os, sys\nprint('forked' if 'kfthread' in sys.modules else 'execd')\n"+
+		"sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.Preload, cfg.MaxRestarts = "kfthread", 1
+	cfg.Env = append(cfg.Env, "PYTHONPATH="+filepath.Dir(threaded))
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	s := out.String()
+	if strings.Contains(s, "]:forked") || strings.Count(s, "]:execd") != 4 || !strings.Contains(s, "fork server refused") ||
+		!strings.Contains(s, `msg="fork server given up`) {
+		t.Errorf("want 4 exec'd workers after a refusal, and the server given up:\n%s", s)
+	}
+}
+
+// A fork server that dies before it is ready (here: an interpreter that
+// cannot run it) is not started again: every attempt is exec'd.
+func TestForkServerDeadBeforeReadyGivenUp(t *testing.T) {
+	needPython(t)
+	// A "python" that runs the workers' scripts but dies on the server's -c.
+	fake := filepath.Join(t.TempDir(), "python3")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\n[ \"$1\" = -c ] && { echo 'no -c here' >&2; exit 2; }\nexec "+python+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, out := helperConfig(t, 1, "")
+	cfg.Command = []string{fake, writePy(t, "w.py", "import os, sys\nsys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.MaxRestarts = 1
+	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
+		t.Fatalf("Run: %v\n%s", ee, out)
+	}
+	if s := out.String(); strings.Count(s, `msg="fork server starting"`) != 1 || !strings.Contains(s, "died before it was ready") ||
+		!strings.Contains(s, "no -c here") {
+		t.Errorf("want one fork server, given up with its log:\n%s", s)
 	}
 }
