@@ -1,0 +1,468 @@
+// Command recovery-bench measures how fast a whole elastic job recovers
+// from the faults of DESIGN.md §8 on this machine: the time from the fault
+// to the first training step after recovery (the earliest first step of a
+// training process begun after the fault, in the recovered world size; a
+// step is an all-reduce, so one rank's first step is the group's), median
+// over -runs runs, for
+//
+//   - kfelastic local (the engine in-process, real agents, real master,
+//     the --chaos actions): scenario 1 delete-pod (2:3 nodes, a pod
+//     preempted, its replacement joins), 5 kill-worker (2 nodes × 2 workers,
+//     kill -9 of one), 7 fail-pod (3:4 nodes, one machine fails for good,
+//     its one relaunch fails too, training goes on with 3);
+//   - torchrun (torch.distributed.run, c10d rendezvous on loopback, one
+//     torchrun per node, --monitor-interval 1, last_call_timeout set to the
+//     engine's waiting timeout, 2 s, so that both wait alike for late
+//     nodes) on the same script, for the same faults where torchrun can
+//     express them: 1 as a node's SIGTERM and a new torchrun started once
+//     it exited (what Kubernetes and the operator do), 5 as the same kill -9,
+//     7 as a node's SIGKILL with no replacement;
+//
+// with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
+// Kubernetes (DESIGN.md §10) as a reference row for scenario 1. Scenario 11
+// (--launcher command, worker-0 deleted) needs kfelastic local to run
+// torch's own elastic_launch under the command launcher, which it does not
+// yet (no scenario 11 through the engine): its row is left out with a note.
+//
+// Run it with `make bench-recovery`; it needs bin/kfelastic and
+// /usr/bin/python3 with torch (scripts/deps.sh torch).
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kfelastic/kfelastic/local"
+)
+
+const python = "/usr/bin/python3"
+
+var (
+	binary = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary the pods run")
+	script = flag.String("script", "bench/recovery/train.py", "the training script")
+	runs   = flag.Int("runs", 3, "runs per scenario and launcher")
+	only   = flag.String("only", "", "comma-separated scenario numbers (default: all)")
+)
+
+// scenario is one fault, as the engine and as torchrun express it.
+type scenario struct {
+	id, name string
+	// min:max nodes, workers per node, the world size after recovery.
+	minNodes, maxNodes, nproc, world int
+	chaos                            string
+	maxRelaunches                    int
+	// torchFault injects the fault into torchrun nodes (nil: torchrun
+	// cannot express it); it returns the fault's time.
+	torchFault func(c *cluster) (time.Time, error)
+}
+
+var scenarios = []scenario{
+	{id: "1", name: "delete-pod (preemption; replacement)", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
+		chaos: "delete-pod:1@step=20", torchFault: func(c *cluster) (time.Time, error) {
+			t := time.Now()
+			_ = syscall.Kill(-c.nodes[1].Process.Pid, syscall.SIGTERM)
+			<-c.exited[1]
+			return t, c.start(1) // the replacement node, once the old one is gone
+		}},
+	{id: "5", name: "kill-worker (kill -9 of one process)", minNodes: 2, maxNodes: 2, nproc: 2, world: 4,
+		chaos: "kill-worker:1/1@step=20", torchFault: func(c *cluster) (time.Time, error) {
+			pid, err := c.workerOf(1)
+			if err != nil {
+				return time.Time{}, err
+			}
+			t := time.Now()
+			return t, syscall.Kill(pid, syscall.SIGKILL)
+		}},
+	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
+		chaos: "fail-pod:3@step=20", torchFault: func(c *cluster) (time.Time, error) {
+			t := time.Now()
+			return t, syscall.Kill(-c.nodes[3].Process.Pid, syscall.SIGKILL)
+		}},
+}
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-recovery:", err)
+		os.Exit(1)
+	}
+}
+
+type row struct {
+	s            scenario
+	ours, theirs []recovery
+}
+
+func run() error {
+	for _, p := range []string{*binary, *script, python} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%v (make build; scripts/deps.sh torch)", err)
+		}
+	}
+	bin, _ := filepath.Abs(*binary)
+	scr, _ := filepath.Abs(*script)
+	fmt.Printf("bench-recovery: fault → first training step after recovery, %d runs each, %d CPUs\n", *runs, numCPU())
+	var rows []row
+	for _, s := range scenarios {
+		if *only != "" && !slices.Contains(strings.Split(*only, ","), s.id) {
+			continue
+		}
+		r := row{s: s}
+		for i := range *runs {
+			d, err := ours(s, bin, scr)
+			if err != nil {
+				return fmt.Errorf("scenario %s, kfelastic run %d: %w", s.id, i+1, err)
+			}
+			fmt.Printf("  %s kfelastic run %d: %v\n", s.id, i+1, d)
+			r.ours = append(r.ours, d)
+		}
+		for i := range *runs {
+			if s.torchFault == nil {
+				break
+			}
+			d, err := theirs(s, scr)
+			if err != nil {
+				fmt.Printf("  %s torchrun run %d: no recovery: %v\n", s.id, i+1, err)
+				continue
+			}
+			fmt.Printf("  %s torchrun run %d: %v\n", s.id, i+1, d)
+			r.theirs = append(r.theirs, d)
+		}
+		rows = append(rows, r)
+	}
+	fmt.Println()
+	fmt.Println("Fault → first training step after recovery (median, min–max, runs); in brackets the launcher's")
+	fmt.Println("share: fault → the recovered group's last process began (the rest is Python, torch's import, gloo).")
+	fmt.Printf("| # | fault | kfelastic local | torchrun c10d | ratio (torchrun / kfelastic) |\n|---|---|---|---|---|\n")
+	for _, r := range rows {
+		ratio := "–"
+		if len(r.theirs) > 0 && len(r.ours) > 0 {
+			ratio = fmt.Sprintf("%.2f× [%.2f×]", ratioOf(r.theirs, r.ours, stepOf), ratioOf(r.theirs, r.ours, begunOf))
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", r.s.id, r.s.name, summary(r.ours), summary(r.theirs), ratio)
+		if r.s.id == "1" {
+			dl := "–"
+			if len(r.ours) > 0 {
+				dl = fmt.Sprintf("%.0f× (DLRover / kfelastic)", (2 * time.Minute).Seconds()/median(r.ours, stepOf).Seconds())
+			}
+			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
+		}
+	}
+	fmt.Println("| 11 | --launcher command, worker-0 deleted | not measured: kfelastic local does not run scenario 11 yet | | |")
+	return nil
+}
+
+// faultClock is the engine's view: it notes when the chaos action fired
+// (the engine writes its line as it acts).
+type faultClock struct {
+	mu     sync.Mutex
+	prefix string
+	at     time.Time
+	lines  strings.Builder
+}
+
+func (f *faultClock) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.at.IsZero() && strings.Contains(string(p), f.prefix) {
+		f.at = time.Now()
+	}
+	f.lines.Write(p)
+	return len(p), nil
+}
+
+func (f *faultClock) time() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.at
+}
+
+// ours runs the scenario once under kfelastic local and stops the job once
+// the recovered group stepped.
+func ours(s scenario, bin, scr string) (recovery, error) {
+	out, err := os.MkdirTemp("", "bench-recovery-")
+	if err != nil {
+		return recovery{}, err
+	}
+	defer os.RemoveAll(out)
+	marks := filepath.Join(out, "marks")
+	if err := os.Mkdir(marks, 0o755); err != nil {
+		return recovery{}, err
+	}
+	c, err := local.ParseChaos(s.chaos)
+	if err != nil {
+		return recovery{}, err
+	}
+	clock := &faultClock{prefix: string(c.Action) + ": "}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	opts := local.Options{Job: "bench", MinNodes: s.minNodes, MaxNodes: s.maxNodes, NProcPerNode: s.nproc, MaxRestarts: 3,
+		Out: filepath.Join(out, "job"), Chaos: []local.Chaos{c}, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
+		Command: []string{python, scr, "--marks", marks, "--ckpt", filepath.Join(out, "ckpt")}}
+	found := make(chan recovery, 1)
+	go func() {
+		for ctx.Err() == nil {
+			if at := clock.time(); !at.IsZero() {
+				if first, begun, ok := firstAfter(marks, at, s.world); ok {
+					found <- recovery{step: first.Sub(at), begun: begun.Sub(at)}
+					cancel() // the job has recovered: stop it
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	res, err := local.Run(ctx, opts)
+	select {
+	case r := <-found:
+		return r, nil
+	default:
+	}
+	if err == nil && res != nil {
+		err = fmt.Errorf("the job ended without a recovered step (%s)", res.Message)
+	}
+	return recovery{}, fmt.Errorf("%w; view:\n%s", err, clock.lines.String())
+}
+
+// cluster is one torchrun per node on loopback.
+type cluster struct {
+	s      scenario
+	args   []string
+	dir    string
+	nodes  []*exec.Cmd
+	exited []chan struct{}
+	logs   []io.Closer
+}
+
+func (c *cluster) start(i int) error {
+	cmd := exec.Command(python, c.args...)
+	log, err := os.OpenFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	c.nodes[i], c.exited[i] = cmd, done
+	c.logs = append(c.logs, log)
+	return nil
+}
+
+// workerOf is the pid of a training process of node (group rank) g.
+func (c *cluster) workerOf(g int) (int, error) {
+	for _, m := range readMarks(filepath.Join(c.dir, "marks")) {
+		if m.GroupRank == g && syscall.Kill(m.pid, 0) == nil {
+			return m.pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no worker of node %d", g)
+}
+
+func (c *cluster) stop() {
+	for i, n := range c.nodes {
+		if n != nil && n.Process != nil {
+			_ = syscall.Kill(-n.Process.Pid, syscall.SIGKILL)
+			<-c.exited[i]
+		}
+	}
+	for _, l := range c.logs {
+		l.Close()
+	}
+}
+
+// theirs runs the scenario once under torchrun.
+func theirs(s scenario, scr string) (_ recovery, err error) {
+	dir, err := os.MkdirTemp("", "bench-recovery-torchrun-")
+	if err != nil {
+		return recovery{}, err
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(dir) // kept, with the nodes' logs, when it failed
+		}
+	}()
+	marks := filepath.Join(dir, "marks")
+	if err := os.Mkdir(marks, 0o755); err != nil {
+		return recovery{}, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return recovery{}, err
+	}
+	c := &cluster{s: s, dir: dir, nodes: make([]*exec.Cmd, s.maxNodes), exited: make([]chan struct{}, s.maxNodes),
+		args: []string{"-m", "torch.distributed.run", "--nnodes", fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes),
+			"--nproc_per_node", strconv.Itoa(s.nproc), "--redirects", "2", "--tee", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + strconv.Itoa(port),
+			"--rdzv_id", "bench", "--rdzv_conf", "last_call_timeout=2", "--max_restarts", "3", "--monitor_interval", "1",
+			scr, "--marks", marks, "--ckpt", filepath.Join(dir, "ckpt")}}
+	defer c.stop()
+	for i := range s.maxNodes {
+		if err := c.start(i); err != nil {
+			return recovery{}, err
+		}
+		if i == 0 {
+			// Node 0 hosts the rendezvous store (the endpoint is its): the
+			// others start once it listens, or one of them would host it.
+			if err := listening(port, 60*time.Second); err != nil {
+				return recovery{}, err
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	full := s.maxNodes * s.nproc
+	if _, err := waitFirst(ctx, marks, time.Time{}, full); err != nil {
+		return recovery{}, fmt.Errorf("torchrun never trained: %w (logs in %s)", err, dir)
+	}
+	time.Sleep(time.Second) // about 20 steps, as the engine's @step=20
+	at, err := s.torchFault(c)
+	if err != nil {
+		return recovery{}, err
+	}
+	r, err := waitFirst(ctx, marks, at, s.world)
+	if err != nil {
+		return recovery{}, fmt.Errorf("%w (logs in %s)", err, dir)
+	}
+	return r, nil
+}
+
+// mark is one training process's first step (train.py --marks).
+type mark struct {
+	pid       int
+	Begin     float64 `json:"begin"`
+	First     float64 `json:"first"`
+	World     int     `json:"world"`
+	GroupRank int     `json:"group_rank"`
+}
+
+func readMarks(dir string) []mark {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	var out []mark
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var m mark
+		if json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		m.pid, _ = strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".json"))
+		out = append(out, m)
+	}
+	return out
+}
+
+func unix(sec float64) time.Time { return time.Unix(0, int64(sec*1e9)) }
+
+// recovery is one run's figures: fault → first step, and fault → the last
+// process of the recovered group began (the launcher's share: the rest is
+// Python starting, importing torch and connecting the group).
+type recovery struct{ step, begun time.Duration }
+
+// firstAfter is the earliest first step of the processes begun after t in
+// a world of world processes, and the latest of their beginnings.
+func firstAfter(dir string, t time.Time, world int) (first, begun time.Time, ok bool) {
+	for _, m := range readMarks(dir) {
+		if m.World != world || unix(m.Begin).Before(t) {
+			continue
+		}
+		if f := unix(m.First); first.IsZero() || f.Before(first) {
+			first = f
+		}
+		if b := unix(m.Begin); b.After(begun) {
+			begun = b
+		}
+	}
+	return first, begun, !first.IsZero()
+}
+
+func waitFirst(ctx context.Context, dir string, t time.Time, world int) (recovery, error) {
+	for {
+		if f, b, ok := firstAfter(dir, t, world); ok {
+			return recovery{step: f.Sub(t), begun: b.Sub(t)}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return recovery{}, errors.New("no first step of a recovered group of " + strconv.Itoa(world) + " in time")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func listening(port int, within time.Duration) error {
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("torchrun's store on port %d: %w", port, err)
+		}
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (r recovery) String() string {
+	return fmt.Sprintf("%v (processes began after %v)", r.step.Round(time.Millisecond), r.begun.Round(time.Millisecond))
+}
+
+func stepOf(r recovery) time.Duration  { return r.step }
+func begunOf(r recovery) time.Duration { return r.begun }
+
+// median of one figure of the runs (the upper middle for an even count).
+func median(rs []recovery, of func(recovery) time.Duration) time.Duration {
+	ds := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		ds[i] = of(r)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func ratioOf(theirs, ours []recovery, of func(recovery) time.Duration) float64 {
+	return float64(median(theirs, of)) / float64(median(ours, of))
+}
+
+func summary(rs []recovery) string {
+	if len(rs) == 0 {
+		return "–"
+	}
+	lo, hi := slices.MinFunc(rs, byStep).step, slices.MaxFunc(rs, byStep).step
+	return fmt.Sprintf("%.1f s (%.1f–%.1f, n=%d) [%.2f s]", median(rs, stepOf).Seconds(), lo.Seconds(), hi.Seconds(), len(rs), median(rs, begunOf).Seconds())
+}
+
+func byStep(a, b recovery) int { return cmp.Compare(a.step, b.step) }
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
+}
