@@ -158,7 +158,7 @@ func run() error {
 		if r.s.id == "1" {
 			dl := "–"
 			if len(r.ours) > 0 {
-				dl = fmt.Sprintf("%.0f× (DLRover / kfelastic)", (2 * time.Minute).Seconds()/median(r.ours, stepOf).Seconds())
+				dl = fmt.Sprintf("%.0f× (DLRover / kfelastic)", (2*time.Minute).Seconds()/median(r.ours, stepOf).Seconds())
 			}
 			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
 		}
