@@ -68,6 +68,12 @@ type Config struct {
 	// restart skips the interpreter start and imports (see spare.go).
 	WarmSpares bool
 	Preload    string
+	// NoForkServer turns the fork server off (--fork-server=false): by
+	// default, for a `python SCRIPT` or `python -m MODULE` command (and
+	// without WarmSpares), the agent keeps one interpreter with Preload
+	// imported and forks each worker from it, so that a restart skips the
+	// interpreter start and the imports (forkserver.go).
+	NoForkServer bool
 	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
 	// default the agent of group rank 0 listens on the round's MASTER_PORT
 	// and forwards to the rank-0 worker's store on a private port, so that
@@ -167,6 +173,11 @@ func (c *Config) validate() error {
 	}
 	if c.Env == nil {
 		c.Env = os.Environ()
+	}
+	if c.command() {
+		// Spares are interpreters for the agent's own workers; the command
+		// forks its workers itself.
+		c.WarmSpares = false
 	}
 	if c.Rendezvous != nil {
 		return nil
@@ -306,9 +317,24 @@ func Run(ctx context.Context, cfg Config) error {
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
+	// cleanup first, so that it runs last, after any early return below.
 	defer l.cleanup()
+	if !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command) {
+		// Started now, it imports while the rendezvous goes on.
+		l.startForkServer()
+	}
 	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
 		defer c.Close()
+	}
+	if cfg.command() {
+		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
+		if err != nil {
+			return fmt.Errorf("store relay: %w", err)
+		}
+		if relay != nil {
+			defer relay.Close()
+			l.relayAddr = relay.Addr()
+		}
 	}
 	return l.run(ctx)
 }
@@ -356,6 +382,13 @@ type loop struct {
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
+	// relayAddr is the store relay's address (--launcher command with the
+	// master), the child's PET_RDZV_ENDPOINT.
+	relayAddr string
+	// fork is the fork server, nil without one; forkStarts counts the
+	// servers started, for their marks and the restart limit.
+	fork       *forkServer
+	forkStarts int
 }
 
 func (l *loop) send(ev Event) bool {
@@ -369,7 +402,8 @@ func (l *loop) send(ev Event) bool {
 
 func (l *loop) run(ctx context.Context) error {
 	l.policy = NewPolicy(PolicyConfig{Pod: l.cfg.Pod, LocalWorkers: l.cfg.NProcPerNode, MaxRestarts: l.cfg.MaxRestarts,
-		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout})
+		StopGrace: l.cfg.StopGrace, HangTimeout: l.cfg.HangTimeout, DumpSignal: l.cfg.DumpSignal, DumpTimeout: l.cfg.DumpTimeout,
+		Command: l.cfg.command()})
 	actions := l.policy.Start()
 	terminated := ctx.Done()
 	l.stopping = ctx.Done()
@@ -463,6 +497,10 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.join()
 	case StartGroup:
 		l.start(a)
+	case WatchRound:
+		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
+			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
+		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
 			l.log.Info("signaling workers", "attempt", a.Attempt, "signal", a.Signal.String())
@@ -554,6 +592,10 @@ func (l *loop) stopWatch() {
 // round's membership.
 func (l *loop) start(a StartGroup) {
 	r := a.Round
+	if l.cfg.command() {
+		l.startCommand(a)
+		return
+	}
 	local := make([]int, l.cfg.NProcPerNode)
 	global := make([]int, l.cfg.NProcPerNode)
 	sizes := make([]int, l.cfg.NProcPerNode)
@@ -569,7 +611,7 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -611,7 +653,13 @@ func (l *loop) start(a StartGroup) {
 		"dir", l.group.dir)
 	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
 		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
+	l.watch(r)
+}
 
+// watch turns the end of round r into a MembershipChanged, in the
+// background.
+func (l *loop) watch(r Round) {
+	l.stopWatch()
 	ctx, cancel := context.WithCancel(l.work)
 	l.watchStop = cancel
 	go func() {
@@ -619,6 +667,29 @@ func (l *loop) start(a StartGroup) {
 			l.send(MembershipChanged{Round: r.Number})
 		}
 	}()
+}
+
+// startCommand starts --launcher command's one child (command.go) with the
+// pod's environment and the relay as PET_RDZV_ENDPOINT. torch's own agent
+// in the child prints torchrun's rendezvous block for its workers.
+func (l *loop) startCommand(a StartGroup) {
+	r := a.Round
+	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
+		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
+		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr}}
+	gs.oomBaseline, gs.oomKnown = oomKills()
+	l.groupStarted = time.Now()
+	l.supersede(l.groupStarted)
+	var notStarted []WorkerExited
+	l.group, notStarted = startGroup(gs, a, nil)
+	for _, we := range notStarted {
+		l.pending = append(l.pending, we)
+	}
+	l.log.Info("command started", "attempt", a.Attempt, "round", r.Number, "group_rank", r.GroupRank,
+		"group_world_size", r.GroupWorldSize, "rdzv_endpoint", l.relayAddr, "dir", l.group.dir)
+	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
+		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
+	l.watch(r)
 }
 
 // startProxy starts the group's store proxy on the round's MASTER_PORT and
@@ -664,6 +735,9 @@ func (l *loop) cleanup() {
 		l.group.signal(syscall.SIGKILL)
 		l.group.stopProxy()
 	}
+	if l.fork != nil {
+		l.fork.stop()
+	}
 	for _, w := range l.spares {
 		if w != nil {
 			w.discard()
@@ -671,7 +745,7 @@ func (l *loop) cleanup() {
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
-	sweep(l.agentID+"/", true, nil)
+	sweep([]string{l.agentID + "/"}, true, nil)
 	l.superseding.Wait()
 }
 
@@ -682,6 +756,56 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
+}
+
+// startForkServer starts a fork server (forkserver.go) for the command's
+// interpreter, or goes on without one.
+func (l *loop) startForkServer() {
+	preload := l.cfg.Preload
+	if preload == "" {
+		preload = "torch"
+	}
+	l.forkStarts++
+	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
+	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
+	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode), preload, mark, logPath, l.log)
+	if err != nil {
+		l.log.Warn("no fork server: workers are started with exec", "err", err)
+		return
+	}
+	l.guard.register(s.pid, true)
+	l.fork = s
+	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
+}
+
+// forkServer returns the fork server for the next group, nil for exec. A
+// server that refused to fork is given up; one that died is replaced, at
+// most maxForkRestarts times, and that group is exec'd while the new one
+// imports.
+func (l *loop) forkServer() *forkServer {
+	s := l.fork
+	if s == nil {
+		return nil
+	}
+	if why := s.refused(); why != "" {
+		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
+		s.stop()
+		l.guard.register(s.pid, false)
+		l.fork = nil
+		return nil
+	}
+	if !s.isDead() {
+		return s
+	}
+	l.guard.register(s.pid, false)
+	l.fork = nil
+	if l.forkStarts > maxForkRestarts {
+		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
+		return nil
+	}
+	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.pid)
+	l.startForkServer()
+	return nil
 }
 
 // spareDelay is the longest the spares wait for the group to speak.

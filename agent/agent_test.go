@@ -88,6 +88,8 @@ type agentProcess struct {
 	ErrorPrefix    string
 	LogDir         string
 	StorageTimeout time.Duration
+	// Command replaces the helper workers (the test binary) when set.
+	Command []string
 }
 
 func runAgentProcess(spec string) int {
@@ -98,10 +100,13 @@ func runAgentProcess(spec string) int {
 	}
 	ctx, stop := NotifyContext(context.Background())
 	defer stop()
+	if p.Command == nil {
+		p.Command = []string{os.Args[0]}
+	}
 	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
 	defer CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
 	err := Run(ctx, Config{
-		Command: []string{os.Args[0]}, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
+		Command: p.Command, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
 		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,
 		DumpSignal: p.DumpSignal, DumpTimeout: p.DumpTimeout, ErrorPrefix: p.ErrorPrefix, StorageTimeout: p.StorageTimeout,
 		Tee: true, Stdout: stdout, Stderr: stderr, MasterAddr: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(stderr, nil)),

@@ -38,4 +38,12 @@
 // 0's MASTER_PORT is the private port; torchrun gives every rank the same.
 // With the static backend on several nodes the proxy listens on the
 // operator's PET_MASTER_PORT on the node of group rank 0.
+//
+// Fork server (default; Config.NoForkServer, --fork-server=false, turns it
+// off): for a `python SCRIPT` or `python -m MODULE` command, the interpreter
+// start and `import torch` are most of a restart, so the agent keeps one
+// interpreter per pod with the preloads imported and forks each worker from
+// it (forkserver.go, forkserver.py). The workers are the server's children;
+// it reports their pids and wait statuses, so signals, the watchdog, OOM and
+// exit classification see them as exec'd ones.
 package agent

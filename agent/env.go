@@ -57,12 +57,7 @@ type workerSpec struct {
 //   - KFELASTIC_AGENT=<agent id>/<attempt>, the mark by which the agent
 //     and its guardian find every process the workers started (procs.go).
 func WorkerEnv(base []string, w workerSpec) []string {
-	env := map[string]string{}
-	for _, kv := range base {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			env[k] = v
-		}
-	}
+	env := envMap(base)
 	r := w.group.Round
 	rank := r.FirstGlobalRank + w.localRank
 	set := map[string]string{
@@ -98,8 +93,18 @@ func WorkerEnv(base []string, w workerSpec) []string {
 	if _, ok := env["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"]; ok {
 		set["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"] = "Earliest"
 	}
+	setDefaults(env, w.localWorkers)
+	for k, v := range set {
+		env[k] = v
+	}
+	return envList(env)
+}
+
+// setDefaults sets in env the variables WorkerEnv gives a worker when the
+// agent's environment lacks them.
+func setDefaults(env map[string]string, localWorkers int) {
 	defaults := map[string]string{"NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}
-	if w.localWorkers > 1 {
+	if localWorkers > 1 {
 		defaults["OMP_NUM_THREADS"] = "1"
 	}
 	for k, v := range defaults {
@@ -107,11 +112,33 @@ func WorkerEnv(base []string, w workerSpec) []string {
 			env[k] = v
 		}
 	}
-	for k, v := range set {
-		env[k] = v
+}
+
+// envMap is an environment (KEY=value lines) as a map.
+func envMap(env []string) map[string]string {
+	m := make(map[string]string, len(env))
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
 	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
+	return m
+}
+
+// serverEnv is the fork server's environment: base with the workers'
+// defaults, which matter while it imports (OpenMP reads OMP_NUM_THREADS
+// when torch loads it), and without base's own mark.
+func serverEnv(base []string, localWorkers int) []string {
+	env := envMap(base)
+	setDefaults(env, localWorkers)
+	delete(env, agentMarkEnv)
+	return envList(env)
+}
+
+// envList is envMap's inverse, sorted.
+func envList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
 		out = append(out, k+"="+v)
 	}
 	slices.Sort(out)

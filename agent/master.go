@@ -148,26 +148,38 @@ func transient(err error) bool {
 // retry runs call until it succeeds, fails for good, ctx ends, or the
 // master was unreachable for cfg.Unreachable.
 func (m *Master) retry(ctx context.Context, what string, call func(ctx context.Context) error) error {
+	gaveUp, err := retryTransient(ctx, m.cfg.Logger, m.cfg.Unreachable, call, "call", what, "endpoint", m.cfg.Endpoint)
+	if gaveUp {
+		return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
+	}
+	return err
+}
+
+// retryTransient runs call, with backoff, until it succeeds, fails for good,
+// ctx ends, or (giveUp > 0) the master was unreachable for giveUp, which
+// gaveUp reports. The first failure is logged once, with attrs.
+func retryTransient(ctx context.Context, log *slog.Logger, giveUp time.Duration, call func(ctx context.Context) error,
+	attrs ...any) (gaveUp bool, err error) {
 	backoff := 100 * time.Millisecond
 	var since time.Time
 	for {
 		err := call(ctx)
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return false, ctx.Err()
 			}
-			return err
+			return false, err
 		}
 		if since.IsZero() {
 			since = time.Now()
-			m.cfg.Logger.Warn("master unreachable; retrying", "call", what, "endpoint", m.cfg.Endpoint, "err", status.Convert(err).Message())
+			log.Warn("master unreachable; retrying", append(attrs, "err", status.Convert(err).Message())...)
 		}
-		if time.Since(since) > m.cfg.Unreachable {
-			return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
+		if giveUp > 0 && time.Since(since) > giveUp {
+			return true, err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(backoff + mathrand.N(backoff/2+1)):
 		}
 		backoff = min(2*backoff, 2*time.Second)
@@ -191,6 +203,12 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 	m.mu.Unlock()
 	pb := m.nodePB(node)
 	for {
+		// A node the master told to exit (on a heartbeat) does not join
+		// again: a Join of this incarnation would take its rank back from
+		// the pod that replaced it.
+		if e := m.exclusion(); e != nil {
+			return Round{}, e
+		}
 		var res *masterpb.JoinResponse
 		err := m.retry(ctx, "Join", func(ctx context.Context) error {
 			cctx, cancel := context.WithTimeout(ctx, joinWait+10*time.Second)
@@ -239,6 +257,16 @@ func unwrapStatus(err error) error {
 		return fmt.Errorf("%s: %s", s.Code(), s.Message())
 	}
 	return err
+}
+
+// exclusion is the EXIT a heartbeat brought, as an error; nil if none.
+func (m *Master) exclusion() *ExcludedError {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.exit; e != nil {
+		return &ExcludedError{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
+	}
+	return nil
 }
 
 // runCheck runs one health-check round and reports its result.

@@ -28,6 +28,17 @@ type PolicyConfig struct {
 	// agent; they get DumpTimeout to write a checkpoint before the stop.
 	DumpSignal  syscall.Signal
 	DumpTimeout time.Duration
+	// Command is --launcher command (DESIGN §4): the one local process is
+	// the user's command, which starts and restarts its own workers through
+	// torch elastic. The agent never restarts it (MaxRestarts is torch's
+	// business inside it, so a failure of the command ends the pod), and a
+	// master round that changes does not stop it: torch's own agent
+	// re-rendezvouses through the store. The agent only re-joins the master
+	// (JoinRound while running, then WatchRound) so that the master's rounds
+	// follow the membership and a replacement pod can complete one with the
+	// others. A rendezvous that fails meanwhile (the master excluded this
+	// node, stopped the job) stops the command and ends the pod with it.
+	Command bool
 }
 
 // Policy is the agent's restart policy: a deterministic state machine, fed
@@ -62,6 +73,13 @@ type Policy struct {
 	// stopSig is the stop signal that arrived at terminated: SIGTERM for a
 	// preemption, or SIGINT, SIGHUP, SIGQUIT (see Terminate).
 	stopSig syscall.Signal
+
+	// rejoining (Command): a JoinRound is out while the command runs.
+	// excluded is the rendezvous failure that stops it (reasonExcluded),
+	// with exitOne when the master does not want the pod back.
+	rejoining bool
+	excluded  kferrors.Failure
+	exitOne   bool
 }
 
 type phase int
@@ -84,6 +102,8 @@ const (
 	reasonFailure
 	reasonMembership
 	reasonTerminate
+	// reasonExcluded (Command): the rendezvous failed while the command ran.
+	reasonExcluded
 )
 
 // Event is an input of the Policy.
@@ -180,16 +200,21 @@ type WriteDocument struct{ Failure kferrors.Failure }
 // Exit: the agent is done; exit the process with Code.
 type Exit struct{ Code int }
 
+// WatchRound (Command): the master completed Round while the command runs;
+// watch it for the next change. Nothing is started or stopped.
+type WatchRound struct{ Round Round }
+
 func (JoinRound) action()     {}
 func (StartGroup) action()    {}
 func (SignalGroup) action()   {}
 func (WriteDocument) action() {}
 func (Exit) action()          {}
+func (WatchRound) action()    {}
 
 // NewPolicy returns a Policy in the rendezvous phase; the loop carries out
 // Start's actions first.
 func NewPolicy(cfg PolicyConfig) *Policy {
-	if cfg.LocalWorkers < 1 {
+	if cfg.LocalWorkers < 1 || cfg.Command {
 		cfg.LocalWorkers = 1
 	}
 	return &Policy{cfg: cfg}
@@ -248,18 +273,7 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 	case RoundReady:
 		return p.roundReady(ev, now)
 	case RendezvousFailed:
-		if p.phase != phaseRendezvous {
-			return nil
-		}
-		code := ev.Code
-		if code == "" {
-			code = kferrors.CodeRendezvousTimeout
-		}
-		acts := p.finish(kferrors.SystemFailure(code, ev.Message, p.cfg.Pod, now))
-		if ev.NoRelaunch {
-			acts[len(acts)-1] = Exit{Code: 1}
-		}
-		return acts
+		return p.rendezvousFailed(ev, now)
 	case WorkerExited:
 		return p.workerExited(ev, now)
 	case Progress:
@@ -271,6 +285,13 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 		if p.phase != phaseRunning || ev.Round != p.round.Number {
 			return nil
 		}
+		if p.cfg.Command {
+			if p.rejoining {
+				return nil
+			}
+			p.rejoining = true
+			return []Action{JoinRound{}}
+		}
 		return p.stop(reasonMembership, now)
 	case Terminate:
 		return p.terminate(ev.Signal, now)
@@ -280,7 +301,35 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 	panic(fmt.Sprintf("agent: unknown event %T", ev))
 }
 
+// rendezvousFailed ends the pod: at once while it waits for a round, after
+// stopping the command when it fails while one runs (Command).
+func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
+	code := ev.Code
+	if code == "" {
+		code = kferrors.CodeRendezvousTimeout
+	}
+	f := kferrors.SystemFailure(code, ev.Message, p.cfg.Pod, now)
+	switch {
+	case p.phase == phaseRendezvous:
+		acts := p.finish(f)
+		if ev.NoRelaunch {
+			acts[len(acts)-1] = Exit{Code: 1}
+		}
+		return acts
+	case p.cfg.Command && p.phase == phaseRunning && p.rejoining:
+		p.rejoining = false
+		p.excluded, p.exitOne = f, ev.NoRelaunch
+		return p.stop(reasonExcluded, now)
+	}
+	return nil
+}
+
 func (p *Policy) roundReady(ev RoundReady, now time.Time) []Action {
+	if p.cfg.Command && p.phase == phaseRunning && p.rejoining {
+		p.rejoining = false
+		p.round = ev.Round
+		return []Action{WatchRound{Round: ev.Round}}
+	}
 	if p.phase != phaseRendezvous {
 		return nil
 	}
@@ -434,9 +483,15 @@ func (p *Policy) stopped(now time.Time) []Action {
 	case reasonMembership:
 		p.phase = phaseRendezvous
 		return []Action{JoinRound{Restart: RestartAfterMembership, RestartCount: p.restarts}}
+	case reasonExcluded:
+		acts := p.finish(p.excluded)
+		if p.exitOne {
+			acts[len(acts)-1] = Exit{Code: 1}
+		}
+		return acts
 	}
 	root := RootCause(p.failures)
-	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts {
+	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
 		return p.finish(root)
 	}
 	p.restarts++

@@ -20,11 +20,11 @@ import (
 // with ("> " lines, in order; none means no action). Times are offsets from
 // the start ("1.5s"). Lines:
 //
-//	config workers=2 max-restarts=1 grace=5s hang=0 dump=SIGUSR1 dump-timeout=10s
+//	config workers=2 max-restarts=1 grace=5s hang=0 dump=SIGUSR1 dump-timeout=10s [command]
 //	at 1s round 1
 //	at 2s exit attempt=1 rank=0 code=1|signal=KILL [torch="Type: msg"@1.25s] [oom] [recoverable]
 //	at 2s progress attempt=1 rank=0 at=1.5s
-//	at 2s membership round=1 | sigterm | signal SIGINT | tick | rdzv-failed
+//	at 2s membership round=1 | sigterm | signal SIGINT | tick | rdzv-failed [code=C] [no-relaunch]
 //	deadline 7s         (the policy's Deadline, "none" if zero)
 func TestPolicyScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/policy/*.txt")
@@ -165,6 +165,7 @@ func policyConfig(t *testing.T, fields []string) PolicyConfig {
 	if s := m["dump"]; s != "" {
 		c.DumpSignal = unix.SignalNum(s)
 	}
+	_, c.Command = m["command"]
 	return c
 }
 
@@ -174,7 +175,8 @@ func scriptEvent(t *testing.T, fields []string) Event {
 	case "round":
 		return RoundReady{Round: Round{Number: num(t, fields[1]), GroupWorldSize: 1, WorldSize: 2}}
 	case "rdzv-failed":
-		return RendezvousFailed{Message: "join timeout"}
+		_, noRelaunch := m["no-relaunch"]
+		return RendezvousFailed{Message: "join timeout", Code: m["code"], NoRelaunch: noRelaunch}
 	case "exit":
 		rank := num(t, m["rank"])
 		e := kferrors.Exit{Worker: workerName("pod-0", rank)}
@@ -226,6 +228,8 @@ func formatActions(as []Action) []string {
 				f.Code, f.Worker, offset(f.Time), f.Recoverable, f.Origin))
 		case Exit:
 			out = append(out, fmt.Sprintf("exit %d", a.Code))
+		case WatchRound:
+			out = append(out, fmt.Sprintf("watch round=%d", a.Round.Number))
 		default:
 			out = append(out, fmt.Sprintf("%T", a))
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,12 +60,14 @@ func attemptMark(agentID string, attempt int) string {
 }
 
 // sweep kills, with SIGKILL, the process groups pgids and every live
-// process whose mark (agentMarkEnv) is mark, or starts with mark when
-// prefix. It goes again, 10 ms later, while it finds marked processes (one
-// may fork while it dies), twice at least, for at most a second. It returns
-// how many marked processes it killed.
-func sweep(mark string, prefix bool, pgids []int) int {
-	match := func(v string) bool { return v == mark || (prefix && strings.HasPrefix(v, mark)) }
+// process whose mark (agentMarkEnv) is one of marks, or starts with one when
+// prefix, but the processes keep. It goes again, 10 ms later, while it finds
+// marked processes (one may fork while it dies), twice at least, for at most
+// a second. It returns how many marked processes it killed.
+func sweep(marks []string, prefix bool, pgids []int, keep ...int) int {
+	match := func(v string) bool {
+		return slices.ContainsFunc(marks, func(m string) bool { return v == m || (prefix && strings.HasPrefix(v, m)) })
+	}
 	self := os.Getpid()
 	killed := 0
 	for round, end := 0, time.Now().Add(time.Second); ; round++ {
@@ -75,7 +78,7 @@ func sweep(mark string, prefix bool, pgids []int) int {
 		}
 		found := 0
 		for _, pid := range marked(match) {
-			if pid != self && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			if pid != self && !slices.Contains(keep, pid) && syscall.Kill(pid, syscall.SIGKILL) == nil {
 				found++
 			}
 		}
@@ -160,7 +163,7 @@ func runGuardian(agentID string, agent *os.File, logPath string) int {
 			live = append(live, pg)
 		}
 	}
-	if n := sweep(agentID+"/", true, live); n > 0 && logPath != "" {
+	if n := sweep([]string{agentID + "/"}, true, live); n > 0 && logPath != "" {
 		msg := fmt.Sprintf("%s guardian: agent %s is gone; killed %d of its processes, and its process groups %v\n",
 			time.Now().UTC().Format(time.RFC3339Nano), agentID, n, live)
 		if f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err == nil {

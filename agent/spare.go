@@ -96,12 +96,7 @@ func (w *worker) release(env []string) error {
 	if w.releasePipe == nil || w.exited.Load() {
 		return errors.New("spare gone")
 	}
-	m := make(map[string]string, len(env))
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	data, err := json.Marshal(m)
+	data, err := json.Marshal(envMap(env))
 	if err != nil {
 		return err
 	}
@@ -123,7 +118,7 @@ func (w *worker) discard() {
 		w.releasePipe.Close()
 		w.releasePipe = nil
 	}
-	if w.cmd != nil && w.cmd.Process != nil && !w.exited.Load() {
+	if w.pgid != 0 && !w.exited.Load() {
 		_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
 	}
 }

@@ -56,12 +56,19 @@ func torchConfig(t *testing.T, nproc int, args ...string) (Config, *syncBuffer) 
 var stepLine = regexp.MustCompile(`\[default(\d)\]:step (\d+) `)
 
 // Seed experiment 5: kill -9 of one worker mid-training; the agent restarts
-// the group in place (restart 1) and steps continue from the checkpoint.
+// the group in place (restart 1) and steps continue from the checkpoint;
+// with the fork server (the default) and without (--fork-server=false).
 func TestTorchKillRestarts(t *testing.T) {
 	needTorch(t)
+	for _, noFork := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fork-server=%t", !noFork), func(t *testing.T) { torchKillRestarts(t, noFork) })
+	}
+}
+
+func torchKillRestarts(t *testing.T, noFork bool) {
 	ckpt := filepath.Join(t.TempDir(), "ckpt")
 	cfg, out := torchConfig(t, 2, "--steps", "60", "--sleep", "0.02", "--ckpt", ckpt)
-	cfg.MaxRestarts = 2
+	cfg.MaxRestarts, cfg.NoForkServer = 2, noFork
 	done := make(chan error, 1)
 	go func() { done <- Run(t.Context(), cfg) }()
 	waitFor(t, out, "[default1]:step 20 ", 20*time.Second)
@@ -77,6 +84,9 @@ func TestTorchKillRestarts(t *testing.T) {
 		t.Fatalf("Run: %v\n%s", err, out)
 	}
 	s := out.String()
+	if forked := strings.Contains(s, `msg="fork server ready"`); forked == noFork {
+		t.Errorf("fork server ready: %t, want %t:\n%s", forked, !noFork, s)
+	}
 	before, after, ok := strings.Cut(s, "restart_count=1")
 	if !ok || !strings.Contains(after, "[default1]:restart 1 pid") {
 		t.Fatalf("no restart with TORCHELASTIC_RESTART_COUNT=1:\n%s", s)
@@ -138,6 +148,11 @@ func TestTorchEnvMatchesTorchrun(t *testing.T) {
 	if err := Run(t.Context(), cfg); err != nil {
 		t.Fatalf("agent: %v\n%s", err, out)
 	}
+	for rank := range 2 { // by default, from the fork server
+		if data, _ := os.ReadFile(filepath.Join(ours, fmt.Sprintf("preloaded-0-%d", rank))); string(data) != "True" {
+			t.Errorf("rank %d was not forked from the fork server (torch preloaded: %q)", rank, data)
+		}
+	}
 	port := freeTestPort(t)
 	cmd := exec.CommandContext(t.Context(), python, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
 		"--max_restarts=0", "--monitor_interval=1", "--redirects", "2", "--tee", "2", "--rdzv_backend=c10d",
@@ -195,15 +210,21 @@ func readEnv(t *testing.T, dir string, restart, rank int) map[string]string {
 }
 
 func readJSON(t *testing.T, path string) map[string]string {
+	return decodeFile[map[string]string](t, path)
+}
+
+// decodeFile is the JSON in a file, decoded as a T.
+func decodeFile[T any](t *testing.T, path string) T {
+	t.Helper()
+	var v T
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]string{}
-	if err := json.Unmarshal(data, &m); err != nil {
+	if err := json.Unmarshal(data, &v); err != nil {
 		t.Fatal(err)
 	}
-	return m
+	return v
 }
 
 func sortedKeys(ms ...map[string]string) []string {
@@ -309,15 +330,7 @@ func TestTorchWarmSpareRestart(t *testing.T) {
 }
 
 func readArgv(t *testing.T, dir string, restart, rank int) map[string]any {
-	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]any{}
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return decodeFile[map[string]any](t, filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
 }
 
 // Why the store proxy exists, on real torch: a store client whose connect()

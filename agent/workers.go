@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,13 @@ type group struct {
 	proxy *storeProxy
 	// mark is what every process of the group carries (procs.go).
 	mark string
+	// command: the one worker is --launcher command's child, whose
+	// children get the dump signal (command.go).
+	command bool
+	// forkMark and forkPid are the fork server's mark and pid when the
+	// group's workers were forked: its forks carry its mark (forkserver.go).
+	forkMark string
+	forkPid  int
 	// swept: end has run.
 	swept bool
 }
@@ -49,8 +57,16 @@ func (g *group) end() {
 	}
 	g.swept = true
 	g.stopProxy()
-	if g.mark != "" {
-		sweep(g.mark, false, nil)
+	var marks []string
+	for _, m := range []string{g.mark, g.forkMark} {
+		if m != "" {
+			marks = append(marks, m)
+		}
+	}
+	if len(marks) > 0 {
+		// The fork server carries its mark and lives on: it forks the
+		// next group.
+		sweep(marks, false, nil, g.forkPid)
 	}
 }
 
@@ -125,6 +141,13 @@ type groupStart struct {
 	guard   *guardian
 	// stop, closed by a stop signal, interrupts a start in progress.
 	stop <-chan struct{}
+	// launch, when set, makes the one worker --launcher command's child,
+	// with CommandEnv instead of WorkerEnv (command.go).
+	launch *commandSpec
+	// fork, if set, forks the workers (forkserver.go); a worker it cannot
+	// fork is started with exec.
+	fork *forkServer
+	log  *slog.Logger
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
@@ -135,9 +158,16 @@ type groupStart struct {
 // start: the workers not started yet are returned as such too, so that the
 // stop does not wait for a thousand workers to start first.
 func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
-	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt)}
+	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt), command: gs.launch != nil}
 	if gs.agentID != "" {
 		g.mark = attemptMark(gs.agentID, sg.Attempt)
+	}
+	if gs.fork != nil {
+		if !gs.fork.waitReady(gs.stop) {
+			gs.fork = nil
+		} else {
+			g.forkMark, g.forkPid = gs.fork.mark, gs.fork.pid
+		}
 	}
 	var failed []WorkerExited
 	notStarted := func(w *worker, why string) {
@@ -155,6 +185,11 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		default:
 		}
 		env := func(w *worker) []string {
+			if c := gs.launch; c != nil {
+				s := *c
+				s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, g.mark
+				return CommandEnv(gs.baseEnv, s)
+			}
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
 				storePort: gs.storePort, mark: g.mark})
@@ -169,6 +204,15 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		}
 		w := newWorker(gs, sg.Attempt, local)
 		g.workers = append(g.workers, w)
+		if gs.fork != nil {
+			err := w.fork(gs, env(w))
+			if err == nil {
+				continue
+			}
+			gs.log.Warn("the fork server did not start the worker; starting this attempt's workers with exec",
+				"attempt", sg.Attempt, "local_rank", local, "err", err)
+			gs.fork = nil
+		}
 		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
 			notStarted(w, err.Error())
 		}
@@ -190,7 +234,8 @@ func newWorker(gs groupStart, attempt, local int) *worker {
 // teed line by line to its log files and the agent's output, and a goroutine
 // that turns its end into a WorkerExited event. extra become fds 3, 4, ….
 func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) error {
-	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+	stdout, stderr, readers, err := w.outputs(gs)
+	if err != nil {
 		return err
 	}
 	w.cmd = exec.Command(argv[0], argv[1:]...)
@@ -199,36 +244,86 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 	// Own process group: a stop signal reaches the worker's children too.
 	// Pdeathsig: the worker dies with the agent even if the agent is SIGKILLed.
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	prefix := fmt.Sprintf("[%s%d]:", RoleName, w.localRank)
-	var readers sync.WaitGroup
-	var closeAfterStart []*os.File
-	// The parent's write ends close once the child has them (or start failed).
-	defer func() {
-		for _, f := range closeAfterStart {
-			f.Close()
+	w.cmd.Stdout, w.cmd.Stderr = stdout, stderr
+	err = w.cmd.Start()
+	// The parent's write ends close once the child has them (or start
+	// failed, which ends the readers).
+	stdout.Close()
+	stderr.Close()
+	if err != nil {
+		return err
+	}
+	w.started(gs, w.cmd.Process.Pid, len(extra) == 0) // only a spare gets extra files (its env pipe)
+	go w.wait(gs, readers, func() (syscall.Signal, int) {
+		_ = w.cmd.Wait()
+		if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal(), 0
 		}
-	}()
+		return 0, w.cmd.ProcessState.ExitCode()
+	})
+	return nil
+}
+
+// fork starts the worker from the fork server (forkserver.go), with env as
+// its whole environment, its output teed as spawn's.
+func (w *worker) fork(gs groupStart, env []string) error {
+	stdout, stderr, readers, err := w.outputs(gs)
+	if err != nil {
+		return err
+	}
+	pid, exit, err := gs.fork.fork(gs.command[1:], env, stdout, stderr)
+	stdout.Close()
+	stderr.Close()
+	if err != nil {
+		return err
+	}
+	w.started(gs, pid, true)
+	go w.wait(gs, readers, func() (syscall.Signal, int) {
+		e := <-exit
+		switch {
+		case e.lost: // it died with the server (PR_SET_PDEATHSIG)
+			return syscall.SIGKILL, 0
+		case e.status.Signaled():
+			return e.status.Signal(), 0
+		}
+		return 0, e.status.ExitStatus()
+	})
+	return nil
+}
+
+// outputs makes the worker's folder and log files, and the pipes of its
+// stdout and stderr, which goroutines tee line by line. The caller hands
+// the write ends to the worker's process and closes its own copies; the
+// readers end when every copy is closed.
+func (w *worker) outputs(gs groupStart) (stdout, stderr *os.File, readers *sync.WaitGroup, err error) {
+	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+		return nil, nil, nil, err
+	}
+	prefix := fmt.Sprintf("[%s%d]:", RoleName, w.localRank)
+	readers = &sync.WaitGroup{}
+	var ends []*os.File
 	for _, s := range []struct {
 		name string
 		dst  io.Writer
-		set  func(*os.File)
-	}{
-		{"stdout.log", gs.out.stdout, func(f *os.File) { w.cmd.Stdout = f }},
-		{"stderr.log", gs.out.stderr, func(f *os.File) { w.cmd.Stderr = f }},
-	} {
+	}{{"stdout.log", gs.out.stdout}, {"stderr.log", gs.out.stderr}} {
 		logFile, err := os.Create(filepath.Join(w.dir, s.name))
 		if err != nil {
-			return err
+			for _, f := range ends {
+				f.Close()
+			}
+			return nil, nil, nil, err
 		}
-		// An *os.File pipe (not an io.Writer) so that Wait returns when the
-		// worker exits, even if a grandchild still holds the pipe open.
+		// An *os.File pipe (not an io.Writer) so that the worker's end is
+		// seen when it exits, even if a grandchild still holds the pipe open.
 		r, pw, err := os.Pipe()
 		if err != nil {
 			logFile.Close()
-			return err
+			for _, f := range ends {
+				f.Close()
+			}
+			return nil, nil, nil, err
 		}
-		s.set(pw)
-		closeAfterStart = append(closeAfterStart, pw)
+		ends = append(ends, pw)
 		readers.Add(1)
 		go func() {
 			defer readers.Done()
@@ -236,22 +331,18 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 			defer logFile.Close()
 			w.copyLines(r, logFile, gs.out, s.dst, prefix, gs.spoke)
 		}()
-		defer func() {
-			if w.cmd.Process == nil { // start failed: end the reader
-				r.Close()
-			}
-		}()
 	}
-	if err := w.cmd.Start(); err != nil {
-		return err
-	}
-	w.pgid = w.cmd.Process.Pid
+	return ends[0], ends[1], readers, nil
+}
+
+// started records that the worker's process (pid, the leader of its own
+// process group) runs; active: as a worker, not a spare.
+func (w *worker) started(gs groupStart, pid int, active bool) {
+	w.pgid = pid
 	gs.guard.register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
 	w.startedAt.Store(time.Now().UnixNano())
-	w.active.Store(len(extra) == 0) // only a spare gets extra files (its env pipe)
-	go w.wait(gs, w.attempt, &readers)
-	return nil
+	w.active.Store(active)
 }
 
 // copyLines tees a worker's output, line by line, to its log file and, with
@@ -282,8 +373,8 @@ func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *output, dst io.W
 // wait turns the worker's end into a WorkerExited event, with what the
 // classifier needs: exit code or signal, the torch error file, flytekit's
 // recoverable marker and OOM evidence.
-func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
-	_ = w.cmd.Wait()
+func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (syscall.Signal, int)) {
+	sig, code := status()
 	at := time.Now()
 	w.exited.Store(true)
 	// The group's leader is gone: whatever it left in its group is an orphan.
@@ -297,12 +388,7 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 	case <-done:
 	case <-time.After(100 * time.Millisecond):
 	}
-	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load())}
-	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		e.Signal = ws.Signal()
-	} else {
-		e.ExitCode = w.cmd.ProcessState.ExitCode()
-	}
+	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load()), Signal: sig, ExitCode: code}
 	if e.Signal != 0 || e.ExitCode != 0 {
 		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
 		if err == nil {
@@ -311,27 +397,33 @@ func (w *worker) wait(gs groupStart, attempt int, readers *sync.WaitGroup) {
 			e.ErrorFileProblem = err.Error()
 		}
 		e.RecoverableMarker = recoverable
-		if e.Signal == syscall.SIGKILL && gs.oomKnown {
+		// A worker of the command's that the OOM killer ended fails the
+		// command, whatever status torch's agent then exits with.
+		if (e.Signal == syscall.SIGKILL || gs.launch != nil) && gs.oomKnown {
 			if n, ok := oomKills(); ok && n > gs.oomBaseline {
 				e.OOM = true
 			}
 		}
 	}
-	gs.send(WorkerExited{Attempt: attempt, LocalRank: w.localRank, Exit: e, from: w})
+	gs.send(WorkerExited{Attempt: w.attempt, LocalRank: w.localRank, Exit: e, from: w})
 }
 
 // signal sends sig to every live worker: SIGTERM and SIGKILL to the whole
 // process group, other signals (the dump signal) to the worker alone so that
-// its helpers (data loader processes) are not killed by a default action.
+// its helpers (data loader processes) are not killed by a default action;
+// under --launcher command to the child's children, its workers.
 func (g *group) signal(sig syscall.Signal) {
 	for _, w := range g.workers {
-		if w.cmd == nil || w.cmd.Process == nil || w.exited.Load() {
+		if w.pgid == 0 || w.exited.Load() {
 			continue
 		}
-		if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
+		switch {
+		case sig == syscall.SIGTERM || sig == syscall.SIGKILL:
 			_ = syscall.Kill(-w.pgid, sig)
-		} else {
-			_ = syscall.Kill(w.cmd.Process.Pid, sig)
+		case g.command:
+			signalChildren(w.pgid, sig) // the child leads its group
+		default:
+			_ = syscall.Kill(w.pgid, sig) // the group's leader
 		}
 	}
 }

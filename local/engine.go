@@ -57,8 +57,9 @@ type Options struct {
 	// NetworkCheck and ExcludeStraggler turn on the master's node check.
 	NetworkCheck, ExcludeStraggler bool
 	// HeartbeatInterval, HeartbeatTimeout, WaitingTimeout, CheckTimeout
-	// are the master's (defaults 1 s, 6 s, 2 s, 60 s: local pods start in
-	// about a second).
+	// are the master's (defaults 1 s, 8 s, 2 s, 60 s: local pods start in
+	// about a second). HeartbeatTimeout is at least 8 s: an agent's
+	// heartbeat is a long poll of 5 s (agent.MasterConfig).
 	HeartbeatInterval, HeartbeatTimeout, WaitingTimeout, CheckTimeout time.Duration
 	// Grace is how long a deleted pod gets between SIGTERM and SIGKILL,
 	// and the agents' --stop-grace (default 5 s).
@@ -66,6 +67,10 @@ type Options struct {
 	// AgentArgs are more flags for every agent; Env more variables for
 	// every pod.
 	AgentArgs, Env []string
+	// Network is "host" (pods share this machine's loopback), "netns"
+	// (each pod its own network namespace on a bridge; needs root), or ""
+	// for netns when a cut-network chaos needs it and it can be had.
+	Network string
 	// View receives the live view (default: nothing); Live redraws a table
 	// in place (a terminal) instead of writing plain lines.
 	View io.Writer
@@ -82,6 +87,10 @@ func (o *Options) defaults() error {
 	}
 	if o.TF != nil {
 		o.MinNodes, o.MaxNodes, o.NProcPerNode = o.TF.Replicas(), o.TF.Replicas(), 1
+		if o.Network == "netns" {
+			return errors.New("a TF job's pods share this machine's loopback (TF_CONFIG names their addresses there): no network namespaces")
+		}
+		o.Network = "host" // cut-network then freezes its pod
 	}
 	if o.MinNodes < 1 || o.MaxNodes < o.MinNodes {
 		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", o.MinNodes, o.MaxNodes)
@@ -114,12 +123,13 @@ func (o *Options) defaults() error {
 	for _, d := range []struct {
 		v   *time.Duration
 		def time.Duration
-	}{{&o.HeartbeatInterval, time.Second}, {&o.HeartbeatTimeout, 6 * time.Second}, {&o.WaitingTimeout, 2 * time.Second},
+	}{{&o.HeartbeatInterval, time.Second}, {&o.HeartbeatTimeout, minHeartbeatTimeout}, {&o.WaitingTimeout, 2 * time.Second},
 		{&o.CheckTimeout, 60 * time.Second}, {&o.Grace, 5 * time.Second}} {
 		if *d.v <= 0 {
 			*d.v = d.def
 		}
 	}
+	o.HeartbeatTimeout = max(o.HeartbeatTimeout, minHeartbeatTimeout)
 	for _, c := range o.Chaos {
 		if err := c.Check(o.MaxNodes, o.NProcPerNode); err != nil {
 			return err
@@ -133,6 +143,35 @@ func (o *Options) defaults() error {
 	}
 	return nil
 }
+
+// setupNetwork gives pods network namespaces when asked, or when a
+// cut-network needs them and this machine can (root, iproute2).
+func (e *Engine) setupNetwork() error {
+	want := e.opts.Network == "netns"
+	if e.opts.Network == "" {
+		for _, c := range e.opts.Chaos {
+			want = want || c.Action == CutNetwork
+		}
+	}
+	if !want {
+		return nil
+	}
+	n, why := newNetwork(e.jobMark)
+	if n == nil {
+		if e.opts.Network == "netns" {
+			return fmt.Errorf("network namespaces: %s", why)
+		}
+		e.note("network", "no network namespaces for the pods (%s): cut-network freezes its pod instead", why)
+		return nil
+	}
+	e.net = n
+	e.note("network", "each pod in its own network namespace on bridge %s (%s.0/24; the master at %s)", n.bridge, n.subnet, n.gateway())
+	return nil
+}
+
+// minHeartbeatTimeout is above the agents' heartbeat long poll (5 s, which
+// they ask the master to hold), with room for a loaded machine.
+const minHeartbeatTimeout = 8 * time.Second
 
 // Result is how a local job ended.
 type Result struct {
@@ -149,6 +188,10 @@ type Result struct {
 	Pods []Pod
 	// Stopped is the master's reason when it stopped the job.
 	Stopped string
+	// Recovery is, for each chaos action that fired, how long from the
+	// action to the first training step after a round formed again (zero
+	// when training did not resume after it).
+	Recovery []time.Duration
 }
 
 // Engine runs one elastic job on this machine: the master in-process, one
@@ -161,6 +204,7 @@ type Engine struct {
 	log    *slog.Logger
 	mlog   *slog.Logger
 	limits *Limits
+	net    *network // nil: pods share the loopback
 	view   *view
 	// jobMark is in every pod's environment: tests (and people) find every
 	// process a job started by it.
@@ -190,9 +234,14 @@ type Engine struct {
 	extras    []kferrors.Failure
 	stopped   string
 	finished  bool
-	wake      chan struct{}
-	started   time.Time
-	mctx      context.Context
+	// faults are the times the chaos actions fired; recoveredAt[i] the
+	// first step after a round that formed after faults[i] (zero: none
+	// yet); lastRound when a pod last printed a completed rendezvous.
+	faults, recoveredAt []time.Time
+	lastRound           time.Time
+	wake                chan struct{}
+	started             time.Time
+	mctx                context.Context
 }
 
 // podProc is one pod's agent process.
@@ -255,6 +304,12 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 	e.limits = NewLimits("kfelastic-" + o.Job + "-" + e.jobMark)
 	defer e.limits.Remove()
 	e.note("limits", "memory and CPU limits: %s%s", e.limits.Mode, limitsNote(e.limits.Mode))
+	if err := e.setupNetwork(); err != nil {
+		return nil, err
+	}
+	if e.net != nil {
+		defer e.net.close()
+	}
 	e.book = NewBook(o.Job, o.MaxNodes, o.Slots, o.Memory)
 	if o.TF != nil {
 		if e.tf, err = newTFJob(*o.TF); err != nil {
@@ -338,7 +393,11 @@ func (e *Engine) startMaster(ctx context.Context) error {
 		return err
 	}
 	addr := e.addr
-	if addr == "" {
+	switch {
+	case addr != "":
+	case e.net != nil:
+		addr = e.net.gateway() + ":0"
+	default:
 		addr = "127.0.0.1:0"
 	}
 	var lis net.Listener
@@ -531,6 +590,15 @@ func (e *Engine) start(p Pod) error {
 		"--max-restarts", strconv.Itoa(o.MaxRestarts), "--rdzv-backend", "kfelastic", "--rdzv-endpoint", e.addr, "--rdzv-id", o.Job,
 		"--token-file", e.tokenPath, "--node-rank", strconv.Itoa(p.Rank), "--error-prefix", e.errURL, "--log-dir", logDir,
 		"--launcher", o.Launcher, "--stop-grace", o.Grace.String()}
+	var prefix []string
+	if e.net != nil {
+		var addr string
+		if prefix, addr, err = e.net.pod(p.Index); err != nil {
+			return fmt.Errorf("its network namespace: %w", err)
+		}
+		// The pod's own address for its store, and gloo's interface.
+		args = append(args, "--master-addr", addr)
+	}
 	args = append(args, o.AgentArgs...)
 	args = append(args, "--")
 	args = append(args, o.Command...)
@@ -545,13 +613,17 @@ func (e *Engine) start(p Pod) error {
 	script := `for f in $KFELASTIC_LOCAL_CGROUPS; do echo $$ > "$f" || exit 111; done
 [ -z "$KFELASTIC_LOCAL_RLIMIT_KB" ] || ulimit -v "$KFELASTIC_LOCAL_RLIMIT_KB" || exit 111
 exec "$@"`
-	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", o.Binary}, args...)...)
+	argv := append([]string{"-c", script, "sh"}, prefix...)
+	cmd := exec.Command("/bin/sh", append(append(argv, o.Binary), args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(append(os.Environ(), o.Env...), podEnv...)
 	cmd.Env = append(cmd.Env, "POD_NAME="+p.Name, "HOSTNAME="+p.Name,
 		// Each pod is its own machine: a relaunch "elsewhere" is another name.
 		"KFELASTIC_NODE_NAME="+fmt.Sprintf("%s-node-%d", o.Job, p.Index),
 		"KFELASTIC_LOCAL_JOB="+e.jobMark, "KFELASTIC_LOCAL_CGROUPS="+strings.Join(cg.ProcsFiles(), " "))
+	if e.net != nil {
+		cmd.Env = append(cmd.Env, "GLOO_SOCKET_IFNAME=eth0")
+	}
 	if e.limits.Mode == "rlimit" && p.Memory > 0 {
 		cmd.Env = append(cmd.Env, "KFELASTIC_LOCAL_RLIMIT_KB="+strconv.FormatInt(p.Memory>>10, 10))
 	}
@@ -624,6 +696,7 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 				p.restartCount = n
 			} else {
 				p.groupWorldSize, p.round = n, true
+				e.lastRound = time.Now()
 				e.note("round", "%s: Rendezvous complete: group_world_size=%d restart_count=%d", p.pod.Name, n, p.restartCount)
 				if old := p.pod.Replaces; old != "" && !e.recovered[old] {
 					e.recovered[old] = true
@@ -649,6 +722,12 @@ func (e *Engine) stepSeen(p *podProc, n int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	p.step = n
+	now := time.Now()
+	for i, at := range e.faults {
+		if e.recoveredAt[i].IsZero() && e.lastRound.After(at) {
+			e.recoveredAt[i] = now
+		}
+	}
 	if n <= e.maxStep {
 		return
 	}
@@ -941,6 +1020,13 @@ func (e *Engine) refresh(ctx context.Context) {
 func (e *Engine) result() *Result {
 	e.mu.Lock()
 	res := &Result{Documents: e.errURL, Pods: e.book.Pods(), Stopped: e.stopped}
+	for i, at := range e.faults {
+		var d time.Duration
+		if !e.recoveredAt[i].IsZero() {
+			d = e.recoveredAt[i].Sub(at)
+		}
+		res.Recovery = append(res.Recovery, d)
+	}
 	extras := e.extras
 	recovered := maps.Clone(e.recovered)
 	finished := map[int]bool{}

@@ -22,6 +22,8 @@ func (e *Engine) fire(i int) {
 		return
 	}
 	e.fired[i] = true
+	e.faults = append(e.faults, time.Now())
+	e.recoveredAt = append(e.recoveredAt, time.Time{})
 	c := e.opts.Chaos[i]
 	switch c.Action {
 	case AddSlot:
@@ -79,6 +81,14 @@ func (e *Engine) apply(c Chaos, p *podProc) {
 		e.note("chaos", "break-check: %s's health-check processes are killed, every round", name)
 		go e.breakChecks(p)
 	case CutNetwork:
+		if e.net != nil {
+			if err := e.net.cut(p.pod.Index); err != nil {
+				e.note("chaos", "cut-network: %v", err)
+				return
+			}
+			e.note("chaos", "cut-network: %s's link is down (its network namespace is cut off the bridge)", name)
+			return
+		}
 		// Without a network namespace per pod the pod is frozen: the
 		// master and the peers see what they would see of a lost network
 		// (no heartbeat, no answer on its sockets), the pod sees nothing.

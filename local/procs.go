@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Processes of a pod are found the way a node agent would: the pod's
@@ -240,11 +241,28 @@ func (c *Cgroup) Remove() {
 	}
 }
 
-// Remove deletes the job's cgroups (after every pod's).
+// Remove deletes the job's cgroups and what is left of its pods' (the
+// kernel frees a cgroup a moment after its last process: retried for 5 s).
 func (l *Limits) Remove() {
-	for _, d := range []string{l.mem, l.cpu} {
-		if d != "" {
-			_ = os.Remove(d)
+	for range 50 {
+		left := 0
+		for _, d := range []string{l.mem, l.cpu} {
+			if d == "" {
+				continue
+			}
+			pods, _ := os.ReadDir(d)
+			for _, p := range pods {
+				if p.IsDir() {
+					_ = os.Remove(filepath.Join(d, p.Name()))
+				}
+			}
+			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+				left++
+			}
 		}
+		if left == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

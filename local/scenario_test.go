@@ -125,6 +125,9 @@ func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 	t.Logf("job ran %s", time.Since(start).Round(time.Millisecond))
 	j := &job{t: t, res: res, view: view.String(), out: opts.Out}
 	t.Logf("view:\n%s", j.view)
+	if res != nil {
+		t.Logf("recovery after each fault: %v", res.Recovery)
+	}
 	if err != nil {
 		j.dump()
 		t.Fatal(err)
@@ -143,6 +146,15 @@ func (j *job) dump() {
 			b = append(b[:2000], append([]byte("\n…\n"), b[len(b)-4000:]...)...)
 		}
 		j.t.Logf("%s:\n%s", filepath.Base(l), b)
+	}
+	if b, err := os.ReadFile(filepath.Join(j.out, "master.log")); err == nil {
+		var keep []string
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if strings.Contains(line, "component=master") && !strings.Contains(line, "level=DEBUG") {
+				keep = append(keep, line)
+			}
+		}
+		j.t.Logf("master.log:\n%s", strings.Join(keep, "\n"))
 	}
 }
 
@@ -301,4 +313,16 @@ func TestOOMDoublesMemory(t *testing.T) {
 	// writes it, as the plugin synthesizes one from a pod status) is moved
 	// aside once the replacement trains.
 	j.expect("recovered", j.view, `job-worker-1's failure is recovered`)
+}
+
+// Scenario 4: a pod's network breaks mid-training: the master no longer
+// hears it and declares it lost after the heartbeat timeout, its peers are
+// told to restart, a replacement takes its rank, and training resumes from
+// the checkpoint.
+func TestScenario4CutNetwork(t *testing.T) {
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 40, "cut-network:2@step=8")
+	j.succeeded()
+	j.expect("cut", j.view, `cut-network: job-worker-2`)
+	j.expect("lost, replaced", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after NodeLost`)
+	j.resumed("job-worker-3")
 }

@@ -865,7 +865,11 @@ func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
 		a.Action, a.Exit = Exit, &e
 	case j.stopped:
 		a.Action, a.Exit = Exit, j.stopExclusion()
-	case rec.State == Running && round > 0 && (round != rec.Round || j.outdated):
+	case rec.State == Running && round > 0 && (round != rec.Round || j.outdated || rec.Round < a.LatestRound):
+		// rec.Round < LatestRound: a round formed without this running node
+		// (its heartbeat was elsewhere while the outdated round's last call
+		// ran, testdata/scenarios/missed_round.txt): it must rejoin, or it
+		// would wait forever on peers that left its round.
 		a.Action = Restart
 	}
 	return a

@@ -6,4 +6,5 @@ BENCHES += recovery
 
 .PHONY: bench-recovery
 bench-recovery: build
+	scripts/deps.sh torch
 	$(GO) run ./bench/recovery -kfelastic $(BIN) -script bench/recovery/train.py

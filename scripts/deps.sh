@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|k8s|protoc]
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|k8s|protoc|torch2]
 # (torch: Debian's python3-torch alone, for make demo; k8s: etcd, kube-apiserver,
 # CRDs, training operator, kwok)
 set -euo pipefail
@@ -109,12 +109,35 @@ need_protoc() {
     GOBIN="$BIN" GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$rv"
 }
 
+# torch 2.x for the store relay's tests (agent/tcpstore, agent/storerelay):
+# Debian trixie's python3-torch in a debootstrap chroot under $CACHE/torch2,
+# run as `chroot $CACHE/torch2 python3`. Part of `all`, beside the long builds (its cost is in the
+# README); the tests that need it skip when it is absent.
+need_torch2() {
+  local root=$CACHE/torch2
+  [ -x "$root/usr/bin/python3" ] && chroot "$root" python3 -c 'import torch' >/dev/null 2>&1 && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  command -v debootstrap >/dev/null || {
+    $SUDO apt-get update -qq >"$CACHE/logs/torch2.log" 2>&1
+    $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$CACHE/logs/torch2.log" 2>&1
+  }
+  log "debootstrap trixie with python3-torch into $root (≈ minutes, ≈ GB)"
+  rm -rf "$root.tmp"
+  $SUDO debootstrap --variant=minbase trixie "$root.tmp" http://deb.debian.org/debian >>"$CACHE/logs/torch2.log" 2>&1
+  $SUDO chroot "$root.tmp" apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/torch2.log" 2>&1
+  $SUDO chroot "$root.tmp" apt-get clean >>"$CACHE/logs/torch2.log" 2>&1
+  rm -rf "$root"
+  mv "$root.tmp" "$root"
+}
+
 what=${1:-all}
 case $what in
   apt) need_apt ;;
   torch) need_torch ;;
   minio) need_minio ;;
   protoc) need_protoc ;;
+  torch2) need_torch2 ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
   all)
     need_apt
@@ -122,8 +145,11 @@ case $what in
     need_minio & p1=$!
     need_k8s & p2=$!
     need_operator & p3=$!
+    # torch 2.x for the store relay's tests; without it those tests skip
+    # with a note, so a failed debootstrap does not fail the run.
+    { need_torch2 || log "no torch 2.x chroot (see $CACHE/logs/torch2.log): its tests will skip"; } & p4=$!
     need_crds
-    wait $p1; wait $p2; wait $p3
+    wait $p1; wait $p2; wait $p3; wait $p4
     ;;
-  *) echo "usage: $0 [all|apt|torch|minio|k8s|protoc]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|torch|minio|k8s|protoc|torch2]" >&2; exit 2 ;;
 esac

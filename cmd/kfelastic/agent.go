@@ -50,6 +50,7 @@ type agentFlags struct {
 	preload         string
 	tokenFile       string
 	storeProxy      bool
+	forkServer      bool
 	launcher        string
 }
 
@@ -79,6 +80,23 @@ store on a private port: torch 1.13 retries a refused store connection only afte
 a whole second, which a worker that starts before rank 0 has bound its port would
 otherwise wait out. Rank 0's MASTER_PORT is that private port; torchrun gives all
 workers the same one. --store-proxy=false restores that.
+
+--launcher command runs the command once, for one that starts its own workers
+through torch elastic (flytekit's pyflyte-execute, a script calling elastic_launch
+or torchrun): torch restarts them (PET_MAX_RESTARTS; the agent never restarts the
+command), and the command's PET_RDZV_ENDPOINT is the agent's loopback relay to the
+master's store, so torch's c10d rendezvous lives in the master. The agent joins
+the master first (node check included); a master round that changes later does
+not stop the command, the master's EXIT does. The dump signal goes to the
+command's children, its workers.
+
+Restarts are as fast as a fork (--fork-server, on by default): for a
+"python SCRIPT" or "python -m MODULE" command the agent keeps one interpreter with
+--preload imported and forks each worker from it; the workers share its pages.
+Its memory (one idle interpreter per pod) is logged when it is ready.
+--fork-server=false starts every worker with exec; --warm-spares (which turns the
+fork server off) pre-starts whole interpreters instead, for scripts that cannot be
+forked.
 
 Signals: SIGTERM is a preemption (--dump-signal, --dump-timeout, then the stop;
 a Preempted document, exit 143). SIGINT, SIGHUP and SIGQUIT stop the workers
@@ -146,7 +164,8 @@ pod failed or succeeded) are appended under events/ there, in the background;
 	fl.DurationVar(&f.stopGrace, "stop-grace", 10*time.Second, "time between SIGTERM and SIGKILL when stopping workers (> 0)")
 	fl.DurationVar(&f.storageTimeout, "storage-timeout", agent.DefaultStorageTimeout, "how long the pod's error document upload is retried (it is always kept in --log-dir too), the bound on moving recovered documents at each group start, and on each event write (> 0)")
 	fl.BoolVar(&f.warmSpares, "warm-spares", false, "for python SCRIPT workers: keep the next attempt's interpreters started, with --preload imported, so that a restart skips them (costs their memory)")
-	fl.StringVar(&f.preload, "preload", "torch", "with --warm-spares: comma-separated modules the spares import ahead")
+	fl.StringVar(&f.preload, "preload", "torch", "comma-separated modules the fork server (or, with --warm-spares, the spares) imports ahead")
+	fl.BoolVar(&f.forkServer, "fork-server", true, "for python SCRIPT and python -m MODULE workers: fork each worker from one interpreter per pod that has imported --preload, so that a restart skips the interpreter start and the imports (costs one idle interpreter's memory; off with --warm-spares)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the per-job token the kfelastic master requires on every call (the plugin mounts it from a Secret)")
 	fl.StringVar(&f.launcher, "launcher", "agent", "who starts the workers: agent (the agent starts --nproc-per-node workers) or command (the command starts its own through torch elastic, as flytekit's pyflyte-execute does; the agent runs it once)")
 	fl.BoolVar(&f.storeProxy, "store-proxy", true, "on the node of group rank 0, accept the workers' store connections on MASTER_PORT at once and forward them to rank 0's store on a private port, so that no worker waits out torch's 1 s retry of a refused connect; rank 0's MASTER_PORT then differs from the others' (torchrun gives all the same)")
@@ -178,7 +197,8 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		RdzvBackend: f.rdzvBackend, RdzvEndpoint: f.rdzvEndpoint, RdzvID: f.rdzvID,
 		MasterAddr: f.masterAddr, MasterPort: f.masterPort, LogDir: f.logDir, ErrorPrefix: f.errorPrefix,
 		WarmSpares: f.warmSpares, Preload: f.preload, TokenFile: f.tokenFile, NoStoreProxy: !f.storeProxy,
-		HangTimeout: f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
+		NoForkServer: !f.forkServer,
+		HangTimeout:  f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
 		Pod: podName(),
 		// Never blocked by a reader that does not read (agent.Output).
 		Stdout: agent.NewOutput(os.Stdout), Stderr: agent.NewOutput(os.Stderr),

@@ -80,6 +80,22 @@ func TestAgentStoreProxyFlag(t *testing.T) {
 	}
 }
 
+// The fork server is on unless --fork-server=false.
+func TestAgentForkServerFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		off  bool
+	}{{nil, false}, {[]string{"--fork-server=false"}, true}} {
+		cfg, err := parseAgent(t, nil, append(c.args, "--", "python3", "train.py")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.NoForkServer != c.off {
+			t.Errorf("%v: NoForkServer %t, want %t", c.args, cfg.NoForkServer, c.off)
+		}
+	}
+}
+
 func TestAgentFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--nnodes", "3:2", "--", "x"},

@@ -19,6 +19,7 @@ import (
 // localFlags are `kfelastic local`'s flags (DESIGN.md §6).
 type localFlags struct {
 	nnodes, nproc, launcher, out, job, memory, binary string
+	network                                           string
 	maxRestarts, slots, maxRelaunches                 int
 	tfPS, tfWorkers                                   int
 	chaos                                             []string
@@ -51,8 +52,9 @@ start); without it, at once. Actions:
   kill-worker  kill -9 of one training process
   straggler    throttles the pod's CPU (cgroup cpu quota) from the start
   break-check  kills the pod's health-check processes, every round
-  cut-network  the pod loses the network (here: it is frozen, which its peers and the
-               master see as a lost network)
+  cut-network  the pod's link goes down (as root: each pod in its own network namespace
+               on a bridge, --network; otherwise the pod is frozen, which its peers and
+               the master see as a lost network)
   oom          a process in the pod's memory cgroup allocates past the limit
   fail-pod     the pod's machine fails, and its relaunches fail too
   add-slot     one more slot frees (scale up)
@@ -96,11 +98,12 @@ shows it. Ctrl-C stops every process it started. Exit status: 0 when the job suc
 	fl.BoolVar(&f.networkCheck, "network-check", false, "the master runs the node health check before training")
 	fl.BoolVar(&f.excludeStraggler, "exclude-straggler", false, "with --network-check: a node slower than 2× the median exits with a Straggler document")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", time.Second, "the master's heartbeat interval")
-	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", 6*time.Second, "a pod silent this long is lost")
+	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", 8*time.Second, "a pod silent this long is lost (at least 8s: the agents' heartbeat is a 5 s long poll)")
 	fl.DurationVar(&f.waiting, "waiting-timeout", 2*time.Second, "a round of at least MIN pods completes this long after the last join")
 	fl.DurationVar(&f.checkTimeout, "check-timeout", 60*time.Second, "bound on one health-check round")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL for a deleted pod, and the agents' --stop-grace")
 	fl.StringVar(&f.binary, "binary", "", "the kfelastic binary the pods run (default: this one)")
+	fl.StringVar(&f.network, "network", "", "pods' network: host (this machine's loopback), netns (a network namespace each, on a bridge; root), or empty: netns when a cut-network needs it and it can be had")
 	fl.IntVar(&f.tfPS, "tf-ps", 0, "a TensorFlow PS job with this many parameter servers (with --tf-workers; see above)")
 	fl.IntVar(&f.tfWorkers, "tf-workers", 0, "a TensorFlow PS job with this many workers besides its chief")
 	return cmd
@@ -150,6 +153,9 @@ func (f *localFlags) options(command []string) (local.Options, error) {
 			return o, fmt.Errorf("%s %s: want a positive duration", name, d)
 		}
 	}
+	if f.network != "" && f.network != "host" && f.network != "netns" {
+		return o, fmt.Errorf("--network %q: want host or netns", f.network)
+	}
 	var chaos []local.Chaos
 	for _, s := range f.chaos {
 		c, err := local.ParseChaos(s)
@@ -168,7 +174,7 @@ func (f *localFlags) options(command []string) (local.Options, error) {
 	return local.Options{Job: f.job, MinNodes: lo, MaxNodes: hi, NProcPerNode: n, MaxRestarts: f.maxRestarts, Slots: f.slots,
 		Launcher: f.launcher, Out: out, Chaos: chaos, Command: command, Binary: f.binary, Memory: mem, MaxRelaunches: f.maxRelaunches,
 		NetworkCheck: f.networkCheck || f.excludeStraggler, ExcludeStraggler: f.excludeStraggler, HeartbeatInterval: f.heartbeatInterval,
-		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, TF: tf}, nil
+		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network, TF: tf}, nil
 }
 
 // runLocal runs the job, then prints how it ended and writes its report.

@@ -85,16 +85,7 @@ func (p *proc) waitFor(t *testing.T, re *regexp.Regexp, d time.Duration) {
 // and restart_count unchanged (a membership change spends no budget), then
 // train to the end from the checkpoint.
 func TestMasterScaleUpRealTorch(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real master, agents and torch workers")
-	}
-	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", torchPython, err)
-	}
-	bin, err := buildBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := torchBinary(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	_ = os.WriteFile(tokenFile, []byte("job-token\n"), 0o600)
@@ -144,6 +135,23 @@ func TestMasterScaleUpRealTorch(t *testing.T) {
 	if !strings.Contains(m.out.String(), "rendezvous round completed") {
 		t.Errorf("master log:\n%s", m.out)
 	}
+}
+
+// torchBinary skips the test with -short, fails it without torch, and
+// returns the built kfelastic binary.
+func torchBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real master, agents and torch workers")
+	}
+	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", torchPython, err)
+	}
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }
 
 func freePortForTest(t *testing.T) int {

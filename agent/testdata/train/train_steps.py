@@ -4,7 +4,8 @@ benchmark. Run under kfelastic agent or torchrun; it uses env:// only.
 Prints "restart N pid P rank R" once its process group is ready, then
 "step S loss L" per step. Options: --steps N (default 1000000), --sleep SEC
 per step (default 0.01), --env-out DIR writes the env it sees (env-<restart>-<rank>.json) and its
-argv, sys.path[0], __file__ (argv-<restart>-<rank>.json),
+argv, sys.path[0], __file__ (argv-<restart>-<rank>.json), its pid, process
+group and parent (proc-<restart>-<rank>.json),
 --mark DIR writes DIR/pid-<restart>-<rank> (its pid) once ready and
 DIR/step-<restart>-<rank> (time.time() of its first step) and
 DIR/begin-<restart>-<rank> (when the script began) for benchmarks,
@@ -20,7 +21,7 @@ import time
 
 BEGIN = time.time()  # the interpreter reached the script (for benchmarks)
 
-PRELOADED = "torch" in sys.modules  # true in a kfelastic warm spare
+PRELOADED = "torch" in sys.modules  # true in a kfelastic warm spare or fork
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,8 @@ def main():
             json.dump({"argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__}, f)
         with open(os.path.join(a.env_out, f"preloaded-{tag}"), "w") as f:
             f.write(str(PRELOADED))
+        with open(os.path.join(a.env_out, f"proc-{tag}.json"), "w") as f:
+            json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "ppid": os.getppid()}, f)
     dist.init_process_group("gloo", init_method="env://")
     start = 0
     if a.ckpt and os.path.exists(a.ckpt):

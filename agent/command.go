@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// --launcher command (DESIGN §4 "Two ways to launch").
+//
+// The agent starts exactly one child, the user's command (flytekit's
+// pyflyte-execute, or any script that calls torch's elastic_launch or
+// torchrun itself), which forks and restarts its own workers. How the agent's
+// duties map onto it:
+//
+//   - Master rounds: the agent joins the master once before the child starts
+//     (the node check runs then, as in agent mode) and starts the child with
+//     the first round. A round that changes later (a node left, a replacement
+//     waits, a scale-up) does not stop the child: torch's own agent inside it
+//     re-rendezvouses through the store. The agent only re-joins the master
+//     in the background (Policy, Command), so that the master's membership
+//     follows and a replacement pod completes a round with the others. The
+//     heartbeat's EXIT (an exclusion, a stopped job) stops the child.
+//   - The store: the child's PET_RDZV_ENDPOINT is the agent's loopback
+//     TCPStore relay, which carries torch's c10d rendezvous (and the rest of
+//     its store operations) to the master, so the store survives the loss of
+//     any pod, worker 0's included. Without a master (one node, or the static
+//     backend) there is no relay and PET_RDZV_ENDPOINT is left as it is:
+//     torch hosts its store itself, as upstream.
+//   - Restarts: --max-restarts is torch's business inside the child (it gets
+//     PET_MAX_RESTARTS); the agent never restarts the child. The child's exit
+//     status decides the pod's end: documents and exit codes as for a worker
+//     (OOM, signal, exit code, torch's error file when the child writes one).
+//     A failed child counts as OOM when the OOM killer struck in the pod's
+//     memory cgroup during its life: it kills a worker, and torch's agent
+//     then fails with whatever status it chooses.
+//     flytekit writes its own documents (_F_WN, _F_DES), which the agent
+//     leaves alone: the child gets the pod's environment, not a worker's.
+//   - Signals: SIGTERM to the agent sends the dump signal to the child's
+//     children (torch's workers), not to the child, whose default action
+//     would end torch's agent before any worker dumped; then SIGTERM to the
+//     child's process group, grace, SIGKILL.
+//   - The hang watchdog watches the child's output (the workers inherit it)
+//     and KFELASTIC_PROGRESS_FILE, which the workers inherit too.
+
+// LauncherCommand is Config.Launcher for --launcher command.
+const LauncherCommand = "command"
+
+func (c *Config) command() bool { return c.Launcher == LauncherCommand }
+
+// startCommandRelay starts the child's store relay (storerelay.go) when the
+// rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
+func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*StoreRelay, error) {
+	m, ok := rdzv.(*Master)
+	if !ok {
+		return nil, nil
+	}
+	r, err := StartStoreRelay(ctx, m, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("store relay for the command", "addr", r.Addr())
+	return r, nil
+}
+
+// commandSpec is what the child's environment adds to the pod's.
+type commandSpec struct {
+	cfg *Config
+	// rdzvEndpoint is the relay's address; "" leaves PET_RDZV_ENDPOINT.
+	rdzvEndpoint string
+	errorFile    string
+	progressFile string
+	mark         string
+}
+
+// CommandEnv is the child's environment under --launcher command: the pod's
+// own (base), PET_* unchanged except PET_RDZV_ENDPOINT, which is the relay's
+// loopback address when there is one. The PET_* that torch's launch reads
+// and the pod lacks (an agent given flags, not the operator's env) are set
+// from the agent's flags, so that the command sees the same job. Added:
+// TORCHELASTIC_ERROR_FILE (torch's @record in the child, as torchrun's main
+// has it, copies the first failed worker's error there), the progress file
+// and the agent's mark, PYTHONUNBUFFERED=1 when unset. No worker variable
+// (RANK, MASTER_ADDR, …: torch's agent sets its workers' own), no _F_WN or
+// _F_DES (the pod's, for flytekit's documents).
+func CommandEnv(base []string, s commandSpec) []string {
+	env := envMap(base)
+	c := s.cfg
+	nnodes := strconv.Itoa(c.MinNodes)
+	if c.MaxNodes != c.MinNodes {
+		nnodes += ":" + strconv.Itoa(c.MaxNodes)
+	}
+	defaults := map[string]string{"PET_NNODES": nnodes, "PET_NPROC_PER_NODE": strconv.Itoa(c.NProcPerNode),
+		"PET_MAX_RESTARTS": strconv.Itoa(c.MaxRestarts), "PET_RDZV_ID": c.RdzvID, "PYTHONUNBUFFERED": "1"}
+	if c.NodeRank >= 0 {
+		defaults["PET_NODE_RANK"] = strconv.Itoa(c.NodeRank)
+	}
+	if c.RdzvEndpoint != "" && s.rdzvEndpoint == "" {
+		defaults["PET_RDZV_ENDPOINT"] = c.RdzvEndpoint
+	}
+	for k, v := range defaults {
+		if env[k] == "" {
+			env[k] = v
+		}
+	}
+	if s.rdzvEndpoint != "" {
+		env["PET_RDZV_ENDPOINT"] = s.rdzvEndpoint
+	}
+	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
+	env[ProgressFileEnv] = s.progressFile
+	if s.mark != "" {
+		env[agentMarkEnv] = s.mark
+	}
+	return envList(env)
+}
+
+// childPIDs are the live children of pid (every thread's), from
+// /proc/<pid>/task/*/children.
+func childPIDs(pid int) []int {
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	var pids []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for f := range strings.FieldsSeq(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil && !slices.Contains(pids, n) {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
+}
+
+// signalChildren sends sig to the children of pid (the command's workers);
+// it returns how many got it.
+func signalChildren(pid int, sig syscall.Signal) int {
+	n := 0
+	for _, c := range childPIDs(pid) {
+		if syscall.Kill(c, sig) == nil {
+			n++
+		}
+	}
+	return n
+}

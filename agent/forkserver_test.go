@@ -1,0 +1,466 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// needPython skips without /usr/bin/python3 (the fork server's tests that
+// need no torch).
+func needPython(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real python: skipped with -short")
+	}
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s", python)
+	}
+}
+
+// newTestForkServer starts a real fork server with /usr/bin/python3 and
+// preload (none: fast), and waits until it is ready.
+func newTestForkServer(t *testing.T, preload string, env ...string) *forkServer {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := startForkServer(python, append(os.Environ(), env...), preload, "test/fork", filepath.Join(t.TempDir(), "fork.log"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	if !s.waitReady(nil) {
+		t.Fatalf("fork server not ready: %s", tail(s.logPath, 4096))
+	}
+	return s
+}
+
+// writePy writes a python file into a new temporary folder; its path.
+func writePy(t *testing.T, name, code string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// `python SCRIPT ARGS` (a relative path) and `python -m MODULE ARGS`
+// forked are as exec'd: sys.argv, sys.path[0], __name__, __file__,
+// __loader__, __spec__, and the real __main__ module as the globals.
+func TestForkServerAsExeced(t *testing.T) {
+	needPython(t)
+	code := `import json, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__, "spec": __spec__ and __spec__.name,
+    "loader": type(__loader__).__name__, "main": sys.modules["__main__"].__dict__ is globals(), "doc": __doc__}))
+`
+	script := writePy(t, "kfmod.py", `"""doc"""`+"\n"+code)
+	dir := filepath.Dir(script)
+	wd, _ := os.Getwd()
+	rel, err := filepath.Rel(wd, script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PYTHONPATH=" + dir}
+	s := newTestForkServer(t, "", env...)
+	for _, argv := range [][]string{{rel, "a", "-b"}, {"-m", "kfmod", "a", "-b"}} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, exit, err := s.fork(argv, env, w, w)
+		w.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		forked, _ := io.ReadAll(r)
+		r.Close()
+		if e := waitForkExit(t, exit); e.lost || e.status.ExitStatus() != 0 {
+			t.Errorf("%q: exit %+v: %s", argv, e, forked)
+		}
+		cmd := exec.Command(python, argv...)
+		cmd.Env = env
+		execd, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(forked) != string(execd) || !strings.Contains(string(forked), `"name": "__main__"`) {
+			t.Errorf("%q:\nforked  %s\nexec'd  %s", argv, forked, execd)
+		}
+	}
+}
+
+// forkScript forks python code as a worker script and returns its pid, its
+// end and its stdout (read to EOF) once it ended.
+func forkScript(t *testing.T, s *forkServer, code string, args []string, env []string) (int, <-chan forkExit, <-chan string) {
+	t.Helper()
+	script := writePy(t, "w.py", code)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, exit, err := s.fork(append([]string{script}, args...), env, w, w)
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	out := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(r)
+		r.Close()
+		out <- string(b)
+	}()
+	return pid, exit, out
+}
+
+func waitForkExit(t *testing.T, exit <-chan forkExit) forkExit {
+	t.Helper()
+	select {
+	case e := <-exit:
+		return e
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit reported")
+		return forkExit{}
+	}
+}
+
+// A forked worker gets exactly the environment, argv, working directory
+// and sys.path[0] it is given, leads its own process group, and its exit
+// status comes back as the wait status.
+func TestForkServerWorker(t *testing.T) {
+	needPython(t)
+	s := newTestForkServer(t, "")
+	code := `import json, os, sys
+print(json.dumps({"env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+    "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(), "name": __name__, "file": __file__}))
+sys.exit(3)
+`
+	env := []string{"A=1", "B=two words", "PYTHONUNBUFFERED=1"}
+	pid, exit, out := forkScript(t, s, code, []string{"--x", "y"}, env)
+	e := waitForkExit(t, exit)
+	if e.lost || e.status.Signaled() || e.status.ExitStatus() != 3 {
+		t.Errorf("exit %+v (status %v), want exit 3", e, e.status.ExitStatus())
+	}
+	var got struct {
+		Env                    map[string]string
+		Argv                   []string
+		Path0, Cwd, Name, File string
+		PGID, PID, PPID        int
+	}
+	text := <-out
+	if err := json.Unmarshal([]byte(text), &got); err != nil {
+		t.Fatalf("worker output %q: %v", text, err)
+	}
+	if len(got.Env) != 3 || got.Env["A"] != "1" || got.Env["B"] != "two words" {
+		t.Errorf("env %v, want exactly %v", got.Env, env)
+	}
+	wd, _ := os.Getwd()
+	if got.PID != pid || got.PGID != pid || got.PPID != s.pid || got.Cwd != wd || got.Name != "__main__" ||
+		got.Path0 != filepath.Dir(got.File) || len(got.Argv) != 3 || got.Argv[0] != got.File || got.Argv[1] != "--x" {
+		t.Errorf("worker %+v; want pid = pgid = %d, parent the server %d, cwd %s, argv [script --x y]", got, pid, s.pid, wd)
+	}
+}
+
+// A worker killed by a signal is reported with that signal; a fork server
+// that dies takes its workers with it, and they are reported lost.
+func TestForkServerSignalAndDeath(t *testing.T) {
+	needPython(t)
+	s := newTestForkServer(t, "")
+	pid, exit, _ := forkScript(t, s, "import time\ntime.sleep(60)\n", nil, []string{"X=1"})
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	if e := waitForkExit(t, exit); e.lost || !e.status.Signaled() || e.status.Signal() != syscall.SIGKILL {
+		t.Errorf("exit %+v, want SIGKILL", e)
+	}
+	pid, exit, _ = forkScript(t, s, "import time\ntime.sleep(60)\n", nil, []string{"X=1"})
+	_ = syscall.Kill(s.pid, syscall.SIGKILL)
+	if e := waitForkExit(t, exit); !e.lost {
+		t.Errorf("exit %+v, want lost", e)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(pid) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(pid) {
+		t.Errorf("worker %d outlived its fork server", pid)
+	}
+	if _, _, err := s.fork([]string{"x.py"}, nil, os.Stdout, os.Stdout); err == nil || !strings.Contains(err.Error(), "died") {
+		t.Errorf("fork from a dead server: %v", err)
+	}
+}
+
+// The fork server on real torch workers: a kill -9 of a worker restarts the
+// group from the fork server with the worker environment a cold worker gets
+// (only the per-attempt values differ), the same argv, each worker leading
+// its own process group as the server's child; a killed fork server takes
+// its workers with it, the group restarts with exec while a new server
+// imports, and the restart after that is forked again; training resumes to
+// the end each time.
+func TestTorchForkServerRestarts(t *testing.T) {
+	needTorch(t)
+	dir, ckpt := t.TempDir(), filepath.Join(t.TempDir(), "ckpt")
+	cfg, out := torchConfig(t, 2, "--steps", "100", "--sleep", "0.02", "--ckpt", ckpt, "--env-out", dir)
+	cfg.MaxRestarts, cfg.Env = 3, cleanEnv()
+	done := make(chan error, 1)
+	go func() { done <- Run(t.Context(), cfg) }()
+	servers := regexp.MustCompile(`msg="fork server starting" pid=(\d+)`)
+	kill := func(restart int, what string) {
+		t.Helper()
+		waitFor(t, out, fmt.Sprintf("[default1]:restart %d pid", restart), 30*time.Second)
+		var pid int
+		if what == "server" {
+			m := servers.FindAllStringSubmatch(out.String(), -1)
+			pid, _ = strconv.Atoi(m[len(m)-1][1])
+		} else {
+			pid = readProc(t, dir, restart, 1)["pid"]
+		}
+		time.Sleep(300 * time.Millisecond) // a few steps
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %s %d: %v", what, pid, err)
+		}
+	}
+	kill(0, "worker")
+	kill(1, "server")
+	kill(2, "worker")
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v\n%s", err, out)
+	}
+	s := out.String()
+	if !strings.Contains(s, "[default1]:restart 3 pid") || !strings.Contains(s, "[default1]:step 99 ") {
+		t.Fatalf("training did not resume to step 99 after 3 restarts:\n%s", s)
+	}
+	ms := servers.FindAllStringSubmatch(s, -1)
+	if len(ms) != 2 || !strings.Contains(s, `msg="fork server died`) {
+		t.Fatalf("want a second fork server after the first died:\n%s", s)
+	}
+	server := []string{ms[0][1], ms[0][1], "", ms[1][1]} // restart 2 is exec'd: no server yet
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
+	pgids := map[int]bool{}
+	for restart := range 4 {
+		for rank := range 2 {
+			env := readEnv(t, dir, restart, rank)
+			if env["TORCHELASTIC_RESTART_COUNT"] != strconv.Itoa(restart) {
+				t.Errorf("restart %d rank %d: TORCHELASTIC_RESTART_COUNT %q", restart, rank, env["TORCHELASTIC_RESTART_COUNT"])
+			}
+			cold := readEnv(t, dir, 2, rank)
+			for _, k := range sortedKeys(cold, env) {
+				if !slices.Contains(perAttempt, k) && cold[k] != env[k] {
+					t.Errorf("rank %d: %s: exec'd %q, restart %d %q", rank, k, cold[k], restart, env[k])
+				}
+			}
+			if a, b := readArgv(t, dir, restart, rank), readArgv(t, dir, 2, rank); fmt.Sprint(a) != fmt.Sprint(b) {
+				t.Errorf("rank %d: exec'd %v, restart %d %v", rank, b, restart, a)
+			}
+			p := readProc(t, dir, restart, rank)
+			forked := server[restart] != ""
+			parent := strconv.Itoa(os.Getpid())
+			if forked {
+				parent = server[restart]
+			}
+			preloaded, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("preloaded-%d-%d", restart, rank)))
+			if p["pgid"] != p["pid"] || strconv.Itoa(p["ppid"]) != parent || string(preloaded) != map[bool]string{true: "True", false: "False"}[forked] {
+				t.Errorf("restart %d rank %d: %v, torch preloaded %s; want its own process group, parent %s, forked %t",
+					restart, rank, p, preloaded, parent, forked)
+			}
+			pgids[p["pgid"]] = true
+		}
+	}
+	t.Logf("%s", regexp.MustCompile(`(?m)^time=.*$`).FindAllString(s, -1))
+	if len(pgids) != 8 {
+		t.Errorf("%d process groups for 8 workers", len(pgids))
+	}
+}
+
+func readProc(t *testing.T, dir string, restart, rank int) map[string]int {
+	return decodeFile[map[string]int](t, filepath.Join(dir, fmt.Sprintf("proc-%d-%d.json", restart, rank)))
+}
+
+// familyScript is a python worker that leaves what a real one may: a
+// forked child in a session of its own (it carries the fork server's mark,
+// not the attempt's), and an exec'd daemon in another. It writes the pids
+// to DIR/{worker,forked,daemon}-<restart>-<local rank> and sleeps.
+const familyScript = `import os, subprocess, sys, time
+d, r = sys.argv[1], os.environ["TORCHELASTIC_RESTART_COUNT"] + "-" + os.environ["LOCAL_RANK"]
+def note(name, pid):
+    with open(os.path.join(d, f".{name}-{r}"), "w") as f:
+        f.write(str(pid))
+    os.replace(os.path.join(d, f".{name}-{r}"), os.path.join(d, f"{name}-{r}"))
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+note("forked", pid)
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+note("daemon", p.pid)
+note("worker", os.getpid())
+time.sleep(600)
+`
+
+// Nothing outlives an agent whose workers were forked: not the workers, not
+// what they forked or started out of their process groups, not the fork
+// server; whether the agent is SIGTERMed (it stops and sweeps) or SIGKILLed
+// (its guardian does). Nothing of an attempt outlives it either, but the
+// fork server, which forks the next.
+func TestForkServerNoOrphans(t *testing.T) {
+	needTorch(t)
+	for _, c := range []struct {
+		sig     syscall.Signal
+		restart bool
+	}{{syscall.SIGTERM, false}, {syscall.SIGKILL, false}, {syscall.SIGTERM, true}} {
+		sig := c.sig
+		t.Run(fmt.Sprintf("%s restart=%t", sig, c.restart), func(t *testing.T) {
+			script, logDir := writePy(t, "family.py", familyScript), t.TempDir()
+			dir := filepath.Dir(script)
+			out := &syncBuffer{}
+			cmd := startAgentProcess(t, agentProcess{NProc: 2, StopGrace: time.Second, LogDir: logDir, MaxRestarts: 1,
+				Command: []string{python, script, dir}}, out, out)
+			pids := pidsIn(t, filepath.Join(dir, "*-0-*"), 6)
+			m := regexp.MustCompile(`msg="fork server starting" pid=(\d+)`).FindStringSubmatch(out.String())
+			if m == nil {
+				t.Fatalf("no fork server:\n%s", out)
+			}
+			server, _ := strconv.Atoi(m[1])
+			for _, w := range pidsIn(t, filepath.Join(dir, "worker-0-*"), 2) {
+				if ppid := parentOf(w); ppid != server {
+					t.Errorf("worker %d: parent %d, want the fork server %d", w, ppid, server)
+				}
+			}
+			if c.restart {
+				_ = syscall.Kill(pidsIn(t, filepath.Join(dir, "worker-0-1"), 1)[0], syscall.SIGKILL)
+				next := pidsIn(t, filepath.Join(dir, "*-1-*"), 6)
+				waitDead(t, pids, 3*time.Second, "after the first attempt ended")
+				if !alive(server) {
+					t.Fatalf("the fork server %d did not survive the first attempt's end", server)
+				}
+				for _, w := range pidsIn(t, filepath.Join(dir, "worker-1-*"), 2) {
+					if ppid := parentOf(w); ppid != server {
+						t.Errorf("restarted worker %d: parent %d, want the fork server %d", w, ppid, server)
+					}
+				}
+				pids = next
+			}
+			_ = cmd.Process.Signal(sig)
+			waitExit(t, cmd, 10*time.Second)
+			waitDead(t, append(pids, server), 3*time.Second, "after "+sig.String()+" of the agent")
+		})
+	}
+}
+
+// parentOf is a process's parent pid, 0 if unknown.
+func parentOf(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
+// Only `python SCRIPT` and `python -m MODULE` commands are forked; others
+// are exec'd.
+func TestForkable(t *testing.T) {
+	for _, c := range []struct {
+		cmd  []string
+		want bool
+	}{
+		{[]string{"python3", "train.py", "--lr", "1"}, true},
+		{[]string{"/usr/bin/python3.11", "-m", "pkg.train", "-x"}, true},
+		{[]string{"python", "train.py"}, true},
+		{[]string{"python3"}, false},
+		{[]string{"python3", "-u", "train.py"}, false},
+		{[]string{"python3", "-m"}, false},
+		{[]string{"python3", "-c", "print(1)"}, false},
+		{[]string{"python3", "-m", "-x"}, false},
+		{[]string{"sh", "-c", "python3 train.py"}, false},
+		{[]string{"pyflyte-execute", "--task-module", "m"}, false},
+		{[]string{"pythonista", "train.py"}, false},
+	} {
+		if got := forkable(c.cmd); got != c.want {
+			t.Errorf("forkable(%q) = %t, want %t", c.cmd, got, c.want)
+		}
+	}
+}
+
+// Commands the fork server cannot stand in for are exec'd: no fork server
+// is started for them.
+func TestNotForkableIsExeced(t *testing.T) {
+	needPython(t)
+	helper, out := helperConfig(t, 2, "ok")
+	script, outScript := helperConfig(t, 1, "")
+	script.Command = []string{python, "-c", "print('hello from -c')"}
+	for _, c := range []struct {
+		cfg  Config
+		out  *syncBuffer
+		want string
+	}{{helper, out, "[default1]:helper ok rank 1"}, {script, outScript, "[default0]:hello from -c"}} {
+		if ee, _ := runAgent(t, t.Context(), c.cfg); ee != nil {
+			t.Fatalf("Run: %v\n%s", ee, c.out)
+		}
+		if s := c.out.String(); !strings.Contains(s, c.want) || strings.Contains(s, "fork server") {
+			t.Errorf("%q: want %q and no fork server:\n%s", c.cfg.Command, c.want, s)
+		}
+	}
+}
+
+// A fork server in which a preload started a thread refuses to fork (the
+// child would inherit the other thread's locks, held, without the thread),
+// and keeps refusing; the agent then execs.
+func TestForkServerRefusesWithThreads(t *testing.T) {
+	needPython(t)
+	dir := filepath.Dir(writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"))
+	s := newTestForkServer(t, "kfthread", "PYTHONPATH="+dir)
+	for range 2 {
+		_, _, err := s.fork([]string{"x.py"}, nil, os.Stdout, os.Stdout)
+		if err == nil || !strings.Contains(err.Error(), "threads") || s.refused() == "" {
+			t.Errorf("fork with a thread running: %v (refused: %q)", err, s.refused())
+		}
+	}
+}
+
+// Forked workers are classified as exec'd ones: a signal that kills one is
+// its failure and exit code; one that hangs is found by the watchdog and
+// its process group killed; an exception in @record is its document's
+// code.
+func TestForkedWorkersClassified(t *testing.T) {
+	needPython(t)
+	for _, c := range []struct {
+		name, code string
+		hang       time.Duration
+		exit       int
+		failure    string
+	}{
+		{"segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", 0, 139, "SignalSIGSEGV"},
+		{"hang", "import os, time\nprint('up', flush=True)\nif os.environ['LOCAL_RANK'] == '0':\n    time.sleep(600)\n" +
+			"while True:\n    print('alive', flush=True)\n    time.sleep(0.1)\n", 700 * time.Millisecond, ExitHang, "Hang"},
+		{"raise", "from torch.distributed.elastic.multiprocessing.errors import record\n@record\ndef main():\n    raise KeyError('k')\nmain()\n",
+			0, 1, "KeyError"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, out := helperConfig(t, 2, "")
+			cfg.Command, cfg.HangTimeout = []string{python, writePy(t, "w.py", c.code)}, c.hang
+			if !strings.Contains(c.code, "torch") {
+				cfg.Preload = "json" // a fast fork server
+			}
+			ee, _ := runAgent(t, t.Context(), cfg)
+			if ee == nil || ee.Code != c.exit || ee.Failure.Code != c.failure || !strings.Contains(out.String(), `msg="fork server ready"`) {
+				t.Fatalf("want %s exit %d from forked workers, got %+v\n%s", c.failure, c.exit, ee, out)
+			}
+		})
+	}
+}

@@ -1,0 +1,628 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kfelastic/kfelastic/agent/tcpstore"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// storePython is an interpreter with torch: Debian's torch 1.13, and torch
+// 2.x from the chroot `scripts/deps.sh torch2` builds when it is there.
+type storePython struct {
+	name string
+	argv []string // the interpreter, before the script
+	dir  string   // where the interpreter sees agent/testdata
+}
+
+func torch2Root() string {
+	cache := os.Getenv("KFELASTIC_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "kfelastic")
+	}
+	return filepath.Join(cache, "torch2")
+}
+
+// storePythons lists the interpreters present; it skips the test when there
+// is none.
+func storePythons(t *testing.T) []storePython {
+	t.Helper()
+	testdata, _ := filepath.Abs("testdata")
+	var ps []storePython
+	if exec.Command("/usr/bin/python3", "-c", "import torch").Run() == nil {
+		ps = append(ps, storePython{name: "torch1.13", argv: []string{"/usr/bin/python3"}, dir: testdata})
+	}
+	if root := torch2Root(); fileExists(filepath.Join(root, "usr/bin/python3")) {
+		// A mount namespace of its own gives the chroot a /proc, this
+		// machine's /etc/hosts (torch resolves the host's name) and this
+		// package's testdata, and they vanish with the process.
+		ps = append(ps, storePython{name: "torch2", dir: "/kfelastic", argv: []string{"unshare", "-m",
+			"--propagation", "private", "sh", "-c",
+			`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind /etc/hosts "$0/etc/hosts" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
+			root, testdata}})
+	} else {
+		t.Logf("no torch 2.x (scripts/deps.sh torch2 builds it into %s): 2.x is covered by recorded bytes only", root)
+	}
+	if len(ps) == 0 {
+		t.Skip("no torch: scripts/deps.sh apt installs it")
+	}
+	return ps
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (p storePython) command(ctx context.Context, script string, args ...string) *exec.Cmd {
+	argv := append(append(append([]string{}, p.argv...), filepath.Join(p.dir, script)), args...)
+	return exec.CommandContext(ctx, argv[0], argv[1:]...)
+}
+
+// startRelay dials m and starts a relay to it for the test.
+func startRelay(t *testing.T, endpoint, tokenFile string) *StoreRelay {
+	t.Helper()
+	token, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	m, err := DialMaster(MasterConfig{Endpoint: endpoint, Token: strings.TrimSpace(string(token)), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := StartStoreRelay(t.Context(), m, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = m.Close()
+	})
+	return r
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// A real torch client through the relay gets torch's answers for every
+// operation it has, from the master's store. torch 1.13's client opens a
+// second, silent connection, which must stay open for it to work.
+func TestStoreRelayTorchClient(t *testing.T) {
+	pythons := storePythons(t)
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	common := `get a b'1'
+add n 5 5
+add n -2 3
+compare_set c '' x b'x'
+compare_set c y z b'x'
+compare_set c x z b'z'
+compare_set d y z b'y'
+num_keys 3
+delete a True
+delete a False
+wait n c
+`
+	for _, p := range pythons {
+		t.Run(p.name, func(t *testing.T) {
+			r := startRelay(t, m.Addr, m.TokenFile)
+			host, port, _ := net.SplitHostPort(r.Addr())
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			out, err := p.command(ctx, "storeclient.py", host, port, "ops").CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			want := common
+			if p.name != "torch1.13" {
+				want = strings.Replace(want, "num_keys", "check a n True\ncheck missing False\nnum_keys", 1)
+				want += "append l b'ab'\nmulti_get [b'x', b'y']\n"
+			}
+			want += "wait never timed out\n"
+			if got := torchLines(out); got != want {
+				t.Errorf("got\n%s\nwant\n%s", got, want)
+			}
+			// Each subtest's keys are its own: the next starts from none.
+			deleteAll(t, r)
+		})
+	}
+}
+
+// torchLines drops what torch and Debian's builds print beside the script.
+func torchLines(out []byte) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(string(out), "\n") {
+		if l == "" || strings.Contains(l, "UCX") || strings.Contains(l, "cpuinfo") || strings.HasPrefix(l, "[W") {
+			continue
+		}
+		b.WriteString(l)
+	}
+	return b.String()
+}
+
+// deleteAll removes what a test put in the store, over the relay.
+func deleteAll(t *testing.T, r *StoreRelay) {
+	t.Helper()
+	c := dialStore(t, r)
+	for _, k := range []string{"/a", "/n", "/c", "/d", "/l", "/m1", "/m2"} {
+		c.send(tcpstore.Request{Cmd: tcpstore.Delete, Key: k})
+		c.readN(8)
+	}
+}
+
+// storeConn is a raw client that speaks 1.13 numbering.
+type storeConn struct {
+	t    *testing.T
+	conn net.Conn
+}
+
+func dialStore(t *testing.T, r *StoreRelay) *storeConn {
+	t.Helper()
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &storeConn{t: t, conn: c}
+}
+
+func (c *storeConn) send(req tcpstore.Request) {
+	c.t.Helper()
+	b, err := tcpstore.AppendRequest(nil, tcpstore.Torch113, req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.write(b)
+}
+
+func (c *storeConn) write(b []byte) {
+	c.t.Helper()
+	if _, err := c.conn.Write(b); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *storeConn) readN(n int) []byte {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.conn, b); err != nil {
+		c.t.Fatalf("reading %d bytes: %v", n, err)
+	}
+	return b
+}
+
+// closed reports whether the relay closed the connection (within 5 s).
+func (c *storeConn) closed() bool {
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.conn.Read(make([]byte, 1))
+	return err == io.EOF || (err != nil && !isTimeout(err))
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func (r *StoreRelay) openConns() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.conns)
+}
+
+// A client that sends garbage, half a frame, a 4 GiB length, or goes away
+// in the middle of a WAIT loses its own connection and nothing else: a
+// waiting client beside them is answered, and the relay holds no
+// connection of theirs afterwards.
+func TestStoreRelayMisbehavingClients(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	good := dialStore(t, r)
+	good.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/go"}})
+
+	garbage := dialStore(t, r)
+	garbage.write([]byte{0xff, 1, 2, 3})
+	if !garbage.closed() {
+		t.Error("garbage: connection left open")
+	}
+	huge := dialStore(t, r)
+	huge.write(binary.LittleEndian.AppendUint64([]byte{2}, 4<<30)) // GET of a 4 GiB key, and no more
+	if !huge.closed() {
+		t.Error("4 GiB key: connection left open")
+	}
+	half := dialStore(t, r)
+	b, _ := tcpstore.AppendRequest(nil, tcpstore.Torch113, tcpstore.Request{Cmd: tcpstore.Set, Key: "/go", Value: []byte("half")})
+	half.write(b[:len(b)-2])
+	half.conn.(*net.TCPConn).CloseWrite()
+	if !half.closed() {
+		t.Error("half a frame: connection left open")
+	}
+	waiter := dialStore(t, r)
+	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/never"}})
+	time.Sleep(100 * time.Millisecond) // the WAIT is with the master
+	waiter.conn.Close()
+	unknown := dialStore(t, r)
+	unknown.send(tcpstore.Request{Cmd: tcpstore.WatchKey, Key: "/go"})
+	if !unknown.closed() {
+		t.Error("WATCH_KEY: connection left open")
+	}
+
+	// The half SET was not applied; the good client's WAIT is answered by a
+	// whole one.
+	other := dialStore(t, r)
+	other.send(tcpstore.Request{Cmd: tcpstore.Check, Keys: []string{"/go"}})
+	if got := other.readN(1); got[0] != tcpstore.CheckNotReady {
+		t.Errorf("the half SET was applied")
+	}
+	other.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/go", Value: []byte("now")})
+	if got := good.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT answered %v", got)
+	}
+	good.send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/go"})
+	if got := good.readN(11); !bytes.Equal(got[8:], []byte("now")) {
+		t.Errorf("GET answered %q", got)
+	}
+	// A GET of a missing key closes a 1.13 client's connection, as torch
+	// 1.13's server does.
+	good.send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/missing"})
+	if !good.closed() {
+		t.Error("GET of a missing key: connection left open")
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.openConns() != 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := r.openConns(); n != 1 { // other
+		t.Errorf("%d connections open, want 1", n)
+	}
+}
+
+// storeMasterEnv makes the test binary a master serving on the address and
+// state it names ("ADDR STATE_URL"), until it is killed.
+const storeMasterEnv = "KFELASTIC_TEST_STORE_MASTER"
+
+func init() {
+	v, ok := os.LookupEnv(storeMasterEnv)
+	if !ok {
+		return
+	}
+	addr, state, _ := strings.Cut(v, " ")
+	s, err := master.NewServer(context.Background(), master.Options{Token: mastertest.Token, StateURL: state,
+		Job: master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var lis net.Listener
+	for i := 0; ; i++ { // the killed master's port may linger a moment
+		if lis, err = net.Listen("tcp", addr); err == nil || i > 200 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	err = s.Serve(context.Background(), lis)
+	fmt.Fprintln(os.Stderr, err)
+	os.Exit(2)
+}
+
+// masterProcess is a master in a process of its own, for SIGKILL.
+type masterProcess struct {
+	t           *testing.T
+	addr, state string
+	cmd         *exec.Cmd
+}
+
+func (p *masterProcess) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	p.cmd.Env = append(os.Environ(), storeMasterEnv+"="+p.addr+" "+p.state)
+	p.cmd.Stderr = testWriter{p.t}
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *masterProcess) kill() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+// A master killed (SIGKILL) and restarted on the same state while torch
+// adds to a counter is a pause for torch: every ADD is applied exactly once
+// and answered with the count so far, across the restarts, and the client
+// never sees an error.
+func TestStoreRelaySurvivesMasterKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts a master under torch clients")
+	}
+	pythons := storePythons(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p := &masterProcess{t: t, addr: addr, state: "file://" + t.TempDir()}
+	p.start()
+	t.Cleanup(p.kill)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	_ = os.WriteFile(tokenFile, []byte(mastertest.Token), 0o600)
+	for _, py := range pythons {
+		t.Run(py.name, func(t *testing.T) {
+			r := startRelay(t, addr, tokenFile)
+			host, port, _ := net.SplitHostPort(r.Addr())
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
+			const n = 1000
+			cmd := py.command(ctx, "storeclient.py", host, port, "count", py.name, fmt.Sprint(n))
+			out, _ := cmd.StdoutPipe()
+			cmd.Stderr = testWriter{t}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			lines := bufio.NewScanner(out)
+			var got []string
+			for lines.Scan() {
+				line := lines.Text()
+				got = append(got, line)
+				// Kill the master twice mid-run: the connection's ADDs are
+				// in flight as it dies.
+				if line == "200" || line == "600" {
+					p.kill()
+					time.Sleep(300 * time.Millisecond)
+					p.start()
+				}
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("%v\n%s", err, strings.Join(got, "\n"))
+			}
+			if want := fmt.Sprintf("final %d", n); len(got) == 0 || got[len(got)-1] != want {
+				t.Errorf("got %q, want %q", got, want)
+			}
+		})
+	}
+	// A WAIT held by the master when it dies is asked again of the next
+	// one, and answered by a SET made there.
+	r := startRelay(t, addr, tokenFile)
+	waiter, setter := dialStore(t, r), dialStore(t, r)
+	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/after-kill"}})
+	time.Sleep(100 * time.Millisecond)
+	p.kill()
+	time.Sleep(300 * time.Millisecond)
+	p.start()
+	setter.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/after-kill", Value: []byte("1")})
+	if got := waiter.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT across a restart answered %v", got)
+	}
+}
+
+// cuttingProxy forwards TCP to target and, each time it is armed, drops the
+// connection at the next bytes the server sends — typically the reply to a
+// call the master has already applied: the lost reply that a relay must
+// retry without applying the call twice. It is the network failing, not a
+// fake master.
+type cuttingProxy struct {
+	ln     net.Listener
+	target string
+	armed  atomic.Bool
+	cuts   atomic.Int64
+}
+
+func startCuttingProxy(t *testing.T, target string) *cuttingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *cuttingProxy) serve(c net.Conn) {
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	defer c.Close()
+	defer s.Close()
+	go func() { _, _ = io.Copy(s, c); s.Close() }()
+	buf := make([]byte, 32<<10)
+	forwarded := 0
+	for {
+		n, err := s.Read(buf)
+		if err != nil {
+			return
+		}
+		// A connection is cut only once it carried some replies: cutting
+		// gRPC's handshake would only test its reconnect backoff.
+		if forwarded > 2000 && p.armed.CompareAndSwap(true, false) {
+			p.cuts.Add(1)
+			return
+		}
+		if _, err := c.Write(buf[:n]); err != nil {
+			return
+		}
+		forwarded += n
+	}
+}
+
+// Replies lost on the way back from the master (the connection cut after
+// the master applied an ADD) are retried by the relay under the same
+// sequence number: torch sees every count exactly once.
+func TestStoreRelayLostRepliesAppliedOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cuts connections under a torch client")
+	}
+	py := storePythons(t)[0]
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	proxy := startCuttingProxy(t, m.Addr)
+	r := startRelay(t, proxy.ln.Addr().String(), m.TokenFile)
+	host, port, _ := net.SplitHostPort(r.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(100 * time.Millisecond):
+				proxy.armed.Store(true)
+			}
+		}
+	}()
+	const n = 600
+	out, err := py.command(ctx, "storeclient.py", host, port, "count", "cut", fmt.Sprint(n)).CombinedOutput()
+	close(done)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if want := fmt.Sprintf("final %d\n", n); !strings.HasSuffix(string(out), want) {
+		t.Errorf("got %s, want %s", out, want)
+	}
+	t.Logf("%d connections cut", proxy.cuts.Load())
+	if proxy.cuts.Load() < 5 {
+		t.Errorf("only %d cuts: the test did not test", proxy.cuts.Load())
+	}
+}
+
+// torch elastic's own c10d rendezvous runs through the relay: two torchrun
+// agents, each pointed at its own agent's relay (as --launcher command
+// does), meet in the master's store and start one gloo group of two.
+func TestStoreRelayTorchRendezvous(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs torch elastic agents")
+	}
+	for _, py := range storePythons(t) {
+		t.Run(py.name, func(t *testing.T) {
+			m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+			defer cancel()
+			const n = 2
+			outs := make([][]byte, n)
+			errs := make(chan error, n)
+			for i := range n {
+				r := startRelay(t, m.Addr, m.TokenFile)
+				cmd := py.command(ctx, "", "-m", "torch.distributed.run", "--nnodes", fmt.Sprint(n),
+					"--nproc_per_node", "1", "--max_restarts", "0", "--monitor_interval", "1", "--redirects", "2", "--tee", "2",
+					"--rdzv_backend", "c10d", "--rdzv_endpoint", r.Addr(), "--rdzv_id", "relaytest",
+					filepath.Join(py.dir, "train", "train_steps.py"), "--steps", "3", "--sleep", "0")
+				cmd.Args = slices.Delete(cmd.Args, len(py.argv), len(py.argv)+1) // no script: -m
+				cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+				if py.name != "torch1.13" {
+					// Debian's torch 2.x is built without libuv
+					// (testdata/nolibuv says more).
+					cmd.Env = append(cmd.Env, "USE_LIBUV=0", "PYTHONPATH="+filepath.Join(py.dir, "nolibuv"))
+				}
+				go func() {
+					var err error
+					outs[i], err = cmd.CombinedOutput()
+					errs <- err
+				}()
+			}
+			for range n {
+				if err := <-errs; err != nil {
+					t.Errorf("torchrun: %v", err)
+				}
+			}
+			all := string(bytes.Join(outs, nil))
+			for rank := range n {
+				if !strings.Contains(all, fmt.Sprintf(" rank %d world %d\n", rank, n)) {
+					t.Errorf("no worker of rank %d", rank)
+				}
+			}
+			if t.Failed() {
+				for i, o := range outs {
+					t.Logf("agent %d:\n%s", i, o)
+				}
+			}
+		})
+	}
+}
+
+// A 2.2+ client's own commands, from bytes written after torch's client
+// code (TCPStore.cpp): the handshake has no reply, PING echoes, a GET of a
+// missing key is empty (the libuv server's answer), CANCEL_WAIT ends a WAIT
+// with 1, the MULTI_ commands, and QUEUE_* (not relayed) close the
+// connection.
+func TestStoreRelayTorch22Frames(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	c := dialStore(t, r)
+	send := func(req tcpstore.Request) {
+		t.Helper()
+		b, err := tcpstore.AppendRequest(nil, tcpstore.Torch22, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.write(b)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Validate, Number: tcpstore.Magic})
+	send(tcpstore.Request{Cmd: tcpstore.Ping, Number: 0xdeadbeef})
+	if got := binary.LittleEndian.Uint32(c.readN(4)); got != 0xdeadbeef {
+		t.Errorf("PING answered %#x", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Get, Key: "/missing"})
+	if got := c.readN(8); binary.LittleEndian.Uint64(got) != 0 {
+		t.Errorf("GET of a missing key: length %x, want 0", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/never"}})
+	send(tcpstore.Request{Cmd: tcpstore.CancelWait})
+	if got := c.readN(1); got[0] != tcpstore.WaitCanceled {
+		t.Errorf("CANCEL_WAIT answered %v", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.MultiSet, Keys: []string{"/x", "/y"}, Values: [][]byte{[]byte("1"), []byte("22")}})
+	send(tcpstore.Request{Cmd: tcpstore.Append, Key: "/y", Value: []byte("3")})
+	send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/x", "/y"}})
+	if got := c.readN(1); got[0] != tcpstore.StopWaiting {
+		t.Errorf("WAIT answered %v", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.MultiGet, Keys: []string{"/y", "/x"}})
+	want := tcpstore.AppendBytes(tcpstore.AppendBytes(nil, []byte("223")), []byte("1"))
+	if got := c.readN(len(want)); !bytes.Equal(got, want) {
+		t.Errorf("MULTI_GET answered %x, want %x", got, want)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.Delete, Key: "/x"})
+	if got := binary.LittleEndian.Uint64(c.readN(8)); got != 1 {
+		t.Errorf("DELETE_KEY answered %d", got)
+	}
+	send(tcpstore.Request{Cmd: tcpstore.QueuePush, Key: "/q", Value: []byte("v")})
+	if !c.closed() {
+		t.Error("QUEUE_PUSH: connection left open")
+	}
+}
