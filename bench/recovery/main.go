@@ -21,8 +21,10 @@
 // with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
 // Kubernetes (DESIGN.md §10) as a reference row for scenario 1. Scenario 11
 // (--launcher command, worker-0 deleted) needs kfelastic local to run
-// torch's own elastic_launch under the command launcher, which it does not
-// yet (no scenario 11 through the engine): its row is left out with a note.
+// torch's own elastic_launch under the command launcher through a recovery,
+// which it does not yet (tried: the survivors' torch agents wait on, the
+// replacement's cannot bind the relay's loopback port that c10d takes for
+// its own): its row is left out with a note.
 //
 // Run it with `make bench-recovery`; it needs bin/kfelastic and
 // /usr/bin/python3 with torch (scripts/deps.sh torch).
@@ -163,7 +165,7 @@ func run() error {
 			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
 		}
 	}
-	fmt.Println("| 11 | --launcher command, worker-0 deleted | not measured: kfelastic local does not run scenario 11 yet | | |")
+	fmt.Println("| 11 | --launcher command, worker-0 deleted | not measured: kfelastic local does not run torch's elastic_launch under the command launcher through a recovery yet | | |")
 	return nil
 }
 
