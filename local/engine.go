@@ -386,7 +386,7 @@ func (e *Engine) startMaster(ctx context.Context) error {
 	o := &e.opts
 	cfg := master.Config{JobID: o.Job, MinNodes: o.MinNodes, MaxNodes: o.MaxNodes, WaitingTimeout: o.WaitingTimeout,
 		HeartbeatTimeout: o.HeartbeatTimeout, NetworkCheck: o.NetworkCheck, ExcludeStraggler: o.ExcludeStraggler,
-		CheckTimeout: o.CheckTimeout, Relaunch: relaunch.Policy{MaxPerRank: o.MaxRelaunches, OOM: e.policy}}
+		CheckTimeout: o.CheckTimeout, Relaunch: e.relaunchPolicy()}
 	s, err := master.NewServer(ctx, master.Options{Job: cfg, Token: e.token, StateURL: "file://" + filepath.Join(o.Out, "state"),
 		HeartbeatInterval: o.HeartbeatInterval, Owner: e, EventsURL: e.errURL, Logger: e.mlog.With("component", "master")})
 	if err != nil {

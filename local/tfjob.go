@@ -267,7 +267,7 @@ func (e *Engine) tfExited(p *podProc, f *kferrors.Failure, werr error) *kferrors
 	if over {
 		return f
 	}
-	kind, counted, why := e.policy0().Decide(failure.Code, failure.Recoverable, e.tf.spent[p.pod.Rank])
+	kind, counted, why := e.relaunchPolicy().Decide(failure.Code, failure.Recoverable, e.tf.spent[p.pod.Rank])
 	if counted {
 		e.tf.spent[p.pod.Rank]++
 	}
@@ -280,8 +280,8 @@ func (e *Engine) tfExited(p *podProc, f *kferrors.Failure, werr error) *kferrors
 	return f
 }
 
-// policy0 is the job's relaunch policy, the master's.
-func (e *Engine) policy0() relaunch.Policy {
+// relaunchPolicy is the job's relaunch policy: the master's, and a TF job's.
+func (e *Engine) relaunchPolicy() relaunch.Policy {
 	return relaunch.Policy{MaxPerRank: e.opts.MaxRelaunches, OOM: e.policy}
 }
 

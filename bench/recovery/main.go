@@ -67,7 +67,10 @@ type scenario struct {
 	// min:max nodes, workers per node, the world size after recovery.
 	minNodes, maxNodes, nproc, world int
 	chaos                            string
-	maxRelaunches                    int
+	// killWorker: instead of a chaos action, the bench kill -9s a worker of
+	// node 1 once the job has trained a second.
+	killWorker    bool
+	maxRelaunches int
 	// torchFault injects the fault into torchrun nodes (nil: torchrun
 	// cannot express it); it returns the fault's time.
 	torchFault func(c *cluster) (time.Time, error)
@@ -82,14 +85,10 @@ var scenarios = []scenario{
 			return t, c.start(1) // the replacement node, once the old one is gone
 		}},
 	{id: "5", name: "kill-worker (kill -9 of one process)", minNodes: 2, maxNodes: 2, nproc: 2, world: 4,
-		chaos: "kill-worker:1/1@step=20", torchFault: func(c *cluster) (time.Time, error) {
-			pid, err := c.workerOf(1)
-			if err != nil {
-				return time.Time{}, err
-			}
-			t := time.Now()
-			return t, syscall.Kill(pid, syscall.SIGKILL)
-		}},
+		// The bench kills the worker itself, under both launchers: the
+		// engine's kill-worker finds a worker by its environment, which a
+		// worker forked by the agent's fork server does not show in /proc.
+		killWorker: true, torchFault: func(c *cluster) (time.Time, error) { return killWorkerOf(filepath.Join(c.dir, "marks"), 1) }},
 	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
 		chaos: "fail-pod:3@step=20", torchFault: func(c *cluster) (time.Time, error) {
 			t := time.Now()
@@ -181,7 +180,7 @@ type faultClock struct {
 func (f *faultClock) Write(p []byte) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.at.IsZero() && strings.Contains(string(p), f.prefix) {
+	if f.at.IsZero() && f.prefix != "" && strings.Contains(string(p), f.prefix) {
 		f.at = time.Now()
 	}
 	f.lines.Write(p)
@@ -206,16 +205,33 @@ func ours(s scenario, bin, scr string) (recovery, error) {
 	if err := os.Mkdir(marks, 0o755); err != nil {
 		return recovery{}, err
 	}
-	c, err := local.ParseChaos(s.chaos)
-	if err != nil {
-		return recovery{}, err
+	var chaos []local.Chaos
+	clock := &faultClock{}
+	if !s.killWorker {
+		c, err := local.ParseChaos(s.chaos)
+		if err != nil {
+			return recovery{}, err
+		}
+		chaos, clock.prefix = []local.Chaos{c}, string(c.Action)+": "
 	}
-	clock := &faultClock{prefix: string(c.Action) + ": "}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	opts := local.Options{Job: "bench", MinNodes: s.minNodes, MaxNodes: s.maxNodes, NProcPerNode: s.nproc, MaxRestarts: 3,
-		Out: filepath.Join(out, "job"), Chaos: []local.Chaos{c}, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
+		Out: filepath.Join(out, "job"), Chaos: chaos, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
 		Command: []string{python, scr, "--marks", marks, "--ckpt", filepath.Join(out, "ckpt")}}
+	if s.killWorker {
+		go func() {
+			if _, err := waitFirst(ctx, marks, time.Time{}, s.maxNodes*s.nproc); err != nil {
+				return
+			}
+			time.Sleep(time.Second) // about 20 steps, as @step=20
+			if at, err := killWorkerOf(marks, 1); err == nil {
+				clock.mu.Lock()
+				clock.at = at
+				clock.mu.Unlock()
+			}
+		}()
+	}
 	found := make(chan recovery, 1)
 	go func() {
 		for ctx.Err() == nil {
@@ -270,14 +286,16 @@ func (c *cluster) start(i int) error {
 	return nil
 }
 
-// workerOf is the pid of a training process of node (group rank) g.
-func (c *cluster) workerOf(g int) (int, error) {
-	for _, m := range readMarks(filepath.Join(c.dir, "marks")) {
+// killWorkerOf kill -9s a training process of node (group rank) g, found
+// by its mark, and returns when.
+func killWorkerOf(marks string, g int) (time.Time, error) {
+	for _, m := range readMarks(marks) {
 		if m.GroupRank == g && syscall.Kill(m.pid, 0) == nil {
-			return m.pid, nil
+			t := time.Now()
+			return t, syscall.Kill(m.pid, syscall.SIGKILL)
 		}
 	}
-	return 0, fmt.Errorf("no worker of node %d", g)
+	return time.Time{}, fmt.Errorf("no worker of node %d", g)
 }
 
 func (c *cluster) stop() {
