@@ -42,7 +42,6 @@ type StoreRelay struct {
 	client masterpb.MasterClient
 	log    *slog.Logger
 	prefix string // client ids: prefix + connection number
-	legacy tcpstore.Numbering
 
 	ctx    context.Context // ends with Close (or the caller's ctx)
 	cancel context.CancelFunc
@@ -65,11 +64,6 @@ const relayLongPoll = 60 * time.Second
 // without torch 2.2's handshake are read with 1.13/2.0 numbering, switching
 // to 2.1's when a connection shows it (agent/tcpstore).
 func StartStoreRelay(ctx context.Context, m *Master, log *slog.Logger) (*StoreRelay, error) {
-	return startStoreRelay(ctx, m.Client(), m.incarnation, tcpstore.Torch113, log)
-}
-
-func startStoreRelay(ctx context.Context, c masterpb.MasterClient, incarnation string, legacy tcpstore.Numbering,
-	log *slog.Logger) (*StoreRelay, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("store relay: %w", err)
@@ -78,11 +72,11 @@ func startStoreRelay(ctx context.Context, c masterpb.MasterClient, incarnation s
 		log = slog.Default()
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	r := &StoreRelay{ln: ln, client: c, log: log.With("relay", ln.Addr().String()), legacy: legacy,
+	r := &StoreRelay{ln: ln, client: m.Client(), log: log.With("relay", ln.Addr().String()),
 		// The incarnation is unique per agent process and the random part
 		// per relay, so no two connections ever share a session, even
 		// across restarts of the agent's container.
-		prefix: fmt.Sprintf("relay/%s/%08x/", incarnation, mathrand.Uint32()),
+		prefix: fmt.Sprintf("relay/%s/%08x/", m.incarnation, mathrand.Uint32()),
 		ctx:    rctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
@@ -160,7 +154,7 @@ func (r *StoreRelay) serve(conn net.Conn, client string) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	c := &relayConn{r: r, conn: conn, client: client, ctx: ctx, cancel: cancel,
 		w: bufio.NewWriter(conn), waiting: map[*pendingWait]struct{}{},
-		dec: tcpstore.NewDecoder(conn, r.legacy, tcpstore.Limits{}),
+		dec: tcpstore.NewDecoder(conn, tcpstore.Torch113, tcpstore.Limits{}),
 		log: r.log.With("client", client)}
 	defer func() {
 		cancel()
@@ -175,8 +169,10 @@ func (r *StoreRelay) serve(conn net.Conn, client string) {
 	for {
 		req, err := c.dec.Next()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, tcpstore.ErrTooLarge) || errors.Is(err, tcpstore.ErrUnknown) || errors.Is(err, io.ErrUnexpectedEOF) {
 				c.log.Warn("store relay: closing a torch connection that sent a bad frame", "err", err)
+			} else {
+				c.log.Debug("store relay: torch connection ended", "err", err)
 			}
 			return
 		}

@@ -626,3 +626,70 @@ func TestStoreRelayTorch22Frames(t *testing.T) {
 		t.Error("QUEUE_PUSH: connection left open")
 	}
 }
+
+// torch 1.13's client opens a second connection (its watch-key callback
+// socket) that stays silent; the relay keeps it open for as long as the
+// client lives (if it closed it, the client's callback thread would spin).
+// torch 2.x opens one.
+func TestStoreRelayKeepsSilentConnection(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	for _, py := range storePythons(t) {
+		t.Run(py.name, func(t *testing.T) {
+			r := startRelay(t, m.Addr, m.TokenFile)
+			host, port, _ := net.SplitHostPort(r.Addr())
+			cmd := py.command(t.Context(), "storeclient.py", host, port, "hold")
+			in, _ := cmd.StdinPipe()
+			out, _ := cmd.StdoutPipe()
+			cmd.Stderr = testWriter{t}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if l, err := bufio.NewReader(out).ReadString('\n'); l != "ready\n" {
+				t.Fatalf("client: %q %v", l, err)
+			}
+			want := 1
+			if py.name == "torch1.13" {
+				want = 2
+			}
+			time.Sleep(200 * time.Millisecond) // anything the relay would do to a silent connection
+			if n := r.openConns(); n != want {
+				t.Errorf("%d connections open while the client lives, want %d", n, want)
+			}
+			in.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Errorf("client: %v", err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); r.openConns() != 0 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := r.openConns(); n != 0 {
+				t.Errorf("%d connections open after the client ended", n)
+			}
+		})
+	}
+}
+
+// A client without the handshake that sends a 2.1-only command (MULTI_SET,
+// 10) is read in 2.1 numbering from then on: its 7 is DELETE_KEY, answered
+// with an i64, not 1.13's WATCH_KEY. From bytes: there is no 2.1 client here.
+func TestStoreRelayTorch21Frames(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	c := dialStore(t, r)
+	for _, req := range []tcpstore.Request{
+		{Cmd: tcpstore.MultiSet, Keys: []string{"/a"}, Values: [][]byte{[]byte("1")}},
+		{Cmd: tcpstore.Delete, Key: "/a"},
+		{Cmd: tcpstore.Delete, Key: "/a"},
+	} {
+		b, err := tcpstore.AppendRequest(nil, tcpstore.Torch21, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.write(b)
+	}
+	for i, want := range []uint64{1, 0} {
+		if got := binary.LittleEndian.Uint64(c.readN(8)); got != want {
+			t.Errorf("DELETE_KEY %d answered %d, want %d", i, got, want)
+		}
+	}
+}

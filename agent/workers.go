@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -339,6 +340,12 @@ func (w *worker) outputs(gs groupStart) (stdout, stderr *os.File, readers *sync.
 // process group) runs; active: as a worker, not a spare.
 func (w *worker) started(gs groupStart, pid int, active bool) {
 	w.pgid = pid
+	// The worker's pid, for tools outside the agent (kfelastic local's
+	// kill-worker): a forked worker's /proc environ is its fork server's,
+	// so its LOCAL_RANK cannot be read from there.
+	if os.MkdirAll(w.dir, 0o755) == nil {
+		_ = os.WriteFile(filepath.Join(w.dir, "pid"), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+	}
 	gs.guard.register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
 	w.startedAt.Store(time.Now().UnixNano())

@@ -3,6 +3,7 @@ package local
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -124,13 +125,29 @@ func podPids(p *podProc) []int {
 // (KFELASTIC_AGENT); the node check's processes carry KFELASTIC_NODE_CHECK.
 func (e *Engine) worker(p *podProc, localRank int) int {
 	want := strconv.Itoa(localRank)
+	alive := map[int]bool{}
 	for _, pid := range descendants(p.cmd.Process.Pid) {
+		alive[pid] = true
 		env := environ(pid)
 		if env["LOCAL_RANK"] == want && env["KFELASTIC_AGENT"] != "" && env["KFELASTIC_NODE_CHECK"] == "" {
 			return pid
 		}
 	}
-	return 0
+	// A worker forked by the agent's fork server shows the server's
+	// environment in /proc; the agent writes each worker's pid in its
+	// attempt's folder (<log-dir>/<run>/attempt_<n>/<local rank>/pid).
+	files, _ := filepath.Glob(filepath.Join(e.opts.Out, "pods", p.pod.Name, "*", "attempt_*", want, "pid"))
+	best, bestAttempt := 0, -1
+	for _, f := range files {
+		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(filepath.Dir(filepath.Dir(f))), "attempt_"))
+		b, rerr := os.ReadFile(f)
+		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || rerr != nil || perr != nil || !alive[pid] || n <= bestAttempt {
+			continue
+		}
+		best, bestAttempt = pid, n
+	}
+	return best
 }
 
 // breakChecks kills the pod's health-check processes as they appear.

@@ -20,9 +20,15 @@
 //   - torch 2.2 and later (numbering Torch22): the VALIDATE handshake with
 //     magic 0x3C85F7CE first, then SET 1 … CANCEL_WAIT 12, PING 13,
 //     QUEUE_PUSH 14, QUEUE_POP 15, QUEUE_LEN 16, LIST_KEYS 17 (2.11).
-//     Verified with a real client when the torch 2.x chroot of
-//     `scripts/deps.sh torch2` is present, and from recorded bytes (derived
-//     from torch's TCPStore.cpp client code) always.
+//     Verified with a real torch 2.6 client (Debian trixie's, in the chroot
+//     `scripts/deps.sh torch2` builds; its tests skip when it is absent):
+//     it sends VALIDATE, then PING, on its one connection; the relay's
+//     tests run every operation of its Python API through the relay (a
+//     timed-out wait included) and torch elastic's rendezvous, which uses
+//     MULTI_GET/MULTI_SET; and from bytes (one
+//     stream captured from that client, the others derived from torch's
+//     TCPStore.cpp client code) always. QUEUE_* and LIST_KEYS are decoded
+//     from the table only: no client here sends them.
 //
 // # Telling the numberings apart
 //

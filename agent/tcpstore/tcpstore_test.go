@@ -26,11 +26,11 @@ func unhex(t testing.TB, s string) []byte {
 	return b
 }
 
-// The recorded streams below are written from TORCH-STORE.md's tables and
-// torch's TCPStore.cpp client code (sendCommandForKey, sendValue, sendVector:
-// command byte, then u64 little-endian lengths and counts); the 1.13 stream
-// matches what the real Debian torch 1.13 client sends, which the relay's
-// tests exercise end to end.
+// The streams below are written from TORCH-STORE.md's tables and torch's
+// TCPStore.cpp client code (sendCommandForKey, sendValue, sendVector: command
+// byte, then u64 little-endian lengths and counts), except the torch 2.6 one,
+// captured from a real client; the relay's tests run real 1.13 and 2.6
+// clients end to end.
 func TestDecodeRecordedStreams(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -75,6 +75,17 @@ func TestDecodeRecordedStreams(t *testing.T) {
 		want: []Request{{Cmd: MultiSet, Keys: []string{"/a"}, Values: [][]byte{[]byte("1")}},
 			{Cmd: MultiGet, Keys: []string{"/a"}}, {Cmd: CancelWait}, {Cmd: Delete, Key: "/a"}},
 		num: Torch21,
+	}, {
+		// Captured from Debian trixie's torch 2.6 client (TCPStore(...,
+		// is_master=False).set("a", "1") against a recording socket that
+		// echoed the PING): one connection, handshake, PING, SET.
+		name: "torch 2.6, recorded: VALIDATE, PING, SET",
+		stream: `00 cef7853c                                  # VALIDATE magic
+			0d 94410000                                  # PING 0x4194
+			01 0200000000000000 2f61 0100000000000000 31 # SET "/a" "1"`,
+		want: []Request{{Cmd: Validate, Number: Magic}, {Cmd: Ping, Number: 0x4194},
+			{Cmd: Set, Key: "/a", Value: []byte("1")}},
+		num: Torch22,
 	}, {
 		name: "torch 2.2+: VALIDATE, PING, SET, MULTI_GET, CANCEL_WAIT, QUEUE_LEN",
 		stream: `00 cef7853c                                # VALIDATE magic

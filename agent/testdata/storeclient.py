@@ -1,7 +1,9 @@
 # A torch TCPStore client for the store relay's tests (agent/storerelay_test.go):
 # `storeclient.py HOST PORT ops` runs every operation torch's client has and
 # prints one line per answer; `storeclient.py HOST PORT count KEY N` adds 1
-# to KEY N times, checking each answer, and prints the final value.
+# to KEY N times, checking each answer, and prints the final value;
+# `storeclient.py HOST PORT hold` sets "held", prints "ready" and keeps its
+# store (its connections) until stdin ends.
 import datetime
 import sys
 
@@ -13,6 +15,12 @@ v2 = int(torch.__version__.split(".")[0]) >= 2
 # Debian's torch 2.x is built without libuv: its client is the same either way.
 kw = {"use_libuv": False} if v2 else {}
 s = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=60), **kw)
+
+if mode == "hold":
+    s.set("held", "1")
+    print("ready", flush=True)
+    sys.stdin.read()
+    sys.exit(0)
 
 if mode == "count":
     key, n = sys.argv[4], int(sys.argv[5])

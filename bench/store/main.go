@@ -12,7 +12,8 @@
 //     through a relay and against torch's own store server.
 //
 // Run it with `make bench-store` (needs bin/kfelastic and a python with
-// torch; -python picks it).
+// torch; -python picks it; -torch2 DIR runs the python3 of the torch 2.x
+// chroot that `scripts/deps.sh torch2` builds).
 package main
 
 import (
@@ -41,7 +42,24 @@ var (
 	sizes     = flag.String("n", "2,4,8", "torch agent counts")
 	runs      = flag.Int("runs", 3, "rendezvous per size and side (the median is printed)")
 	ops       = flag.Int("ops", 2000, "operations per kind for the latency")
+	torch2    = flag.String("torch2", "", "a torch 2.x chroot (scripts/deps.sh torch2) whose python3 to run instead of -python")
 )
+
+// pythonCmd runs python with args: -python, or the chroot's python3 in a
+// mount namespace of its own with /proc, this machine's /etc/hosts, and
+// agent/testdata/nolibuv on PYTHONPATH (Debian's torch 2.x has no libuv;
+// that folder's sitecustomize.py says more).
+func pythonCmd(args ...string) *exec.Cmd {
+	if *torch2 == "" {
+		return exec.Command(*python, args...)
+	}
+	testdata, _ := filepath.Abs("agent/testdata")
+	cmd := exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
+		`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind /etc/hosts "$0/etc/hosts" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
+		*torch2, testdata}, args...)...)
+	cmd.Env = append(os.Environ(), "USE_LIBUV=0", "PYTHONPATH=/kfelastic/nolibuv")
+	return cmd
+}
 
 const token = "bench-token"
 
@@ -79,7 +97,11 @@ func run() error {
 		return r.Addr(), func() { r.Close(); m.Close() }, nil
 	}
 
-	fmt.Printf("torch c10d rendezvous (%s), median of %d, from every agent starting to the last one ranked:\n", *python, *runs)
+	who := *python
+	if *torch2 != "" {
+		who = "python3 of " + *torch2
+	}
+	fmt.Printf("torch c10d rendezvous (%s), median of %d, from every agent starting to the last one ranked:\n", who, *runs)
 	fmt.Printf("%-8s %18s %18s %14s\n", "agents", "torch's TCPStore", "relay + master", "torch ÷ ours")
 	for _, f := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -229,8 +251,8 @@ func rendezvous(endpoints []string, torchHost bool, runID string) (time.Duration
 		if torchHost && i == 0 {
 			host = "1"
 		}
-		cmd := exec.Command(*python, "-c", rdzvScript, ep, strconv.Itoa(len(endpoints)), runID, host)
-		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+		cmd := pythonCmd("-c", rdzvScript, ep, strconv.Itoa(len(endpoints)), runID, host)
+		cmd.Env = append(cmd.Environ(), "OMP_NUM_THREADS=1")
 		stderr := &strings.Builder{}
 		cmd.Stderr = stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -310,7 +332,7 @@ func latency(endpoint string, torchHost bool) (map[string]opTime, error) {
 	if torchHost {
 		h = "1"
 	}
-	out, err := exec.Command(*python, "-c", latencyScript, host, port, h, strconv.Itoa(*ops)).Output()
+	out, err := pythonCmd("-c", latencyScript, host, port, h, strconv.Itoa(*ops)).Output()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", err, out)
 	}
