@@ -755,9 +755,10 @@ func (e *Engine) exited(p *podProc, werr error) {
 	e.procs[p.pod.Name].pod.State = Exited
 	e.mu.Unlock()
 	var f *kferrors.Failure
+	var exit string
 	switch {
 	case werr == nil:
-		p.exit = "succeeded"
+		exit = "succeeded"
 	case oom || cause == kferrors.CodeOOMKilled:
 		x := kferrors.SystemFailure(kferrors.CodeOOMKilled, fmt.Sprintf("pod %s was OOMKilled: it went past its memory limit of %s", p.pod.Name, bytesText(p.pod.Memory)), p.pod.Name, now)
 		f = &x
@@ -772,19 +773,24 @@ func (e *Engine) exited(p *podProc, werr error) {
 		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, signalName(ws.Signal())), p.pod.Name, now)
 		f = &x
 	default:
-		p.exit = exitText(ws.ExitStatus())
+		exit = exitText(ws.ExitStatus())
 	}
 	if e.tf != nil {
 		f = e.tfExited(p, f, werr)
 	}
 	if f != nil {
-		p.exit = f.Code
+		exit = f.Code
+	}
+	e.mu.Lock()
+	p.exit = exit
+	e.mu.Unlock()
+	if f != nil {
 		e.document(*f)
 		if e.tf == nil {
 			e.podGone(p.pod.Name, *f)
 		}
 	}
-	e.note("pod", "%s exited: %s", p.pod.Name, p.exit)
+	e.note("pod", "%s exited: %s", p.pod.Name, exit)
 	go func() {
 		for range 50 {
 			if os.Remove(p.cg.mem) == nil || p.cg.mem == "" {

@@ -109,6 +109,9 @@ type Limits struct {
 // cgroup under name: cgroup v2 with the memory and cpu controllers, else
 // the v1 memory and cpu hierarchies, else RLIMIT_AS.
 func NewLimits(name string) *Limits {
+	for _, root := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpu"} {
+		sweep(root)
+	}
 	if ctrl, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil && strings.Contains(string(ctrl), "memory") {
 		dir := filepath.Join("/sys/fs/cgroup", name)
 		if os.Mkdir(dir, 0o755) == nil {
@@ -127,6 +130,28 @@ func NewLimits(name string) *Limits {
 		return l
 	}
 	return &Limits{Mode: "rlimit"}
+}
+
+// sweep removes what earlier jobs left under root: a job's cgroups can
+// outlive it while a killed pod's last zombie waits for init to reap it
+// (Remove gives up after 5 s). Only cgroups without a process, of jobs
+// older than a minute, are removed; rmdir refuses any other.
+func sweep(root string) {
+	jobs, _ := os.ReadDir(root)
+	for _, j := range jobs {
+		info, err := j.Info()
+		if !j.IsDir() || !strings.HasPrefix(j.Name(), "kfelastic-") || err != nil || time.Since(info.ModTime()) < time.Minute {
+			continue
+		}
+		dir := filepath.Join(root, j.Name())
+		pods, _ := os.ReadDir(dir)
+		for _, p := range pods {
+			if p.IsDir() && len(readPids(filepath.Join(dir, p.Name(), "cgroup.procs"))) == 0 {
+				_ = os.Remove(filepath.Join(dir, p.Name()))
+			}
+		}
+		_ = os.Remove(dir)
+	}
 }
 
 // Cgroup is one pod's cgroup(s); the zero value (rlimit mode) has none.

@@ -319,10 +319,20 @@ func TestOOMDoublesMemory(t *testing.T) {
 // hears it and declares it lost after the heartbeat timeout, its peers are
 // told to restart, a replacement takes its rank, and training resumes from
 // the checkpoint.
+// As root the pods have network namespaces and the cut is a link taken
+// down; "host" is what happens elsewhere: the pod is frozen.
 func TestScenario4CutNetwork(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 40, "cut-network:2@step=8")
-	j.succeeded()
-	j.expect("cut", j.view, `cut-network: job-worker-2`)
-	j.expect("lost, replaced", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after NodeLost`)
-	j.resumed("job-worker-3")
+	for _, network := range []string{"netns", "host"} {
+		t.Run(network, func(t *testing.T) {
+			if network == "netns" && os.Geteuid() != 0 {
+				t.Skip("network namespaces need root")
+			}
+			j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Network: network}, 40, "cut-network:2@step=8")
+			j.succeeded()
+			want := map[string]string{"netns": `cut-network: job-worker-2's link is down`, "host": `cut-network: job-worker-2 is frozen`}[network]
+			j.expect("cut", j.view, want)
+			j.expect("lost, replaced", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after NodeLost`)
+			j.resumed("job-worker-3")
+		})
+	}
 }

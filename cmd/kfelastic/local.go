@@ -50,7 +50,7 @@ take none (add-slot@step=20). WHEN is step=N (once any worker printed step N or 
 start); without it, at once. Actions:
   delete-pod   SIGTERM to the pod (a preemption), SIGKILL after --grace
   kill-worker  kill -9 of one training process
-  straggler    throttles the pod's CPU (cgroup cpu quota) from the start
+  straggler    throttles the pod's CPU to 10% of one (cgroup cpu quota) from the start
   break-check  kills the pod's health-check processes, every round
   cut-network  the pod's link goes down (as root: each pod in its own network namespace
                on a bridge, --network; otherwise the pod is frozen, which its peers and
