@@ -85,9 +85,8 @@ var scenarios = []scenario{
 			return t, c.start(1) // the replacement node, once the old one is gone
 		}},
 	{id: "5", name: "kill-worker (kill -9 of one process)", minNodes: 2, maxNodes: 2, nproc: 2, world: 4,
-		// The bench kills the worker itself, under both launchers: the
-		// engine's kill-worker finds a worker by its environment, which a
-		// worker forked by the agent's fork server does not show in /proc.
+		// The bench kills the worker itself, under both launchers, found by
+		// its mark: both sides are timed from the same kind of kill.
 		killWorker: true, torchFault: func(c *cluster) (time.Time, error) { return killWorkerOf(filepath.Join(c.dir, "marks"), 1) }},
 	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
 		chaos: "fail-pod:3@step=20", torchFault: func(c *cluster) (time.Time, error) {
