@@ -87,6 +87,10 @@ func (o *Options) defaults() error {
 	}
 	if o.TF != nil {
 		o.MinNodes, o.MaxNodes, o.NProcPerNode = o.TF.Replicas(), o.TF.Replicas(), 1
+		if o.Network == "netns" {
+			return errors.New("a TF job's pods share this machine's loopback (TF_CONFIG names their addresses there): no network namespaces")
+		}
+		o.Network = "host" // cut-network then freezes its pod
 	}
 	if o.MinNodes < 1 || o.MaxNodes < o.MinNodes {
 		return fmt.Errorf("--nnodes %d:%d: want 1 ≤ MIN ≤ MAX", o.MinNodes, o.MaxNodes)
@@ -382,7 +386,7 @@ func (e *Engine) startMaster(ctx context.Context) error {
 	o := &e.opts
 	cfg := master.Config{JobID: o.Job, MinNodes: o.MinNodes, MaxNodes: o.MaxNodes, WaitingTimeout: o.WaitingTimeout,
 		HeartbeatTimeout: o.HeartbeatTimeout, NetworkCheck: o.NetworkCheck, ExcludeStraggler: o.ExcludeStraggler,
-		CheckTimeout: o.CheckTimeout, Relaunch: relaunch.Policy{MaxPerRank: o.MaxRelaunches, OOM: e.policy}}
+		CheckTimeout: o.CheckTimeout, Relaunch: e.relaunchPolicy()}
 	s, err := master.NewServer(ctx, master.Options{Job: cfg, Token: e.token, StateURL: "file://" + filepath.Join(o.Out, "state"),
 		HeartbeatInterval: o.HeartbeatInterval, Owner: e, EventsURL: e.errURL, Logger: e.mlog.With("component", "master")})
 	if err != nil {

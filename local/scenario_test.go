@@ -18,10 +18,10 @@ import (
 // The scenarios of DESIGN.md §8, end to end: the real kfelastic binary as
 // each pod's agent, real torch.distributed workers (gloo, Debian's torch at
 // /usr/bin/python3) running the bundled example, real signals, cgroups and
-// the real master in-process. Nothing is faked. Scenarios 8–10 (the
-// TensorFlow PS stand-in), 11 (--launcher command with torch's own
-// elastic_launch) and 12's blackout measurement belong here too, next to
-// TestKillMaster.
+// the real master in-process. Nothing is faked. Scenarios 8–10 (TensorFlow
+// PS jobs, on a stand-in) are in tfjob_test.go; 11 (--launcher command with
+// torch's own elastic_launch) and 12's blackout measurement belong here
+// too, next to TestKillMaster.
 
 const python = "/usr/bin/python3"
 

@@ -26,7 +26,7 @@ import (
 // fixed by TF_CONFIG.
 //
 // Each pod still runs under `kfelastic agent` (static single-node, one
-// process): the agent is what writes the pod's error document (the root
+// process, exec'd: no fork server): the agent is what writes the pod's error document (the root
 // cause at the end, the code the relaunch policy reads), restarts the
 // process in place within --max-restarts, turns SIGTERM into a Preempted
 // document, and leaves no orphan behind; the torch environment it also sets
@@ -228,7 +228,10 @@ func (e *Engine) tfPod(p Pod, logDir string) (args, env []string, err error) {
 		return nil, nil, err
 	}
 	args = []string{"agent", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "static", "--rdzv-id", o.Job,
-		"--max-restarts", strconv.Itoa(o.MaxRestarts), "--error-prefix", e.errURL, "--log-dir", logDir, "--stop-grace", o.Grace.String()}
+		"--max-restarts", strconv.Itoa(o.MaxRestarts), "--error-prefix", e.errURL, "--log-dir", logDir, "--stop-grace", o.Grace.String(),
+		// A TF process imports no torch: a fork server preloading it would
+		// only cost the pod memory (counted against its limit) and time.
+		"--fork-server=false"}
 	args = append(args, o.AgentArgs...)
 	args = append(append(args, "--"), o.Command...)
 	return args, []string{"TF_CONFIG=" + cfg}, nil
@@ -267,7 +270,7 @@ func (e *Engine) tfExited(p *podProc, f *kferrors.Failure, werr error) *kferrors
 	if over {
 		return f
 	}
-	kind, counted, why := e.policy0().Decide(failure.Code, failure.Recoverable, e.tf.spent[p.pod.Rank])
+	kind, counted, why := e.relaunchPolicy().Decide(failure.Code, failure.Recoverable, e.tf.spent[p.pod.Rank])
 	if counted {
 		e.tf.spent[p.pod.Rank]++
 	}
@@ -280,8 +283,8 @@ func (e *Engine) tfExited(p *podProc, f *kferrors.Failure, werr error) *kferrors
 	return f
 }
 
-// policy0 is the job's relaunch policy, the master's.
-func (e *Engine) policy0() relaunch.Policy {
+// relaunchPolicy is the job's relaunch policy: the master's, and a TF job's.
+func (e *Engine) relaunchPolicy() relaunch.Policy {
 	return relaunch.Policy{MaxPerRank: e.opts.MaxRelaunches, OOM: e.policy}
 }
 

@@ -1,27 +1,40 @@
-// Command recovery is make bench-recovery: the time from a fault to the first
-// training step after recovery, median over -runs runs, for the scenarios of
-// DESIGN.md §8 that kfelastic local injects, on the bundled example
-// (examples/train/train.py, gloo, one worker per pod):
+// Command recovery-bench measures how fast a whole elastic job recovers
+// from the faults of DESIGN.md §8 on this machine: the time from the fault
+// to the first training step after recovery (the earliest first step of a
+// training process begun after the fault, in the recovered world size; a
+// step is an all-reduce, so one rank's first step is the group's), median
+// over -runs runs, for
 //
-//   - 1: a pod is deleted (SIGTERM, a preemption): the master relaunches its
-//     rank as a new pod, the others re-rendezvous with it (--nnodes 2:2);
-//   - 5: kill -9 of a worker: its agent restarts the group in place
-//     (--nnodes 2:2);
-//   - 7: a pod fails for good (its machine, and its replacement's): training
-//     goes on with 3 of 4 pods (--nnodes 3:4).
+//   - kfelastic local (the engine in-process, real agents, real master,
+//     the --chaos actions): scenario 1 delete-pod (2:3 nodes, a pod
+//     preempted, its replacement joins), 5 kill-worker (2 nodes × 2 workers,
+//     kill -9 of one), 7 fail-pod (3:4 nodes, one machine fails for good,
+//     its one relaunch fails too, training goes on with 3);
+//   - torchrun (torch.distributed.run, c10d rendezvous on loopback, one
+//     torchrun per node, --monitor-interval 1, last_call_timeout set to the
+//     engine's waiting timeout, 2 s, so that both wait alike for late
+//     nodes) on the same script, for the same faults where torchrun can
+//     express them: 1 as a node's SIGTERM and a new torchrun started once
+//     it exited (what Kubernetes and the operator do), 5 as the same kill -9,
+//     7 as a node's SIGKILL with no replacement;
 //
-// Beside them, torchrun (torch 1.13, c10d rendezvous, --monitor_interval 1)
-// with the same script where it can express the fault: 5 (kill -9 of node
-// 1's worker), and 1 (node 1's torchrun gets SIGTERM and a new one starts at
-// once, as the training operator recreates the pod), with the ratio; and
-// DLRover's reported ≈2 min to a replacement pod on Kubernetes as the
-// reference row of scenario 1. Scenario 11 (worker-0 under --launcher
-// command) has its place here once the local engine runs it.
+// with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
+// Kubernetes (DESIGN.md §10) as a reference row for scenario 1. Scenario 11
+// (--launcher command, worker-0 deleted) needs kfelastic local to run
+// torch's own elastic_launch under the command launcher through a recovery,
+// which it does not yet (tried: the survivors' torch agents wait on, the
+// replacement's cannot bind the relay's loopback port that c10d takes for
+// its own): its row is left out with a note.
+//
+// Run it with `make bench-recovery`; it needs bin/kfelastic and
+// /usr/bin/python3 with torch (scripts/deps.sh torch).
 package main
 
 import (
-	"bufio"
+	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,10 +55,45 @@ import (
 const python = "/usr/bin/python3"
 
 var (
-	bin    = flag.String("bin", "bin/kfelastic", "the kfelastic binary the pods run")
-	script = flag.String("script", "examples/train/train.py", "the training script")
-	runs   = flag.Int("runs", 3, "runs per row")
+	binary = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary the pods run")
+	script = flag.String("script", "bench/recovery/train.py", "the training script")
+	runs   = flag.Int("runs", 3, "runs per scenario and launcher")
+	only   = flag.String("only", "", "comma-separated scenario numbers (default: all)")
 )
+
+// scenario is one fault, as the engine and as torchrun express it.
+type scenario struct {
+	id, name string
+	// min:max nodes, workers per node, the world size after recovery.
+	minNodes, maxNodes, nproc, world int
+	chaos                            string
+	// killWorker: instead of a chaos action, the bench kill -9s a worker of
+	// node 1 once the job has trained a second.
+	killWorker    bool
+	maxRelaunches int
+	// torchFault injects the fault into torchrun nodes (nil: torchrun
+	// cannot express it); it returns the fault's time.
+	torchFault func(c *cluster) (time.Time, error)
+}
+
+var scenarios = []scenario{
+	{id: "1", name: "delete-pod (preemption; replacement)", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
+		chaos: "delete-pod:1@step=20", torchFault: func(c *cluster) (time.Time, error) {
+			t := time.Now()
+			_ = syscall.Kill(-c.nodes[1].Process.Pid, syscall.SIGTERM)
+			<-c.exited[1]
+			return t, c.start(1) // the replacement node, once the old one is gone
+		}},
+	{id: "5", name: "kill-worker (kill -9 of one process)", minNodes: 2, maxNodes: 2, nproc: 2, world: 4,
+		// The bench kills the worker itself, under both launchers, found by
+		// its mark: both sides are timed from the same kind of kill.
+		killWorker: true, torchFault: func(c *cluster) (time.Time, error) { return killWorkerOf(filepath.Join(c.dir, "marks"), 1) }},
+	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
+		chaos: "fail-pod:3@step=20", torchFault: func(c *cluster) (time.Time, error) {
+			t := time.Now()
+			return t, syscall.Kill(-c.nodes[3].Process.Pid, syscall.SIGKILL)
+		}},
+}
 
 func main() {
 	flag.Parse()
@@ -56,225 +104,384 @@ func main() {
 }
 
 type row struct {
-	name   string
-	ours   func(i int) (time.Duration, error)
-	theirs func(i int) (time.Duration, error)
-	ref    string
+	s            scenario
+	ours, theirs []recovery
 }
 
 func run() error {
-	binAbs, _ := filepath.Abs(*bin)
-	scriptAbs, _ := filepath.Abs(*script)
-	for _, p := range []string{binAbs, scriptAbs, python} {
+	for _, p := range []string{*binary, *script, python} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%v (make build; scripts/deps.sh torch)", err)
 		}
 	}
-	ours := func(min, max int, chaos string) func(int) (time.Duration, error) {
-		return func(int) (time.Duration, error) { return localRun(binAbs, scriptAbs, min, max, chaos) }
-	}
-	rows := []row{
-		{name: "1 delete-pod (preemption) → replacement trains", ours: ours(2, 2, "delete-pod:1@step=10"),
-			theirs: func(int) (time.Duration, error) { return torchrunRun(scriptAbs, "replace-node") },
-			ref:    "DLRover on Kubernetes: ≈2 min to a replacement pod"},
-		{name: "5 kill -9 of a worker → group restarted", ours: ours(2, 2, "kill-worker:1/0@step=10"),
-			theirs: func(int) (time.Duration, error) { return torchrunRun(scriptAbs, "kill-worker") }},
-		{name: "7 a pod fails for good → training with 3 of 4", ours: ours(3, 4, "fail-pod:3@step=10")},
-	}
-	fmt.Printf("fault → first training step after recovery, median of %d runs (this machine: %d cores)\n\n", *runs, numCPU())
-	fmt.Printf("%-50s %-28s %-28s %s\n", "scenario", "kfelastic local", "torchrun c10d", "ratio")
-	for _, r := range rows {
-		o := measure(r.ours)
-		line := fmt.Sprintf("%-50s %-28s", r.name, o.String())
-		if r.theirs != nil {
-			t := measure(r.theirs)
-			ratio := "—"
-			if o.ok() && t.ok() {
-				ratio = fmt.Sprintf("%.1fx", t.median().Seconds()/o.median().Seconds())
+	bin, _ := filepath.Abs(*binary)
+	scr, _ := filepath.Abs(*script)
+	fmt.Printf("bench-recovery: fault → first training step after recovery, %d runs each, %d CPUs\n", *runs, numCPU())
+	var rows []row
+	for _, s := range scenarios {
+		if *only != "" && !slices.Contains(strings.Split(*only, ","), s.id) {
+			continue
+		}
+		r := row{s: s}
+		for i := range *runs {
+			d, err := ours(s, bin, scr)
+			if err != nil {
+				return fmt.Errorf("scenario %s, kfelastic run %d: %w", s.id, i+1, err)
 			}
-			line += fmt.Sprintf(" %-28s %s", t.String(), ratio)
-		} else {
-			line += fmt.Sprintf(" %-28s %s", "(cannot express it)", "—")
+			fmt.Printf("  %s kfelastic run %d: %v\n", s.id, i+1, d)
+			r.ours = append(r.ours, d)
 		}
-		fmt.Println(line)
-		if r.ref != "" {
-			fmt.Printf("%-50s %s\n", "  reference", r.ref)
+		for i := range *runs {
+			if s.torchFault == nil {
+				break
+			}
+			d, err := theirs(s, scr)
+			if err != nil {
+				fmt.Printf("  %s torchrun run %d: no recovery: %v\n", s.id, i+1, err)
+				continue
+			}
+			fmt.Printf("  %s torchrun run %d: %v\n", s.id, i+1, d)
+			r.theirs = append(r.theirs, d)
+		}
+		rows = append(rows, r)
+	}
+	fmt.Println()
+	fmt.Println("Fault → first training step after recovery (median, min–max, runs); in brackets the launcher's")
+	fmt.Println("share: fault → the recovered group's last process began (the rest is Python, torch's import, gloo).")
+	fmt.Printf("| # | fault | kfelastic local | torchrun c10d | ratio (torchrun / kfelastic) |\n|---|---|---|---|---|\n")
+	for _, r := range rows {
+		ratio := "–"
+		if len(r.theirs) > 0 && len(r.ours) > 0 {
+			ratio = fmt.Sprintf("%.2f× [%.2f×]", ratioOf(r.theirs, r.ours, stepOf), ratioOf(r.theirs, r.ours, begunOf))
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", r.s.id, r.s.name, summary(r.ours), summary(r.theirs), ratio)
+		if r.s.id == "1" {
+			dl := "–"
+			if len(r.ours) > 0 {
+				dl = fmt.Sprintf("%.0f× (DLRover / kfelastic)", (2*time.Minute).Seconds()/median(r.ours, stepOf).Seconds())
+			}
+			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
 		}
 	}
+	fmt.Println("| 11 | --launcher command, worker-0 deleted | not measured: kfelastic local does not run torch's elastic_launch under the command launcher through a recovery yet | | |")
 	return nil
 }
 
-func numCPU() int {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	return strings.Count(string(b), "processor\t:")
+// faultClock is the engine's view: it notes when the chaos action fired
+// (the engine writes its line as it acts).
+type faultClock struct {
+	mu     sync.Mutex
+	prefix string
+	at     time.Time
+	lines  strings.Builder
 }
 
-type sample struct {
-	ds   []time.Duration
-	errs []string
-}
-
-func measure(f func(int) (time.Duration, error)) sample {
-	var s sample
-	for i := range *runs {
-		d, err := f(i)
-		if err != nil {
-			s.errs = append(s.errs, err.Error())
-			fmt.Fprintf(os.Stderr, "  run %d: %v\n", i, err)
-			continue
-		}
-		s.ds = append(s.ds, d)
+func (f *faultClock) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.at.IsZero() && f.prefix != "" && strings.Contains(string(p), f.prefix) {
+		f.at = time.Now()
 	}
-	return s
+	f.lines.Write(p)
+	return len(p), nil
 }
 
-func (s sample) ok() bool { return len(s.ds) > 0 }
-
-func (s sample) median() time.Duration {
-	ds := slices.Clone(s.ds)
-	slices.Sort(ds)
-	return ds[len(ds)/2]
+func (f *faultClock) time() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.at
 }
 
-func (s sample) String() string {
-	if !s.ok() {
-		return fmt.Sprintf("failed (%d)", len(s.errs))
-	}
-	return fmt.Sprintf("%.2fs (%.2f–%.2f, n=%d)", s.median().Seconds(), slices.Min(s.ds).Seconds(), slices.Max(s.ds).Seconds(), len(s.ds))
-}
-
-// localRun runs one job under the engine and returns its recovery time.
-func localRun(binAbs, scriptAbs string, min, max int, spec string) (time.Duration, error) {
-	c, err := local.ParseChaos(spec)
+// ours runs the scenario once under kfelastic local and stops the job once
+// the recovered group stepped.
+func ours(s scenario, bin, scr string) (recovery, error) {
+	out, err := os.MkdirTemp("", "bench-recovery-")
 	if err != nil {
-		return 0, err
-	}
-	out, err := os.MkdirTemp("", "bench-recovery")
-	if err != nil {
-		return 0, err
+		return recovery{}, err
 	}
 	defer os.RemoveAll(out)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	marks := filepath.Join(out, "marks")
+	if err := os.Mkdir(marks, 0o755); err != nil {
+		return recovery{}, err
+	}
+	var chaos []local.Chaos
+	clock := &faultClock{}
+	if !s.killWorker {
+		c, err := local.ParseChaos(s.chaos)
+		if err != nil {
+			return recovery{}, err
+		}
+		chaos, clock.prefix = []local.Chaos{c}, string(c.Action)+": "
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := local.Run(ctx, local.Options{Job: "bench", MinNodes: min, MaxNodes: max, NProcPerNode: 1, MaxRestarts: 2,
-		MaxRelaunches: 1, Out: out, Binary: binAbs, Chaos: []local.Chaos{c}, Grace: 3 * time.Second, Network: "host",
-		Command: []string{python, scriptAbs, "--steps", "40", "--sleep", "0.05", "--ckpt-every", "5", "--ckpt-dir", filepath.Join(out, "ckpt")}})
-	if err != nil {
-		return 0, err
+	opts := local.Options{Job: "bench", MinNodes: s.minNodes, MaxNodes: s.maxNodes, NProcPerNode: s.nproc, MaxRestarts: 3,
+		Out: filepath.Join(out, "job"), Chaos: chaos, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
+		Command: []string{python, scr, "--marks", marks, "--ckpt", filepath.Join(out, "ckpt")}}
+	if s.killWorker {
+		go func() {
+			if _, err := waitFirst(ctx, marks, time.Time{}, s.maxNodes*s.nproc); err != nil {
+				return
+			}
+			time.Sleep(time.Second) // about 20 steps, as @step=20
+			if at, err := killWorkerOf(marks, 1); err == nil {
+				clock.mu.Lock()
+				clock.at = at
+				clock.mu.Unlock()
+			}
+		}()
 	}
-	if len(res.Recovery) == 0 || res.Recovery[0] == 0 {
-		return 0, fmt.Errorf("%s: training did not resume (succeeded=%v: %s)", spec, res.Succeeded, res.Message)
+	found := make(chan recovery, 1)
+	go func() {
+		for ctx.Err() == nil {
+			if at := clock.time(); !at.IsZero() {
+				if first, begun, ok := firstAfter(marks, at, s.world); ok {
+					found <- recovery{step: first.Sub(at), begun: begun.Sub(at)}
+					cancel() // the job has recovered: stop it
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	res, err := local.Run(ctx, opts)
+	select {
+	case r := <-found:
+		return r, nil
+	default:
 	}
-	return res.Recovery[0], nil
+	if err == nil && res != nil {
+		err = fmt.Errorf("the job ended without a recovered step (%s)", res.Message)
+	}
+	return recovery{}, fmt.Errorf("%w; view:\n%s", err, clock.lines.String())
 }
 
-// torchrunRun runs two torchrun nodes (c10d, --nnodes 2:2) and injects the
-// fault at step 10: kill-worker (kill -9 of node 1's worker) or
-// replace-node (SIGTERM to node 1's torchrun, a new one started at once);
-// the recovery ends at the first step after a worker printed that it
-// (re)started after the fault.
-func torchrunRun(scriptAbs, fault string) (time.Duration, error) {
+// cluster is one torchrun per node on loopback.
+type cluster struct {
+	s      scenario
+	args   []string
+	dir    string
+	nodes  []*exec.Cmd
+	exited []chan struct{}
+	logs   []io.Closer
+}
+
+func (c *cluster) start(i int) error {
+	cmd := exec.Command(python, c.args...)
+	log, err := os.OpenFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	c.nodes[i], c.exited[i] = cmd, done
+	c.logs = append(c.logs, log)
+	return nil
+}
+
+// killWorkerOf kill -9s a training process of node (group rank) g, found
+// by its mark, and returns when.
+func killWorkerOf(marks string, g int) (time.Time, error) {
+	for _, m := range readMarks(marks) {
+		if m.GroupRank == g && syscall.Kill(m.pid, 0) == nil {
+			t := time.Now()
+			return t, syscall.Kill(m.pid, syscall.SIGKILL)
+		}
+	}
+	return time.Time{}, fmt.Errorf("no worker of node %d", g)
+}
+
+func (c *cluster) stop() {
+	for i, n := range c.nodes {
+		if n != nil && n.Process != nil {
+			_ = syscall.Kill(-n.Process.Pid, syscall.SIGKILL)
+			<-c.exited[i]
+		}
+	}
+	for _, l := range c.logs {
+		l.Close()
+	}
+}
+
+// theirs runs the scenario once under torchrun.
+func theirs(s scenario, scr string) (_ recovery, err error) {
+	dir, err := os.MkdirTemp("", "bench-recovery-torchrun-")
+	if err != nil {
+		return recovery{}, err
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(dir) // kept, with the nodes' logs, when it failed
+		}
+	}()
+	marks := filepath.Join(dir, "marks")
+	if err := os.Mkdir(marks, 0o755); err != nil {
+		return recovery{}, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return recovery{}, err
+	}
+	c := &cluster{s: s, dir: dir, nodes: make([]*exec.Cmd, s.maxNodes), exited: make([]chan struct{}, s.maxNodes),
+		args: []string{"-m", "torch.distributed.run", "--nnodes", fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes),
+			"--nproc_per_node", strconv.Itoa(s.nproc), "--redirects", "2", "--tee", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + strconv.Itoa(port),
+			"--rdzv_id", "bench", "--rdzv_conf", "last_call_timeout=2", "--max_restarts", "3", "--monitor_interval", "1",
+			scr, "--marks", marks, "--ckpt", filepath.Join(dir, "ckpt")}}
+	defer c.stop()
+	for i := range s.maxNodes {
+		if err := c.start(i); err != nil {
+			return recovery{}, err
+		}
+		if i == 0 {
+			// Node 0 hosts the rendezvous store (the endpoint is its): the
+			// others start once it listens, or one of them would host it.
+			if err := listening(port, 60*time.Second); err != nil {
+				return recovery{}, err
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	full := s.maxNodes * s.nproc
+	if _, err := waitFirst(ctx, marks, time.Time{}, full); err != nil {
+		return recovery{}, fmt.Errorf("torchrun never trained: %w (logs in %s)", err, dir)
+	}
+	time.Sleep(time.Second) // about 20 steps, as the engine's @step=20
+	at, err := s.torchFault(c)
+	if err != nil {
+		return recovery{}, err
+	}
+	r, err := waitFirst(ctx, marks, at, s.world)
+	if err != nil {
+		return recovery{}, fmt.Errorf("%w (logs in %s)", err, dir)
+	}
+	return r, nil
+}
+
+// mark is one training process's first step (train.py --marks).
+type mark struct {
+	pid       int
+	Begin     float64 `json:"begin"`
+	First     float64 `json:"first"`
+	World     int     `json:"world"`
+	GroupRank int     `json:"group_rank"`
+}
+
+func readMarks(dir string) []mark {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	var out []mark
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var m mark
+		if json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		m.pid, _ = strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".json"))
+		out = append(out, m)
+	}
+	return out
+}
+
+func unix(sec float64) time.Time { return time.Unix(0, int64(sec*1e9)) }
+
+// recovery is one run's figures: fault → first step, and fault → the last
+// process of the recovered group began (the launcher's share: the rest is
+// Python starting, importing torch and connecting the group).
+type recovery struct{ step, begun time.Duration }
+
+// firstAfter is the earliest first step of the processes begun after t in
+// a world of world processes, and the latest of their beginnings.
+func firstAfter(dir string, t time.Time, world int) (first, begun time.Time, ok bool) {
+	for _, m := range readMarks(dir) {
+		if m.World != world || unix(m.Begin).Before(t) {
+			continue
+		}
+		if f := unix(m.First); first.IsZero() || f.Before(first) {
+			first = f
+		}
+		if b := unix(m.Begin); b.After(begun) {
+			begun = b
+		}
+	}
+	return first, begun, !first.IsZero()
+}
+
+func waitFirst(ctx context.Context, dir string, t time.Time, world int) (recovery, error) {
+	for {
+		if f, b, ok := firstAfter(dir, t, world); ok {
+			return recovery{step: f.Sub(t), begun: b.Sub(t)}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return recovery{}, errors.New("no first step of a recovered group of " + strconv.Itoa(world) + " in time")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func listening(port int, within time.Duration) error {
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("torchrun's store on port %d: %w", port, err)
+		}
+	}
+}
+
+func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir, err := os.MkdirTemp("", "bench-recovery-torchrun")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	lines := make(chan string, 1024)
-	var wg sync.WaitGroup
-	start := func(node int) *exec.Cmd {
-		cmd := exec.Command(python, "-m", "torch.distributed.run", "--nnodes", "2:2", "--nproc_per_node", "1", "--max_restarts", "3",
-			"--monitor_interval", "1", "--redirects", "2", "--tee", "2", "--rdzv_backend", "c10d",
-			"--rdzv_endpoint", "127.0.0.1:"+strconv.Itoa(port), "--rdzv_id", "bench",
-			scriptAbs, "--steps", "100000", "--sleep", "0.05", "--ckpt-every", "5", "--ckpt-dir", filepath.Join(dir, "ckpt"))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		pr, pw := io.Pipe()
-		cmd.Stdout, cmd.Stderr = pw, pw
-		if err := cmd.Start(); err != nil {
-			return nil
-		}
-		wg.Go(func() {
-			sc := bufio.NewScanner(pr)
-			for sc.Scan() {
-				select {
-				case lines <- sc.Text():
-				default:
-				}
-			}
-		})
-		go func() { _ = cmd.Wait(); pw.Close() }()
-		return cmd
-	}
-	nodes := []*exec.Cmd{start(0), start(1)}
-	defer func() {
-		for _, c := range nodes {
-			if c != nil {
-				_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-			}
-		}
-	}()
-	if nodes[0] == nil || nodes[1] == nil {
-		return 0, fmt.Errorf("torchrun did not start")
-	}
-	deadline := time.After(3 * time.Minute)
-	var faultAt time.Time
-	restarted := false
-	for {
-		select {
-		case <-deadline:
-			return 0, fmt.Errorf("torchrun %s: no recovery in 3 min", fault)
-		case line := <-lines:
-			switch {
-			case faultAt.IsZero() && strings.Contains(line, "step = 10"):
-				faultAt = time.Now()
-				if fault == "kill-worker" {
-					pid := workerOf(nodes[1].Process.Pid)
-					if pid == 0 {
-						return 0, fmt.Errorf("node 1's worker not found")
-					}
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				} else {
-					_ = nodes[1].Process.Signal(syscall.SIGTERM)
-					nodes = append(nodes, start(1))
-				}
-			case !faultAt.IsZero() && strings.Contains(line, "resumed from step"):
-				restarted = true
-			case restarted && strings.Contains(line, "step = "):
-				return time.Since(faultAt), nil
-			}
-		}
-	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// workerOf is the training process under a torchrun: the descendant with
-// LOCAL_RANK in its environment.
-func workerOf(pid int) int {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil || p == pid {
-			continue
-		}
-		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if !strings.Contains(string(env), "LOCAL_RANK=0\x00") {
-			continue
-		}
-		for q := p; q > 1; {
-			stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(q), "stat"))
-			if err != nil {
-				break
-			}
-			f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-			q, _ = strconv.Atoi(f[1])
-			if q == pid {
-				return p
-			}
-		}
+func (r recovery) String() string {
+	return fmt.Sprintf("%v (processes began after %v)", r.step.Round(time.Millisecond), r.begun.Round(time.Millisecond))
+}
+
+func stepOf(r recovery) time.Duration  { return r.step }
+func begunOf(r recovery) time.Duration { return r.begun }
+
+// median of one figure of the runs (the upper middle for an even count).
+func median(rs []recovery, of func(recovery) time.Duration) time.Duration {
+	ds := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		ds[i] = of(r)
 	}
-	return 0
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func ratioOf(theirs, ours []recovery, of func(recovery) time.Duration) float64 {
+	return float64(median(theirs, of)) / float64(median(ours, of))
+}
+
+func summary(rs []recovery) string {
+	if len(rs) == 0 {
+		return "–"
+	}
+	lo, hi := slices.MinFunc(rs, byStep).step, slices.MaxFunc(rs, byStep).step
+	return fmt.Sprintf("%.1f s (%.1f–%.1f, n=%d) [%.2f s]", median(rs, stepOf).Seconds(), lo.Seconds(), hi.Seconds(), len(rs), median(rs, begunOf).Seconds())
+}
+
+func byStep(a, b recovery) int { return cmp.Compare(a.step, b.step) }
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
 }
