@@ -161,6 +161,7 @@ func TestScenario9TFChiefOOM(t *testing.T) {
 	second := log[strings.LastIndex(log, "TF_CONFIG cluster"):]
 	m := j.expect("restored", second, `restored from checkpoint at step ([1-9]\d*)`)
 	from, _ := strconv.Atoi(m[1])
+	t.Logf("the chief ran under %v bytes, then %v; the recreated one restored step %d", limits[0], limits[1], from)
 	j.tfStepsAfter("job-chief-0", m[0], from)
 	// The OOMKilled document (the engine writes it: the agent died with
 	// the pod) is moved aside once the recreated chief runs (by its agent,
@@ -183,6 +184,7 @@ func TestScenario10TFPSDeleted(t *testing.T) {
 	if from < 10 || !strings.Contains(chief, "checkpoint saved at step "+m[1]+"\n") {
 		t.Errorf("restored step %d: want a checkpoint the chief saved (every 10 steps) before the deletion at step 25", from)
 	}
+	t.Logf("after job-ps-0's deletion at step 25 or later, the chief restored step %d", from)
 	j.tfStepsAfter("job-chief-0", "restored from checkpoint at step "+m[1], from)
 }
 
