@@ -318,9 +318,11 @@ func TestOOMDoublesMemory(t *testing.T) {
 // Scenario 4: a pod's network breaks mid-training: the master no longer
 // hears it and declares it lost after the heartbeat timeout, its peers are
 // told to restart, a replacement takes its rank, and training resumes from
-// the checkpoint.
+// the checkpoint. 120 steps: the peers, whose restart is a fork (the
+// agent's fork server), must still be training when the replacement has
+// started and joins.
 func TestScenario4CutNetwork(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 40, "cut-network:2@step=8")
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 120, "cut-network:2@step=8")
 	j.succeeded()
 	j.expect("cut", j.view, `cut-network: job-worker-2`)
 	j.expect("lost, replaced", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after NodeLost`)
