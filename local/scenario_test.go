@@ -318,7 +318,9 @@ func TestOOMDoublesMemory(t *testing.T) {
 // Scenario 4: a pod's network breaks mid-training: the master no longer
 // hears it and declares it lost after the heartbeat timeout, its peers are
 // told to restart, a replacement takes its rank, and training resumes from
-// the checkpoint.
+// the checkpoint. 120 steps: the peers, whose restart is a fork (the
+// agent's fork server), must still be training when the replacement has
+// started and joins.
 // As root the pods have network namespaces and the cut is a link taken
 // down; "host" is what happens elsewhere: the pod is frozen.
 func TestScenario4CutNetwork(t *testing.T) {
@@ -327,7 +329,7 @@ func TestScenario4CutNetwork(t *testing.T) {
 			if network == "netns" && os.Geteuid() != 0 {
 				t.Skip("network namespaces need root")
 			}
-			j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Network: network}, 40, "cut-network:2@step=8")
+			j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Network: network}, 120, "cut-network:2@step=8")
 			j.succeeded()
 			want := map[string]string{"netns": `cut-network: job-worker-2's link is down`, "host": `cut-network: job-worker-2 is frozen`}[network]
 			j.expect("cut", j.view, want)
