@@ -486,10 +486,12 @@ func TestForkServerRefusalFallsBackToExec(t *testing.T) {
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}
+	// 3 or 4: the first attempt's other worker may be stopped before it
+	// prints, once its peer's exit 3 ends the attempt.
 	s := out.String()
-	if strings.Contains(s, "]:forked") || strings.Count(s, "]:execd") != 4 || !strings.Contains(s, "fork server refused") ||
+	if n := strings.Count(s, "]:execd"); strings.Contains(s, "]:forked") || n < 3 || n > 4 || !strings.Contains(s, "fork server refused") ||
 		!strings.Contains(s, `msg="fork server given up`) {
-		t.Errorf("want 4 exec'd workers after a refusal, and the server given up:\n%s", s)
+		t.Errorf("want 3–4 exec'd workers after a refusal, and the server given up:\n%s", s)
 	}
 }
 
