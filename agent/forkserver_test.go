@@ -478,20 +478,32 @@ func TestForkedWorkersClassified(t *testing.T) {
 func TestForkServerRefusalFallsBackToExec(t *testing.T) {
 	needPython(t)
 	threaded := writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+	// Each worker notes whether it was forked (the server's preload is in
+	// its modules); rank 0 of the first attempt fails once rank 1 noted.
+	marks := t.TempDir()
 	cfg, out := helperConfig(t, 2, "")
-	cfg.Command = []string{python, writePy(t, "w.py", "import os, sys\nprint('forked' if 'kfthread' in sys.modules else 'execd')\n"+
-		"sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.Command = []string{python, writePy(t, "w.py", `import os, sys, time
+d, c, r = sys.argv[1], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
+open(os.path.join(d, c + "-" + r + "-" + ("forked" if "kfthread" in sys.modules else "execd")), "w").close()
+if c == "0" and r == "0":
+    while not any(n.startswith("0-1-") for n in os.listdir(d)):
+        time.sleep(0.01)
+    sys.exit(3)
+`), marks}
 	cfg.Preload, cfg.MaxRestarts = "kfthread", 1
 	cfg.Env = append(cfg.Env, "PYTHONPATH="+filepath.Dir(threaded))
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}
-	// 3 or 4: the first attempt's other worker may be stopped before it
-	// prints, once its peer's exit 3 ends the attempt.
-	s := out.String()
-	if n := strings.Count(s, "]:execd"); strings.Contains(s, "]:forked") || n < 3 || n > 4 || !strings.Contains(s, "fork server refused") ||
+	noted, _ := os.ReadDir(marks)
+	var names []string
+	for _, e := range noted {
+		names = append(names, e.Name())
+	}
+	want := []string{"0-0-execd", "0-1-execd", "1-0-execd", "1-1-execd"}
+	if s := out.String(); !slices.Equal(names, want) || !strings.Contains(s, "fork server refused") ||
 		!strings.Contains(s, `msg="fork server given up`) {
-		t.Errorf("want 3–4 exec'd workers after a refusal, and the server given up:\n%s", s)
+		t.Errorf("workers %v, want %v after a refusal, and the server given up:\n%s", names, want, s)
 	}
 }
 
