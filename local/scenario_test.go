@@ -272,7 +272,7 @@ func TestKillMaster(t *testing.T) {
 // killed in every round; it fails both rounds, exits with a
 // NodeCheckFailed document, and its replacement passes and trains.
 func TestScenario3BreakCheck(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, CheckTimeout: 30 * time.Second}, 40, "break-check:1")
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, CheckTimeout: 30 * time.Second}, 120, "break-check:1")
 	j.succeeded()
 	j.expect("check killed", j.view, `break-check: killed job-worker-1's check process`)
 	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-1 as rank 1 after NodeCheckFailed \(relaunch-avoid-host, counted\)`)

@@ -145,6 +145,19 @@ func waitOf(ms int64) time.Duration {
 	return min(d, maxWait)
 }
 
+// holdOf is how long a Join or Heartbeat may be held: what the agent asked
+// for, and at most half the heartbeat timeout. A node is seen when its call
+// arrives, not while the call is held, so a longer hold would have a
+// waiting node declared lost while it waits (a replacement whose round
+// cannot form yet, with a 30 s join poll and an 8 s timeout).
+func (s *Server) holdOf(ms int64) time.Duration {
+	d := waitOf(ms)
+	if t := s.job.cfg.HeartbeatTimeout / 2; t > 0 {
+		d = min(d, t)
+	}
+	return d
+}
+
 func joinPB(a JoinAnswer, cfg Config, latest int64) *masterpb.JoinResponse {
 	r := &masterpb.JoinResponse{Rank: int32(a.Rank)}
 	switch {
@@ -196,7 +209,7 @@ func (v *service) Join(ctx context.Context, req *masterpb.JoinRequest) (*masterp
 		}
 		s.joinWaiters[rank] = append(s.joinWaiters[rank], c)
 	}
-	res, err := s.do(ctx, c, waitOf(req.GetWaitMs()), func() (any, error) {
+	res, err := s.do(ctx, c, s.holdOf(req.GetWaitMs()), func() (any, error) {
 		cfg := s.job.cfg // immutable after start
 		return &masterpb.JoinResponse{Rank: n.Rank32(), Outcome: &masterpb.JoinResponse_Pending{Pending: &masterpb.Pending{
 			MinNodes: int32(cfg.MinNodes), MaxNodes: int32(cfg.MaxNodes)}}}, nil
@@ -266,7 +279,7 @@ func (v *service) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest)
 		}
 		s.hbWaiters[rank] = append(s.hbWaiters[rank], c)
 	}
-	res, err := s.do(ctx, c, waitOf(req.GetWaitMs()), func() (any, error) {
+	res, err := s.do(ctx, c, s.holdOf(req.GetWaitMs()), func() (any, error) {
 		return &masterpb.HeartbeatResponse{}, nil
 	})
 	if err != nil {

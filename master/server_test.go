@@ -274,6 +274,39 @@ func TestHeartbeatCarriesRestart(t *testing.T) {
 	}
 }
 
+// A node waiting for a round that cannot form yet is held at most half the
+// heartbeat timeout per call, and, calling again, is never declared lost
+// while it waits (it was, when a Join was held for the agent's 30 s).
+func TestWaitingNodeNotLost(t *testing.T) {
+	addr, _ := startServer(t, master.Config{JobID: "wait", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: 600 * time.Millisecond}, "")
+	c := dial(t, addr, token)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	for {
+		start := time.Now()
+		res, err := c.Join(ctx, &masterpb.JoinRequest{Node: node(0), WaitMs: 30000})
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			t.Fatalf("join: %v", err)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Fatalf("a join was held %v, beyond half the heartbeat timeout", d)
+		}
+		if res.GetRound() != nil || res.GetExcluded() != nil {
+			t.Fatalf("a lone node of 2:2 got %v", res)
+		}
+	}
+	st, err := c.Status(t.Context(), &masterpb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GetDecisions()) != 0 {
+		t.Errorf("the waiting node was declared lost: %v", st.GetDecisions())
+	}
+}
+
 // The store over gRPC: WAIT blocks until a key exists or its timeout;
 // retried mutations apply once.
 func TestStoreOverGRPC(t *testing.T) {
