@@ -29,7 +29,9 @@ import (
 //   - The store: the child's PET_RDZV_ENDPOINT is the agent's loopback
 //     TCPStore relay, which carries torch's c10d rendezvous (and the rest of
 //     its store operations) to the master, so the store survives the loss of
-//     any pod, worker 0's included. Without a master (one node, or the static
+//     any pod, worker 0's included; with it, the child's PET_RDZV_BACKEND is
+//     c10d and PET_RDZV_CONF has is_host=false (torchrun reads them; flytekit
+//     hard-codes c10d). Without a master (one node, or the static
 //     backend) there is no relay and PET_RDZV_ENDPOINT is left as it is:
 //     torch hosts its store itself, as upstream.
 //   - Restarts: --max-restarts is torch's business inside the child (it gets
@@ -80,7 +82,8 @@ type commandSpec struct {
 
 // CommandEnv is the child's environment under --launcher command: the pod's
 // own (base), PET_* unchanged except PET_RDZV_ENDPOINT, which is the relay's
-// loopback address when there is one. The PET_* that torch's launch reads
+// loopback address when there is one, with PET_RDZV_BACKEND=c10d and
+// is_host=false in PET_RDZV_CONF (a client of the relay). The PET_* that torch's launch reads
 // and the pod lacks (an agent given flags, not the operator's env) are set
 // from the agent's flags, so that the command sees the same job. Added:
 // TORCHELASTIC_ERROR_FILE (torch's @record in the child, as torchrun's main
@@ -110,6 +113,15 @@ func CommandEnv(base []string, s commandSpec) []string {
 	}
 	if s.rdzvEndpoint != "" {
 		env["PET_RDZV_ENDPOINT"] = s.rdzvEndpoint
+		// The relay speaks TCPStore, which only torch's c10d backend uses
+		// as a client: torchrun's default (static, the training operator
+		// sets PET_RDZV_BACKEND only for elastic jobs) has node 0 host its
+		// store on the endpoint, which fails on the relay's port ("Address
+		// already in use") with no fallback, and the other nodes wait for
+		// it until their join timeout. The agent's own backend name
+		// (kfelastic) is no torch backend either.
+		env["PET_RDZV_BACKEND"] = "c10d"
+		env["PET_RDZV_CONF"] = clientOnly(env["PET_RDZV_CONF"])
 	}
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
 	env[ProgressFileEnv] = s.progressFile
@@ -117,6 +129,22 @@ func CommandEnv(base []string, s commandSpec) []string {
 		env[agentMarkEnv] = s.mark
 	}
 	return envList(env)
+}
+
+// clientOnly is torchrun's --rdzv-conf with is_host=false: c10d's guess
+// (the endpoint's host is this machine's, as loopback always is) would try
+// to host the store on the relay's port first, log the failed bind as an
+// error and only then connect as a client; an is_host=true given would fail
+// for good.
+func clientOnly(conf string) string {
+	var kept []string
+	for kv := range strings.SplitSeq(conf, ",") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k = strings.TrimSpace(k); k != "" && k != "is_host" {
+			kept = append(kept, kv)
+		}
+	}
+	return strings.Join(append(kept, "is_host=false"), ",")
 }
 
 // childPIDs are the live children of pid (every thread's), from

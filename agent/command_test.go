@@ -32,18 +32,20 @@ func TestCommandEnv(t *testing.T) {
 	cfg := &Config{MinNodes: 2, MaxNodes: 3, NProcPerNode: 4, MaxRestarts: 2, RdzvID: "job", NodeRank: 1,
 		RdzvEndpoint: "master:29400"}
 	base := []string{"PET_NNODES=2:3", "PET_RDZV_ENDPOINT=master:29400", "_F_WN=pod-1", "_F_DES=Earliest",
-		"PET_MAX_RESTARTS=", "PYTHONUNBUFFERED=0", "PATH=/bin"}
+		"PET_MAX_RESTARTS=", "PYTHONUNBUFFERED=0", "PATH=/bin",
+		// torchrun's static default, and a conf that would have torch host the store.
+		"PET_RDZV_BACKEND=static", "PET_RDZV_CONF=is_host=1,last_call_timeout=1"}
 	got := CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", errorFile: "/e", progressFile: "/p", mark: "a/1"})
 	want := []string{"KFELASTIC_AGENT=a/1", "KFELASTIC_PROGRESS_FILE=/p", "PATH=/bin", "PET_MAX_RESTARTS=2",
-		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_ENDPOINT=127.0.0.1:4242",
-		"PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
+		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_BACKEND=c10d",
+		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=127.0.0.1:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("CommandEnv:\n got %q\nwant %q", got, want)
 	}
 	// Without a relay (no master) the endpoint is the pod's, or the flag's.
 	got = CommandEnv(nil, commandSpec{cfg: cfg})
 	if !slices.Contains(got, "PET_RDZV_ENDPOINT=master:29400") || slices.ContainsFunc(got, func(s string) bool {
-		return strings.HasPrefix(s, "RANK=") || strings.HasPrefix(s, "_F_WN=")
+		return strings.HasPrefix(s, "RANK=") || strings.HasPrefix(s, "_F_WN=") || strings.HasPrefix(s, "PET_RDZV_BACKEND=")
 	}) {
 		t.Errorf("CommandEnv without relay: %q", got)
 	}
