@@ -677,6 +677,12 @@ exec "$@"`
 var (
 	stepRE  = regexp.MustCompile(`\bstep(?:\s*=\s*|\s+)(\d+)`)
 	blockRE = regexp.MustCompile(`^\s*(restart_count|group_world_size)=(\d+)`)
+	// commandRoundRE is a round under --launcher command, where the agent
+	// prints no Rendezvous complete block (torch's agent inside the
+	// command logs its own at INFO, which elastic_launch does not show):
+	// the agent's log line for a master round that starts or keeps its
+	// command. torch's own round follows through the master's store.
+	commandRoundRE = regexp.MustCompile(`msg="(?:command started|the master completed a round[^"]*)".*\bgroup_world_size=(\d+)`)
 )
 
 // follow copies a pod's output to its log and reads what the view and the
@@ -695,16 +701,16 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 			if m[1] == "restart_count" {
 				p.restartCount = n
 			} else {
-				p.groupWorldSize, p.round = n, true
-				e.lastRound = time.Now()
-				e.note("round", "%s: Rendezvous complete: group_world_size=%d restart_count=%d", p.pod.Name, n, p.restartCount)
-				if old := p.pod.Replaces; old != "" && !e.recovered[old] {
-					e.recovered[old] = true
-					go e.supersede(old, p.pod.Name, time.Now())
-				}
+				e.roundSeen(p, n, fmt.Sprintf("Rendezvous complete: group_world_size=%d restart_count=%d", n, p.restartCount))
 			}
 			e.mu.Unlock()
 			continue
+		}
+		if m := commandRoundRE.FindStringSubmatch(line); m != nil {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			e.mu.Lock()
+			e.roundSeen(p, n, fmt.Sprintf("a master round: group_world_size=%d (torch's own rendezvous runs in the command, through the master's store)", n))
+			e.mu.Unlock()
 		}
 		if strings.Contains(line, "Rendezvous complete") || strings.Contains(line, "level=") {
 			continue // the agent's own log, not a worker's step
@@ -715,6 +721,18 @@ func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
 				e.stepSeen(p, n)
 			}
 		}
+	}
+}
+
+// roundSeen notes a round p joined (with e.mu held); a replacement's first
+// recovers the pod it replaces.
+func (e *Engine) roundSeen(p *podProc, size int64, what string) {
+	p.groupWorldSize, p.round = size, true
+	e.lastRound = time.Now()
+	e.note("round", "%s: %s", p.pod.Name, what)
+	if old := p.pod.Replaces; old != "" && !e.recovered[old] {
+		e.recovered[old] = true
+		go e.supersede(old, p.pod.Name, time.Now())
 	}
 }
 

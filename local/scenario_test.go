@@ -20,8 +20,8 @@ import (
 // /usr/bin/python3) running the bundled example, real signals, cgroups and
 // the real master in-process. Nothing is faked. Scenarios 8–10 (TensorFlow
 // PS jobs, on a stand-in) are in tfjob_test.go; 11 (--launcher command with
-// torch's own elastic_launch) and 12's blackout measurement belong here
-// too, next to TestKillMaster.
+// torch's own elastic_launch, the flytekit stand-in) is below, and 12's
+// blackout measurement belongs here too, next to TestKillMaster.
 
 const python = "/usr/bin/python3"
 
@@ -337,4 +337,43 @@ func TestScenario4CutNetwork(t *testing.T) {
 			j.resumed("job-worker-3")
 		})
 	}
+}
+
+// Scenario 11: under --launcher command each pod runs torch's own
+// elastic_launch (the flytekit stand-in, testdata/flytekit/elastic_task.py,
+// as flytekit's Elastic task calls it), and job-worker-0 is deleted mid-
+// training. Upstream, node 0's torch agent hosts the c10d store and its loss
+// loses the job; here every pod's torch agent is a client of its own
+// agent's loopback relay to the master's store, so the replacement
+// (job-worker-3, rank 0) and the survivors' torch agents meet again in one
+// 3-wide rendezvous — they share no port, only the master — and the workers
+// resume from the checkpoint. Each agent runs its command once: torch
+// restarts the workers inside it.
+func TestScenario11DeleteWorker0Command(t *testing.T) {
+	_, file, _, _ := runtime.Caller(0)
+	standIn := filepath.Join(filepath.Dir(file), "..", "testdata", "flytekit", "elastic_task.py")
+	// 120 steps of 50 ms: the survivors' workers fail when worker 0's go,
+	// and their torch agents wait in the rendezvous for the replacement.
+	cmd := []string{python, standIn, "--steps", "120", "--sleep", "0.05", "--ckpt", filepath.Join(t.TempDir(), "ckpt"),
+		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "job", "--rdzv-conf", "last_call_timeout=1"}
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Launcher: "command", Command: cmd}, 120, "delete-pod:0@step=10")
+	j.succeeded()
+	j.expect("deletion", j.view, `delete-pod: SIGTERM to job-worker-0`)
+	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-0 as rank 0 after Preempted \(relaunch, not counted\)`)
+	r := j.podLog("job-worker-3")
+	j.expect("replacement's command on its relay", r, `command started" .*group_rank=0 group_world_size=3 rdzv_endpoint=127\.0\.0\.1:\d+`)
+	j.expect("replacement resumed 3-wide", r, `\[default0\]:restart \d+ rank \d world 3 start [1-9]\d*`)
+	j.expect("replacement finished", r, `\[default0\]:step = 119\n`)
+	for _, pod := range []string{"job-worker-1", "job-worker-2"} {
+		log := j.podLog(pod)
+		// torch's agent restarted its workers (restart ≥ 1) into a round
+		// with the replacement, from the checkpoint.
+		j.expect(pod+" re-rendezvoused", log, `(?s)\[default0\]:restart 0 rank \d world 3 start 0\n.*\[default0\]:restart [1-9]\d* rank \d world 3 start [1-9]\d*\n`)
+		j.expect(pod+" followed the master's round", log, `the command goes on`)
+		j.expect(pod+" finished", log, `\[default0\]:step = 119\n`)
+		if n := strings.Count(log, "command started"); n != 1 {
+			t.Errorf("%s started its command %d times, want once", pod, n)
+		}
+	}
+	j.expect("recovered", j.view, `job-worker-0's failure is recovered`)
 }
