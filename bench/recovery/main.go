@@ -16,15 +16,16 @@
 //     nodes) on the same script, for the same faults where torchrun can
 //     express them: 1 as a node's SIGTERM and a new torchrun started once
 //     it exited (what Kubernetes and the operator do), 5 as the same kill -9,
-//     7 as a node's SIGKILL with no replacement;
+//     7 as a node's SIGKILL with no replacement, 11 as 1 on node 0;
 //
 // with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
 // Kubernetes (DESIGN.md §10) as a reference row for scenario 1. Scenario 11
-// (--launcher command, worker-0 deleted) needs kfelastic local to run
-// torch's own elastic_launch under the command launcher through a recovery,
-// which it does not yet (tried: the survivors' torch agents wait on, the
-// replacement's cannot bind the relay's loopback port that c10d takes for
-// its own): its row is left out with a note.
+// is worker-0's pod deleted with torch's own elastic agent in every pod:
+// kfelastic local --launcher command running torchrun (c10d, through each
+// agent's store relay to the master's store) against upstream's layout,
+// torchrun c10d with node 0 hosting the store, where losing node 0 loses
+// the store and the job: the other nodes' torch agents fail, replacement
+// or not ("job lost", not a time).
 //
 // Run it with `make bench-recovery`; it needs bin/kfelastic and
 // /usr/bin/python3 with torch (scripts/deps.sh torch).
@@ -69,7 +70,13 @@ type scenario struct {
 	chaos                            string
 	// killWorker: instead of a chaos action, the bench kill -9s a worker of
 	// node 1 once the job has trained a second.
-	killWorker    bool
+	killWorker bool
+	// command: the pods' agents run --launcher command with torchrun (torch's
+	// own elastic agent, as torchrun runs on the other side) as the command.
+	command bool
+	// faulted is the node the fault hits; torchrun's job is lost when
+	// every other node exited before a recovered step.
+	faulted       int
 	maxRelaunches int
 	// torchFault injects the fault into torchrun nodes (nil: torchrun
 	// cannot express it); it returns the fault's time.
@@ -78,22 +85,24 @@ type scenario struct {
 
 var scenarios = []scenario{
 	{id: "1", name: "delete-pod (preemption; replacement)", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
-		chaos: "delete-pod:1@step=20", torchFault: func(c *cluster) (time.Time, error) {
-			t := time.Now()
-			_ = syscall.Kill(-c.nodes[1].Process.Pid, syscall.SIGTERM)
-			<-c.exited[1]
-			return t, c.start(1) // the replacement node, once the old one is gone
-		}},
+		chaos: "delete-pod:1@step=20", faulted: 1, torchFault: func(c *cluster) (time.Time, error) { return c.replace(1) }},
 	{id: "5", name: "kill-worker (kill -9 of one process)", minNodes: 2, maxNodes: 2, nproc: 2, world: 4,
 		// The bench kills the worker itself, under both launchers, found by
 		// its mark: both sides are timed from the same kind of kill.
-		killWorker: true, torchFault: func(c *cluster) (time.Time, error) { return killWorkerOf(filepath.Join(c.dir, "marks"), 1) }},
+		killWorker: true, faulted: 1, torchFault: func(c *cluster) (time.Time, error) { return killWorkerOf(filepath.Join(c.dir, "marks"), 1) }},
 	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
-		chaos: "fail-pod:3@step=20", torchFault: func(c *cluster) (time.Time, error) {
+		chaos: "fail-pod:3@step=20", faulted: 3, torchFault: func(c *cluster) (time.Time, error) {
 			t := time.Now()
 			return t, syscall.Kill(-c.nodes[3].Process.Pid, syscall.SIGKILL)
 		}},
+	{id: "11", name: "--launcher command (torch's elastic agent in the pods), worker-0 deleted; replacement", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
+		command: true, chaos: "delete-pod:0@step=20", faulted: 0, torchFault: func(c *cluster) (time.Time, error) { return c.replace(0) }},
 }
+
+// torchrunArgs are torchrun's flags on both sides: workers' output on
+// (2: stderr; Python 3.12 drops 0 and 3 from torch 1.13's Std), the
+// launcher's checks each second, 3 restarts.
+var torchrunArgs = []string{"-m", "torch.distributed.run", "--redirects", "2", "--tee", "2", "--max_restarts", "3", "--monitor_interval", "1"}
 
 func main() {
 	flag.Parse()
@@ -106,6 +115,7 @@ func main() {
 type row struct {
 	s            scenario
 	ours, theirs []recovery
+	lost         int // torchrun runs that lost the job
 }
 
 func run() error {
@@ -136,6 +146,11 @@ func run() error {
 				break
 			}
 			d, err := theirs(s, scr)
+			if errors.Is(err, errJobLost) {
+				fmt.Printf("  %s torchrun run %d: %v\n", s.id, i+1, err)
+				r.lost++
+				continue
+			}
 			if err != nil {
 				fmt.Printf("  %s torchrun run %d: no recovery: %v\n", s.id, i+1, err)
 				continue
@@ -154,7 +169,11 @@ func run() error {
 		if len(r.theirs) > 0 && len(r.ours) > 0 {
 			ratio = fmt.Sprintf("%.2f× [%.2f×]", ratioOf(r.theirs, r.ours, stepOf), ratioOf(r.theirs, r.ours, begunOf))
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s |\n", r.s.id, r.s.name, summary(r.ours), summary(r.theirs), ratio)
+		theirs := summary(r.theirs)
+		if r.lost > 0 {
+			theirs = fmt.Sprintf("job lost (%d of %d runs)", r.lost, r.lost+len(r.theirs))
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", r.s.id, r.s.name, summary(r.ours), theirs, ratio)
 		if r.s.id == "1" {
 			dl := "–"
 			if len(r.ours) > 0 {
@@ -163,7 +182,6 @@ func run() error {
 			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
 		}
 	}
-	fmt.Println("| 11 | --launcher command, worker-0 deleted | not measured: kfelastic local does not run torch's elastic_launch under the command launcher through a recovery yet | | |")
 	return nil
 }
 
@@ -218,6 +236,12 @@ func ours(s scenario, bin, scr string) (recovery, error) {
 	opts := local.Options{Job: "bench", MinNodes: s.minNodes, MaxNodes: s.maxNodes, NProcPerNode: s.nproc, MaxRestarts: 3,
 		Out: filepath.Join(out, "job"), Chaos: chaos, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
 		Command: []string{python, scr, "--marks", marks, "--ckpt", filepath.Join(out, "ckpt")}}
+	if s.command {
+		// torchrun takes its job from the PET_* the agent gives it: nodes,
+		// rendezvous (c10d on the agent's relay), id and node rank.
+		opts.Launcher = "command"
+		opts.Command = append(append([]string{python}, torchrunArgs...), append([]string{"--rdzv_conf", "last_call_timeout=2"}, opts.Command[1:]...)...)
+	}
 	if s.killWorker {
 		go func() {
 			if _, err := waitFirst(ctx, marks, time.Time{}, s.maxNodes*s.nproc); err != nil {
@@ -264,6 +288,16 @@ type cluster struct {
 	nodes  []*exec.Cmd
 	exited []chan struct{}
 	logs   []io.Closer
+}
+
+// replace is a pod deletion and its replacement: node i's SIGTERM, and a
+// new torchrun on its own once it exited (what Kubernetes and the operator
+// do); it returns the fault's time.
+func (c *cluster) replace(i int) (time.Time, error) {
+	t := time.Now()
+	_ = syscall.Kill(-c.nodes[i].Process.Pid, syscall.SIGTERM)
+	<-c.exited[i]
+	return t, c.start(i)
 }
 
 func (c *cluster) start(i int) error {
@@ -329,10 +363,10 @@ func theirs(s scenario, scr string) (_ recovery, err error) {
 		return recovery{}, err
 	}
 	c := &cluster{s: s, dir: dir, nodes: make([]*exec.Cmd, s.maxNodes), exited: make([]chan struct{}, s.maxNodes),
-		args: []string{"-m", "torch.distributed.run", "--nnodes", fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes),
-			"--nproc_per_node", strconv.Itoa(s.nproc), "--redirects", "2", "--tee", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + strconv.Itoa(port),
-			"--rdzv_id", "bench", "--rdzv_conf", "last_call_timeout=2", "--max_restarts", "3", "--monitor_interval", "1",
-			scr, "--marks", marks, "--ckpt", filepath.Join(dir, "ckpt")}}
+		args: append(slices.Clone(torchrunArgs), "--nnodes", fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes),
+			"--nproc_per_node", strconv.Itoa(s.nproc), "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:"+strconv.Itoa(port),
+			"--rdzv_id", "bench", "--rdzv_conf", "last_call_timeout=2",
+			scr, "--marks", marks, "--ckpt", filepath.Join(dir, "ckpt"))}
 	defer c.stop()
 	for i := range s.maxNodes {
 		if err := c.start(i); err != nil {
@@ -357,12 +391,34 @@ func theirs(s scenario, scr string) (_ recovery, err error) {
 	if err != nil {
 		return recovery{}, err
 	}
-	r, err := waitFirst(ctx, marks, at, s.world)
+	// The others all gone before a recovered step: the job is lost (node
+	// 0's store went with it, and torch's store clients never reconnect).
+	lost, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go func() {
+		for i, done := range c.exited {
+			if i != s.faulted {
+				select {
+				case <-done:
+				case <-lost.Done():
+					return
+				}
+			}
+		}
+		stop(fmt.Errorf("%w: every node but %d exited, %s after the fault", errJobLost, s.faulted, time.Since(at).Round(time.Millisecond)))
+	}()
+	r, err := waitFirst(lost, marks, at, s.world)
+	if cause := context.Cause(lost); err != nil && errors.Is(cause, errJobLost) {
+		return recovery{}, fmt.Errorf("%w (logs in %s)", cause, dir)
+	}
 	if err != nil {
 		return recovery{}, fmt.Errorf("%w (logs in %s)", err, dir)
 	}
 	return r, nil
 }
+
+// errJobLost is a torchrun job that cannot recover from the fault.
+var errJobLost = errors.New("job lost")
 
 // mark is one training process's first step (train.py --marks).
 type mark struct {
