@@ -85,7 +85,8 @@ workers the same one. --store-proxy=false restores that.
 through torch elastic (flytekit's pyflyte-execute, a script calling elastic_launch
 or torchrun): torch restarts them (PET_MAX_RESTARTS; the agent never restarts the
 command), and the command's PET_RDZV_ENDPOINT is the agent's loopback relay to the
-master's store, so torch's c10d rendezvous lives in the master. The agent joins
+master's store (PET_RDZV_BACKEND=c10d, is_host=false in PET_RDZV_CONF), so
+torch's c10d rendezvous lives in the master. The agent joins
 the master first (node check included); a master round that changes later does
 not stop the command, the master's EXIT does. The dump signal goes to the
 command's children, its workers.
