@@ -200,6 +200,11 @@ type WriteDocument struct{ Failure kferrors.Failure }
 // Exit: the agent is done; exit the process with Code.
 type Exit struct{ Code int }
 
+// CodeJobSucceeded is the master's answer to a node that waits for a round
+// when the job's workers have succeeded (master.CodeJobSucceeded; torch's
+// RendezvousClosedError).
+const CodeJobSucceeded = "JobSucceeded"
+
 // WatchRound (Command): the master completed Round while the command runs;
 // watch it for the next change. Nothing is started or stopped.
 type WatchRound struct{ Round Round }
@@ -304,6 +309,12 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 // rendezvousFailed ends the pod: at once while it waits for a round, after
 // stopping the command when it fails while one runs (Command).
 func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
+	if ev.Code == CodeJobSucceeded && p.phase == phaseRendezvous {
+		// Nothing failed: the others finished the training while this
+		// node waited for a round. No document, exit 0 (the pod succeeds).
+		p.phase = phaseDone
+		return []Action{Exit{Code: 0}}
+	}
 	code := ev.Code
 	if code == "" {
 		code = kferrors.CodeRendezvousTimeout

@@ -290,13 +290,14 @@ func TestScenario3BreakCheck(t *testing.T) {
 // slower than twice the others' median; with exclude-straggler it exits
 // with a Straggler document, and its replacement passes.
 func TestScenario2Straggler(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, ExcludeStraggler: true}, 30, "straggler:2")
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, NetworkCheck: true, ExcludeStraggler: true}, 120, "straggler:2")
 	j.succeeded()
 	j.expect("throttled", j.view, `straggler: job-worker-2 (throttled|is paused)`)
 	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-2 as rank 2 after Straggler`)
 	master, _ := os.ReadFile(filepath.Join(j.out, "master.log"))
 	j.expect("elapsed times logged", string(master), `The node elapsed time are`)
 	j.expect("recovered", j.view, `job-worker-2's failure is recovered`)
+	j.expect("replacement trains", j.podLog("job-worker-3"), `step = \d+`)
 }
 
 // Scenario 9, on PyTorch: a pod goes past its memory limit and is

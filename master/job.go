@@ -301,6 +301,9 @@ const (
 	CodeRendezvousTimeout = "RendezvousTimeout"
 	CodeJobStopped        = "JobStopped"
 	CodeReplaced          = "Replaced"
+	// CodeJobSucceeded: the job's workers succeeded while this node waited
+	// for a round; it has nothing left to do (torch: RendezvousClosedError).
+	CodeJobSucceeded = "JobSucceeded"
 )
 
 // Errors of requests, classified by the server into gRPC codes.
@@ -337,7 +340,10 @@ type Job struct {
 	// and being relaunched; the latest round's members still running it,
 	// and those that left it otherwise than by succeeding.
 	nWaiting, nRunning, nRelaunching int
-	latestAlive, latestDown          int
+	// nSucceeded counts the nodes whose workers succeeded: from the first,
+	// the rendezvous is closed (torch's agent closes it when it succeeds).
+	nSucceeded              int
+	latestAlive, latestDown int
 	// outdated caches roundOutdated, so that heartbeat waiters are woken
 	// when it turns true, not on every change.
 	outdated bool
@@ -471,6 +477,9 @@ func (j *Job) count(rec *Node, sign int) {
 	if rec.State == Running {
 		j.nRunning += sign
 	}
+	if rec.State == Succeeded {
+		j.nSucceeded += sign
+	}
 	if rec.State == Failed && rec.Relaunching {
 		j.nRelaunching += sign
 	}
@@ -495,7 +504,7 @@ func (j *Job) update(rec *Node, change func(*Node)) {
 }
 
 func (j *Job) recount() {
-	j.nWaiting, j.nRunning, j.nRelaunching, j.latestAlive, j.latestDown = 0, 0, 0, 0, 0
+	j.nWaiting, j.nRunning, j.nRelaunching, j.nSucceeded, j.latestAlive, j.latestDown = 0, 0, 0, 0, 0, 0
 	for _, rec := range j.nodes {
 		j.count(rec, +1)
 	}
@@ -519,7 +528,16 @@ func (j *Job) roundOutdated() bool {
 	if j.latestDown > 0 {
 		return true
 	}
-	return j.check == nil && j.latestAlive < j.cfg.MaxNodes && j.nWaiting >= j.cfg.NodeUnit
+	return j.check == nil && j.nSucceeded == 0 && j.latestAlive < j.cfg.MaxNodes && j.nWaiting >= j.cfg.NodeUnit
+}
+
+// latestMember reports whether rank is a member of the latest round.
+func (j *Job) latestMember(rank int) bool {
+	if j.latest == nil {
+		return false
+	}
+	_, ok := j.latest.index[rank]
+	return ok
 }
 
 // settle runs after every call: it wakes the heartbeat waiters when the
@@ -719,6 +737,10 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 			return a
 		}
 	case Joining:
+		if j.nSucceeded > 0 && !j.latestMember(rank) {
+			a.Excluded = &Exclusion{Code: CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
+			return a
+		}
 		if c := j.check; c != nil {
 			if t, ok := c.task(rank, j.cfg.CheckTimeout); ok {
 				a.Check = &t
@@ -748,7 +770,7 @@ func (j *Job) waiting() []*Node {
 // tryForm completes a round if the waiting nodes allow it, or starts the
 // health check first (DESIGN.md §5 "Rendezvous").
 func (j *Job) tryForm(now time.Time) {
-	if j.stopped || j.check != nil {
+	if j.stopped || j.check != nil || j.nSucceeded > 0 {
 		return
 	}
 	n := j.nWaiting

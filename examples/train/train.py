@@ -16,11 +16,19 @@ that no restart fixes (make demo's fault that ends the job).
 """
 import argparse
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
+
+
+def say(line):
+    # One write per line: the workers of a command share its stdout, and
+    # print() writes the text and the newline apart, so lines interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def load(ckpt_dir, model, opt):
@@ -56,7 +64,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     start = load(a.ckpt_dir, model, opt)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print(f"rank {rank} of {world}: restart {restart}, resumed from step {start}", flush=True)
+    say(f"rank {rank} of {world}: restart {restart}, resumed from step {start}")
     # Synthetic regression data: y = w·x + noise, a different batch per rank and step.
     w = torch.randn(16, 1, generator=torch.Generator().manual_seed(1))
     for step in range(start, a.steps):
@@ -72,7 +80,7 @@ def main():
             dist.all_reduce(prm.grad)
             prm.grad /= world
         opt.step()
-        print(f"loss = {loss.item():.4f}, step = {step}", flush=True)
+        say(f"loss = {loss.item():.4f}, step = {step}")
         if a.ckpt_dir and rank == 0 and (step + 1) % a.ckpt_every == 0:
             save(a.ckpt_dir, model, opt, step)
         if a.sleep:

@@ -48,6 +48,13 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 
+def say(line):
+    # One write per line: the workers of a command share its stdout, and
+    # print() writes the text and the newline apart, so lines interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def save(path, step):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -68,10 +75,10 @@ def train(steps, sleep, ckpt):
     def dump(signum, frame):
         if rank == 0 and ckpt:
             save(ckpt, current[0])
-        print(f"dumped at step {current[0]}", flush=True)
+        say(f"dumped at step {current[0]}")
 
     signal.signal(signal.SIGUSR1, dump)
-    print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} world {world} start {start}", flush=True)
+    say(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} world {world} start {start}")
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -85,7 +92,7 @@ def train(steps, sleep, ckpt):
             dist.all_reduce(p.grad)
             p.grad /= world
         opt.step()
-        print(f"step = {step}", flush=True)
+        say(f"step = {step}")
         if progress:
             with open(progress, "a"):
                 os.utime(progress)
@@ -136,10 +143,10 @@ def main():
     except ChildFailedError as e:
         raise RuntimeError(e.format_msg())
     except SignalException as e:
-        print(f"Elastic launch agent process terminating: {e}", flush=True)
+        say(f"Elastic launch agent process terminating: {e}")
         sys.exit(0)
     if 0 in out:
-        print(f"result {out[0]}", flush=True)
+        say(f"result {out[0]}")
 
 
 if __name__ == "__main__":
