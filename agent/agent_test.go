@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -365,22 +363,7 @@ func storeHelper(delay string) int {
 }
 
 // syncBuffer is a goroutine-safe bytes.Buffer for the agent's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testenv.SyncBuffer
 
 // helperConfig runs nproc copies of the test binary in helper modes.
 func helperConfig(t *testing.T, nproc int, modes string) (Config, *syncBuffer) {
@@ -459,8 +442,12 @@ func TestBudgetExhaustedWritesDocument(t *testing.T) {
 	if f.Code != "ValueError" || f.Worker != "pod-0/1" || f.Recoverable {
 		t.Errorf("failure = %+v", f)
 	}
-	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) || f.Time.Nanosecond() == 0 {
-		t.Errorf("time %v not refined within the run", f.Time)
+	// Within the run. Its sub-second refinement by the file's mtime is
+	// ParseTorchError's (errors' TestParseTorchErrorRefinesSeconds): under
+	// load the file may be written over a second after torch's whole-second
+	// timestamp, and the refinement then rightly keeps that second.
+	if f.Time.Before(start.Truncate(time.Second)) || f.Time.After(time.Now()) {
+		t.Errorf("time %v not within the run", f.Time)
 	}
 	got := readDocument(t, dir, ee.Document)
 	if got.Code != "ValueError" || !got.Time.Equal(f.Time) || got.Worker != "pod-0/1" || !strings.Contains(got.Message, "failed on purpose") {

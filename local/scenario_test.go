@@ -1,7 +1,6 @@
 package local
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 // The scenarios of DESIGN.md §8, end to end: the real kfelastic binary as
@@ -63,22 +64,7 @@ func kfelasticBinary(t *testing.T) string {
 }
 
 // syncBuffer is the view's writer, read while the job runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testenv.SyncBuffer
 
 // job is one finished local job of a test.
 type job struct {
