@@ -120,17 +120,21 @@ need_torch2() {
   [ -d "$root/usr/lib/python3/dist-packages/torch" ] && return 0
   export DEBIAN_FRONTEND=noninteractive
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  command -v debootstrap >/dev/null || {
-    $SUDO apt-get update -qq >"$CACHE/logs/torch2.log" 2>&1
-    $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$CACHE/logs/torch2.log" 2>&1
-  }
-  log "debootstrap trixie with python3-torch into $root (≈4.5 min, 1.3 GB)"
-  rm -rf "$root.tmp"
-  $SUDO debootstrap --variant=minbase trixie "$root.tmp" http://deb.debian.org/debian >>"$CACHE/logs/torch2.log" 2>&1
-  $SUDO chroot "$root.tmp" apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/torch2.log" 2>&1
-  $SUDO chroot "$root.tmp" apt-get clean >>"$CACHE/logs/torch2.log" 2>&1
-  rm -rf "$root"
-  mv "$root.tmp" "$root"
+  # One chain: `all` calls this under ||, where set -e does not stop a
+  # failed step, and a half-made chroot must never be moved into place.
+  {
+    command -v debootstrap >/dev/null || {
+      $SUDO apt-get update -qq >"$CACHE/logs/torch2.log" 2>&1 &&
+        $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$CACHE/logs/torch2.log" 2>&1
+    }
+  } &&
+    log "debootstrap trixie with python3-torch into $root (≈4.5 min, 1.3 GB)" &&
+    rm -rf "$root.tmp" &&
+    $SUDO debootstrap --variant=minbase trixie "$root.tmp" http://deb.debian.org/debian >>"$CACHE/logs/torch2.log" 2>&1 &&
+    $SUDO chroot "$root.tmp" apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/torch2.log" 2>&1 &&
+    $SUDO chroot "$root.tmp" apt-get clean >>"$CACHE/logs/torch2.log" 2>&1 &&
+    rm -rf "$root" &&
+    mv "$root.tmp" "$root"
 }
 
 what=${1:-all}
