@@ -26,7 +26,7 @@ import (
 // hang: the last was refused as rank 2 of 2).
 func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 	e := newEnv(t, "e1")
-	j := e.launch("e1", e.template("e2e-elastic-2-3", nil))
+	j := e.launch("e1", e.template("elastic-2-3", nil))
 	first := j.waitStep(j.name+"-worker-0", 0, 5*time.Minute)
 	t.Logf("E1: job created → first training step: %.1fs", first.Sub(j.created).Seconds())
 	info := j.waitTerminal(5 * time.Minute)
@@ -50,7 +50,7 @@ func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 // secondary failures are in the tally.
 func TestE2RootCause(t *testing.T) {
 	e := newEnv(t, "e2")
-	tmpl := e.template("e2e-elastic-2-3", func(tmpl *core.TaskTemplate) {
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "command", "python3", "/opt/kfelastic/testdata/train/allreduce_fail.py")
 		setStrings(c, "args")
@@ -74,7 +74,7 @@ func TestE2RootCause(t *testing.T) {
 // the checkpoint, and the task succeeds.
 func TestE3DeletedWorkerComesBack(t *testing.T) {
 	e := newEnv(t, "e3")
-	tmpl := e.template("e2e-elastic-2-3", func(tmpl *core.TaskTemplate) {
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
 	})
@@ -113,7 +113,7 @@ func TestE3DeletedWorkerComesBack(t *testing.T) {
 // the agents carry on: no training restart, the task succeeds.
 func TestE5MasterPodDeleted(t *testing.T) {
 	e := newEnv(t, "e5")
-	tmpl := e.template("e2e-elastic-2-3", func(tmpl *core.TaskTemplate) {
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
 	})
@@ -155,7 +155,7 @@ func TestE5MasterPodDeleted(t *testing.T) {
 // checkpoint and the task succeeds.
 func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 	e := newEnv(t, "e6")
-	tmpl := e.template("e2e-elastic-2-3", func(tmpl *core.TaskTemplate) {
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "60", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5", "--alloc-at", "15:1800:2")
 		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "1Gi"}, "limits": map[string]any{"memory": "1536Mi"}})
@@ -196,7 +196,7 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 // RoleBinding (owner references, the garbage collector).
 func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 	e := newEnv(t, "e8")
-	j := e.launch("e8", e.template("e2e-elastic-2-3", nil))
+	j := e.launch("e8", e.template("elastic-2-3", nil))
 	j.waitStep("e8-worker-0", 0, 5*time.Minute)
 	owner := &corev1.ConfigMap{}
 	if err := e.kube.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: "e8-workflow"}, owner); err != nil {
@@ -240,7 +240,7 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 // a job: worker 0's pod hosts torch's c10d store.
 func TestE4FlytekitWorker0Deleted(t *testing.T) {
 	e := newEnv(t, "e4")
-	j := e.launch("e4", e.template("e2e-flytekit-2-3", nil))
+	j := e.launch("e4", e.template("flytekit-2-3", nil))
 	j.waitStep("e4-worker-1", 20, 5*time.Minute)
 	victim := j.pod("e4-worker-0")
 	before := strings.Count(j.logs("e4-worker-1"), "step = ")
@@ -261,7 +261,7 @@ func TestE4FlytekitWorker0Deleted(t *testing.T) {
 // training goes on to the last step.
 func TestE7TFWorkerDeleted(t *testing.T) {
 	e := newEnv(t, "e7")
-	j := e.launchAs("tensorflow", "e7", e.template("e2e-tf-ps", nil))
+	j := e.launchAs("tensorflow", "e7", e.template("tf-ps", nil))
 	j.waitStep("e7-chief-0", 30, 5*time.Minute)
 	victim := j.pod("e7-worker-1")
 	fault := time.Now()

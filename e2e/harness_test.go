@@ -23,6 +23,7 @@ import (
 	"github.com/flyteorg/flyte/flytestdlib/promutils"
 	"github.com/flyteorg/flyte/flytestdlib/storage"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,11 +90,19 @@ func newEnv(t *testing.T, ns string) *env {
 	return e
 }
 
-// template loads testdata/tasks/NAME.json with the cluster's worker image
-// and the checkpoint folder filled in.
+// template loads testdata/e2e/NAME.json (a task template as flytekit
+// registers it) with the cluster's worker image and the checkpoint folder
+// filled in.
 func (e *env) template(name string, edit func(*core.TaskTemplate)) *core.TaskTemplate {
 	e.t.Helper()
-	tmpl := flytetest.LoadTemplate(e.t, name)
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "e2e", name+".json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tmpl := &core.TaskTemplate{}
+	if err := protojson.Unmarshal(data, tmpl); err != nil {
+		e.t.Fatalf("%s: %v", name, err)
+	}
 	pod := tmpl.GetK8SPod().GetPodSpec()
 	b, err := pod.MarshalJSON()
 	if err != nil {
