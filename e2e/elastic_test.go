@@ -39,9 +39,10 @@ func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 			t.Errorf("%s did not train to step 59:\n%s", pod, tail(log, 2000))
 		}
 	}
-	// The agents formed one group of 2 nodes × 2 workers.
-	if log := j.logs(j.name + "-worker-1"); !strings.Contains(log, "group_world_size=2") && !strings.Contains(log, "group_world_size: 2") {
-		t.Errorf("worker-1's agent did not join a group of 2:\n%s", tail(log, 3000))
+	// The agents formed one group of 2 nodes × 2 workers, worker-1 as node
+	// rank 1 (the operator's PET_NODE_RANK there is 2).
+	if log := j.logs(j.name + "-worker-1"); !strings.Contains(log, "group_rank=1\n  group_world_size=2") {
+		t.Errorf("worker-1's agent did not join as node 1 of 2:\n%s", tail(log, 3000))
 	}
 }
 
