@@ -334,7 +334,7 @@ func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) e
 		if err == nil {
 			break
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, ErrFenced) || errors.Is(err, ErrStateIO) || ctx.Err() != nil {
 			return err
 		}
 		s.metrics.stateErrors.Inc()
@@ -355,7 +355,7 @@ func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) e
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 		if err := s.durable.snapshot(wctx, all); err != nil {
-			// The log still holds everything; the next batch tries again.
+			// The log still holds everything; a later batch tries again.
 			s.log.Warn("cannot write master state snapshot", "err", err)
 		}
 	}
