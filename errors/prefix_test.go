@@ -89,7 +89,7 @@ func TestFileURLMustBeAbsolute(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	t.Chdir(dir)
-	for _, bad := range []string{"file://stateA", "file://stateA/errs", "file:stateA", "file:./stateA", "file://./stateA", "file://", "file:", "file://host" + dir} {
+	for _, bad := range []string{"file://stateA", "file://stateA/errs", "file:stateA", "file:./stateA", "file://./stateA", "file://", "file:", "file://host" + dir, "file://" + dir + "/a#1"} {
 		err := kferrors.CheckURL(bad)
 		if err == nil {
 			t.Errorf("CheckURL(%q): want an error", bad)
@@ -122,4 +122,47 @@ func TestFileURLMustBeAbsolute(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "b")); err != nil {
 		t.Errorf("file://localhost/…: %v", err)
 	}
+}
+
+// FileURL escapes what a path may hold and a URL may not: the folder
+// written is the folder named.
+func TestFileURL(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	for _, name := range []string{"a#1", "a?b=c", "50%", "with space", "ünï"} {
+		dir := filepath.Join(base, name, "errors")
+		u, err := kferrors.FileURL(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := kferrors.OpenPrefix(ctx, u, true)
+		if err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		if _, err := kferrors.NewWriter(b, nil).Write(ctx, kferrors.UserError("E", "m", "p", time.Now())); err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		b.Close()
+		if docs := files(t, dir, "error-*.pb"); len(docs) != 1 {
+			t.Errorf("%s: documents in %s: %v", u, dir, docs)
+		}
+	}
+	entries, _ := os.ReadDir(base)
+	if len(entries) != 5 {
+		t.Errorf("folders written: %v", entries)
+	}
+	t.Chdir(base)
+	u, err := kferrors.FileURL("rel")
+	if err != nil || u != "file://"+filepath.Join(base, "rel") {
+		t.Errorf("FileURL(rel) = %q, %v", u, err)
+	}
+}
+
+func files(t *testing.T, dir, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, pattern))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

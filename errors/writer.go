@@ -72,6 +72,18 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 	return blob.PrefixedBucket(b, prefix+"/"), nil
 }
 
+// FileURL is the file:// URL of a local folder, escaped so that any name
+// survives (a "#" or "?" in "file://"+path would end the path there: two
+// jobs under /runs/a#1 and /runs/a#2 would share /runs/a). A relative path
+// is made absolute first.
+func FileURL(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}).String(), nil
+}
+
 // IsPartialWrite reports whether key names the temporary file of a write
 // into a file:// prefix that has not finished, or never will (its process
 // was killed): fileblob writes "<key>.<hex nanoseconds>.tmp" next to the
@@ -124,6 +136,8 @@ func parseURL(rawURL string) (*url.URL, error) {
 		return nil, fmt.Errorf("%q: %q is read as a host, and the path is %q; write file:///absolute/path (three slashes)", rawURL, u.Host, cmp.Or(u.Path, "/"))
 	case u.Path == "" || !filepath.IsAbs(u.Path):
 		return nil, fmt.Errorf("%q: no absolute path; write file:///absolute/path (three slashes)", rawURL)
+	case u.Fragment != "" || strings.HasSuffix(rawURL, "#"):
+		return nil, fmt.Errorf("%q: the path ends at \"#\" (a fragment, which a file:///absolute/path does not have); escape it as %%23", rawURL)
 	}
 	return u, nil
 }
