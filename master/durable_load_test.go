@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // writeLogs writes n batches (kv "k" = i) into a fresh file:// state.
@@ -134,5 +135,34 @@ func TestLeftTemporaryFilesRemoved(t *testing.T) {
 	logs, _ := filepath.Glob(filepath.Join(dir, "log", "*.pb"))
 	if len(left) != 0 || len(logs) != 2 {
 		t.Errorf("after load: temporary %v, logs %v", left, logs)
+	}
+}
+
+// BenchmarkDurableAppend is one batch of one small record written to a
+// file:// state in KFELASTIC_BENCH_DIR (default: the test's temporary
+// folder): what group commit pays once per batch.
+func BenchmarkDurableAppend(b *testing.B) {
+	dir := b.TempDir()
+	if d := os.Getenv("KFELASTIC_BENCH_DIR"); d != "" {
+		var err error
+		if dir, err = os.MkdirTemp(d, "bench-append-"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	bucket, err := kferrors.OpenPrefix(b.Context(), "file://"+dir, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bucket.Close()
+	d, _, err := loadState(b.Context(), bucket, "job", dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := []*masterpb.StateRecord{{Record: &masterpb.StateRecord_Kv{Kv: &masterpb.KVRecord{Key: "k", Value: []byte("value")}}}}
+	for b.Loop() {
+		if err := d.append(b.Context(), rec); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
