@@ -234,7 +234,12 @@ func (d *durableLog) prepareDir() error {
 	if err := syncDir(d.dir); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(d.dir))
+	// The state folder's own name, in case it was just created; a parent
+	// this process may not open (no read permission) is left as it is.
+	if err := syncDir(filepath.Dir(d.dir)); err != nil && !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return nil
 }
 
 func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot bool) (*masterpb.StateFile, error) {
@@ -288,17 +293,16 @@ func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord
 	if err != nil {
 		return err
 	}
-	// Another master that went on from here and compacted its logs into a
-	// snapshot deleted the log this one just wrote: the write succeeded, but
-	// the state is theirs.
-	if err := d.noNewerSnapshot(ctx); err != nil {
-		return err
-	}
 	d.seq = seq
 	d.logs = append(d.logs, seq)
 	d.batches++
 	d.bytes += int64(len(data))
-	return nil
+	// Another master that went on from here and compacted its logs into a
+	// snapshot deleted the log this one just wrote: the write succeeded, but
+	// the state is theirs. (If this check fails otherwise, the batch is
+	// written again as the next seq, and checked again: records are
+	// last-writer-wins, so writing them twice changes nothing.)
+	return d.noNewerSnapshot(ctx, seq-1)
 }
 
 // held fails with ErrFenced when another master has written past this one's
@@ -324,16 +328,18 @@ func (d *durableLog) held(ctx context.Context) error {
 	if exists {
 		return fmt.Errorf("%w: %s exists", ErrFenced, next)
 	}
-	return d.noNewerSnapshot(ctx)
+	return d.noNewerSnapshot(ctx, d.seq)
 }
 
-func (d *durableLog) noNewerSnapshot(ctx context.Context) error {
+// noNewerSnapshot fails with ErrFenced when a snapshot after seq exists:
+// only another master writes one.
+func (d *durableLog) noNewerSnapshot(ctx context.Context, seq uint64) error {
 	snaps, err := d.list(ctx, snapDir)
 	if err != nil {
 		return err
 	}
-	if n := len(snaps); n > 0 && snaps[n-1] > d.seq {
-		return fmt.Errorf("%w: snapshot %s is past this master's seq %d", ErrFenced, seqKey(snapDir, snaps[n-1]), d.seq)
+	if n := len(snaps); n > 0 && snaps[n-1] > seq {
+		return fmt.Errorf("%w: snapshot %s is past this master's seq %d", ErrFenced, seqKey(snapDir, snaps[n-1]), seq)
 	}
 	return nil
 }
