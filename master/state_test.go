@@ -3,7 +3,6 @@ package master_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -312,5 +311,4 @@ func TestAmbiguousStateURLRefused(t *testing.T) {
 			t.Errorf("%s was created", p)
 		}
 	}
-	_ = fmt.Sprint
 }
