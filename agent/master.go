@@ -22,6 +22,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 )
 
 // MasterConfig is how an agent reaches the kfelastic master.
@@ -97,8 +98,8 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 	if cfg.Endpoint == "" {
 		return nil, errors.New("no master endpoint (--rdzv-endpoint)")
 	}
-	if cfg.Token == "" {
-		return nil, errors.New("no job token for the master (--token-file)")
+	if err := jobtoken.Check(cfg.Token); err != nil {
+		return nil, fmt.Errorf("the master's job token (--token-file): %w", err)
 	}
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second

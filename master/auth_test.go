@@ -143,3 +143,15 @@ func TestUnauthenticatedCallsCostNoMemory(t *testing.T) {
 		t.Errorf("a 4 MiB Store with the token: %v", err)
 	}
 }
+
+// A token gRPC cannot carry in a header is refused when the master starts
+// (kfelastic local and tests give it in Options, not in a file).
+func TestTokenGRPCCannotCarryRefused(t *testing.T) {
+	for _, tok := range []string{"", "jöb-token", "line\nbreak"} {
+		_, err := master.NewServer(t.Context(), master.Options{Token: tok, StateURL: "mem://",
+			Job: master.Config{JobID: "j", MinNodes: 1, MaxNodes: 1}})
+		if err == nil {
+			t.Errorf("NewServer with token %q: no error", tok)
+		}
+	}
+}

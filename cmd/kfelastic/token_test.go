@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The master and the agent refuse, at start and within seconds, a token
+// file that is not a regular file (a FIFO blocked both in open() forever,
+// past SIGTERM; /dev/zero was read until the runtime died), one larger
+// than a token, and a token gRPC cannot carry in a header (the master
+// accepted one with non-ASCII bytes; the agent's client then refused to
+// send it and retried for 10 minutes). The real binary, as a process.
+func TestTokenFilesRefusedAtStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := map[string]struct{ path, want string }{
+		"FIFO":      {fifo, "not a regular file (a FIFO)"},
+		"/dev/zero": {"/dev/zero", "not a regular file (a character device)"},
+		"large":     {file("large", strings.Repeat("t", 5000)), "more than a token"},
+		"non-ASCII": {file("utf8", "jöb-token\n"), "not printable ASCII"},
+	}
+	for name, c := range cases {
+		for _, args := range [][]string{
+			{"master", "--nnodes", "1:2", "--state", "file://" + filepath.Join(dir, "state"), "--listen", "127.0.0.1:0",
+				"--token-file", c.path},
+			{"agent", "--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:1", "--token-file", c.path, "--", "true"},
+		} {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			start := time.Now()
+			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+			took := time.Since(start)
+			cancel()
+			var ee *exec.ExitError
+			switch {
+			case errors.Is(ctx.Err(), context.DeadlineExceeded):
+				t.Errorf("%s: kfelastic %s still ran after 30 s", name, args[0])
+			case !errors.As(err, &ee) || ee.ExitCode() == 0:
+				t.Errorf("%s: kfelastic %s: %v, want a failure\n%s", name, args[0], err, out)
+			case !strings.Contains(string(out), c.want):
+				t.Errorf("%s: kfelastic %s says %q, want %q", name, args[0], out, c.want)
+			default:
+				t.Logf("%s: kfelastic %s exit %d in %v: %s", name, args[0], ee.ExitCode(), took.Round(time.Millisecond),
+					strings.TrimSpace(string(out)))
+			}
+		}
+	}
+}
