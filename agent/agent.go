@@ -560,10 +560,13 @@ func (l *loop) join() {
 		node.Port = port
 		round, err := l.cfg.Rendezvous.Next(ctx, node)
 		var excluded *ExcludedError
+		var refused *AuthError
 		switch {
 		case ctx.Err() != nil:
 		case errors.As(err, &excluded):
 			l.send(RendezvousFailed{Code: excluded.Code, Message: excluded.Message, NoRelaunch: !excluded.Relaunch})
+		case errors.As(err, &refused):
+			l.send(RendezvousFailed{Code: kferrors.CodeAuthenticationFailed, Message: refused.Error(), Permanent: true})
 		case err != nil:
 			l.send(RendezvousFailed{Message: fmt.Sprintf("rendezvous %s: %v", l.cfg.RdzvID, err)})
 		default:

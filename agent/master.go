@@ -81,6 +81,19 @@ func (e *ExcludedError) Error() string {
 	return fmt.Sprintf("the master excluded this node: %s: %s", e.Code, e.Message)
 }
 
+// AuthError is the master refusing this agent's job token: the token file
+// does not hold the token the master was started with (another job's
+// Secret, a stale file). No retry or restart fixes it.
+type AuthError struct {
+	Endpoint string
+	Message  string // the master's answer
+}
+
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("the master at %s refused this pod's job token (%s): --token-file does not hold the token the master was started with",
+		e.Endpoint, e.Message)
+}
+
 type tokenAuth string
 
 func (t tokenAuth) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
@@ -159,6 +172,9 @@ func (m *Master) retry(ctx context.Context, what string, call func(ctx context.C
 	gaveUp, err := retryTransient(ctx, m.cfg.Logger, m.cfg.Unreachable, call, "call", what, "endpoint", m.cfg.Endpoint)
 	if gaveUp {
 		return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
+	}
+	if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+		return &AuthError{Endpoint: m.cfg.Endpoint, Message: fmt.Sprintf("%s: %s", c, status.Convert(err).Message())}
 	}
 	return err
 }

@@ -116,11 +116,13 @@ type RoundReady struct{ Round Round }
 // the master told this node to exit. Code is the pod's document's code
 // (RendezvousTimeout when empty); NoRelaunch makes the agent exit 1 so that
 // the training operator does not bring the pod back (the master does not
-// want it).
+// want it). Permanent makes the failure itself NON_RECOVERABLE (the master
+// refused the job token: no restart, relaunch or retry can fix it).
 type RendezvousFailed struct {
 	Message    string
 	Code       string
 	NoRelaunch bool
+	Permanent  bool
 }
 
 // WorkerExited: a worker process of group attempt Attempt ended.
@@ -320,6 +322,7 @@ func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
 		code = kferrors.CodeRendezvousTimeout
 	}
 	f := kferrors.SystemFailure(code, ev.Message, p.cfg.Pod, now)
+	f.Recoverable = !ev.Permanent
 	switch {
 	case p.phase == phaseRendezvous:
 		acts := p.finish(f)

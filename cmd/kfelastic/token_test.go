@@ -10,6 +10,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"google.golang.org/protobuf/proto"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // The master and the agent refuse, at start and within seconds, a token
@@ -69,4 +76,56 @@ func TestTokenFilesRefusedAtStart(t *testing.T) {
 			}
 		}
 	}
+}
+
+// An agent whose token the master refuses fails for good, at once, and says
+// so: an AuthenticationFailed document (NON_RECOVERABLE) and exit 1, which
+// the training operator's ExitCode policy does not restart. It used to exit
+// 202 (RendezvousTimeout, retryable) in 0.07 s, to be restarted pointlessly.
+func TestAgentWithWrongTokenFailsForGood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mastertest.Start(t, master.Config{JobID: "auth", MinNodes: 1, MaxNodes: 2}, "")
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte("another-jobs-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errs := filepath.Join(dir, "errors")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "agent", "--nnodes", "1:2", "--rdzv-endpoint", m.Addr, "--token-file", tok,
+		"--error-prefix", "file://"+errs, "--", "true")
+	cmd.Env = append(os.Environ(), "_F_WN=auth-worker-0")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("agent: %v after %v, want exit 1\n%s", err, took, out)
+	}
+	docs, _ := filepath.Glob(filepath.Join(errs, "error-*.pb"))
+	if len(docs) != 1 {
+		t.Fatalf("documents %q, want 1\n%s", docs, out)
+	}
+	b, err := os.ReadFile(docs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc core.ErrorDocument
+	if err := proto.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	ce := doc.GetError()
+	if ce.GetCode() != kferrors.CodeAuthenticationFailed || ce.GetKind() != core.ContainerError_NON_RECOVERABLE ||
+		ce.GetOrigin() != core.ExecutionError_SYSTEM || !strings.Contains(ce.GetMessage(), "refused this pod's job token") ||
+		strings.Contains(ce.GetMessage(), "another-jobs-token") {
+		t.Errorf("document %v", ce)
+	}
+	t.Logf("agent exit 1 in %v: %s: %s", took.Round(time.Millisecond), ce.GetCode(), ce.GetMessage())
 }
