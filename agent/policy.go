@@ -63,6 +63,9 @@ type Policy struct {
 	alive    []bool
 	progress []time.Time
 	failures []kferrors.Failure
+	// unstartable: a worker could not start for a reason a restart does
+	// not fix (WorkerExited.Permanent).
+	unstartable bool
 
 	reason     stopReason
 	terminated time.Time // when SIGTERM arrived, zero if it did not
@@ -131,8 +134,11 @@ type WorkerExited struct {
 	LocalRank int
 	// Exit is what was observed (code, signal, error file, OOM evidence).
 	Exit kferrors.Exit
-	// StartError is set when the process could not be started at all.
+	// StartError is set when the process could not be started at all;
+	// Permanent when no restart can start it either (its program or script
+	// does not exist): the pod fails without restarting.
 	StartError string
+	Permanent  bool
 
 	from *worker // which process; the loop drops events of discarded spares
 }
@@ -378,6 +384,7 @@ func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
 	case ev.StartError != "":
 		f := kferrors.UserError("StartFailed", ev.StartError, e.Worker, e.ObservedAt)
 		failed = &f
+		p.unstartable = p.unstartable || ev.Permanent
 	case succeeded:
 	case p.phase == phaseStopping && e.TorchError == nil && !e.OOM:
 		// Ended by our own stop signal, or a secondary failure that left no
@@ -505,7 +512,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		return acts
 	}
 	root := RootCause(p.failures)
-	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
+	if NodeLevel(root) || p.unstartable || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
 		return p.finish(root)
 	}
 	p.restarts++

@@ -124,3 +124,29 @@ func TestNewOutFolderUnique(t *testing.T) {
 		t.Errorf("names %q, want %s to %s-8", names, base, base)
 	}
 }
+
+// A script that does not exist fails the job at once, on its first
+// attempt, and the root cause names it (it ended as NonZeroExit after 4
+// attempts, the file unnamed). A restart cannot make the file appear.
+func TestLocalMissingScriptSaysSo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cwd := t.TempDir()
+	out, code := runLocalProcess(t, bin, cwd, "--nnodes", "1", "--max-restarts", "3", "--out", filepath.Join(cwd, "job"),
+		"--", "python3", "no/such/train.py", "--steps", "5")
+	if code != 1 || !strings.Contains(out, `StartFailed: python3 cannot open its script "no/such/train.py": no such file or directory (working directory `+cwd+")") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	log, err := os.ReadFile(filepath.Join(cwd, "job", "pods", "local-worker-0.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "Rendezvous complete for workers"); n != 1 {
+		t.Errorf("%d attempts, want 1:\n%s", n, log)
+	}
+}
