@@ -41,13 +41,7 @@ func runLocalProcess(t *testing.T, bin, dir string, args ...string) (string, int
 // reloaded the old stopped state and printed the old root cause); an empty
 // one is taken.
 func TestLocalJobsNeverShareAFolder(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin, err := buildBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := shortBinary(t)
 	cwd := t.TempDir()
 	outs := make([]string, 2)
 	codes := make([]int, 2)
@@ -129,13 +123,7 @@ func TestNewOutFolderUnique(t *testing.T) {
 // attempt, and the root cause names it (it ended as NonZeroExit after 4
 // attempts, the file unnamed). A restart cannot make the file appear.
 func TestLocalMissingScriptSaysSo(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin, err := buildBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := shortBinary(t)
 	cwd := t.TempDir()
 	out, code := runLocalProcess(t, bin, cwd, "--nnodes", "1", "--max-restarts", "3", "--out", filepath.Join(cwd, "job"),
 		"--", "python3", "no/such/train.py", "--steps", "5")

@@ -19,13 +19,9 @@ import (
 	"github.com/kfelastic/kfelastic/master"
 )
 
-// The master and the agent refuse, at start and within seconds, a token
-// file that is not a regular file (a FIFO blocked both in open() forever,
-// past SIGTERM; /dev/zero was read until the runtime died), one larger
-// than a token, and a token gRPC cannot carry in a header (the master
-// accepted one with non-ASCII bytes; the agent's client then refused to
-// send it and retried for 10 minutes). The real binary, as a process.
-func TestTokenFilesRefusedAtStart(t *testing.T) {
+// shortBinary skips the test with -short and returns the built binary.
+func shortBinary(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
@@ -33,6 +29,17 @@ func TestTokenFilesRefusedAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// The master and the agent refuse, at start and within seconds, a token
+// file that is not a regular file (a FIFO blocked both in open() forever,
+// past SIGTERM; /dev/zero was read until the runtime died), one larger
+// than a token, and a token gRPC cannot carry in a header (the master
+// accepted one with non-ASCII bytes; the agent's client then refused to
+// send it and retried for 10 minutes). The real binary, as a process.
+func TestTokenFilesRefusedAtStart(t *testing.T) {
+	bin := shortBinary(t)
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
@@ -83,13 +90,7 @@ func TestTokenFilesRefusedAtStart(t *testing.T) {
 // the training operator's ExitCode policy does not restart. It used to exit
 // 202 (RendezvousTimeout, retryable) in 0.07 s, to be restarted pointlessly.
 func TestAgentWithWrongTokenFailsForGood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin, err := buildBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := shortBinary(t)
 	m := mastertest.Start(t, master.Config{JobID: "auth", MinNodes: 1, MaxNodes: 2}, "")
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
