@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/kfelastic/kfelastic/agent"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/local"
 )
@@ -73,7 +74,8 @@ error documents, file://), pods/<pod>.log, the master's state and log, and repor
 (kfelastic report). Without --out, a new folder out/JOB-YYYYMMDD-HHMMSS (-2, -3, …
 when that exists). While it runs it shows the pods, ranks, round, restarts and last
 step; at the end the root cause as the Flyte UI shows it. Ctrl-C stops every process
-it started. Exit status: 0 when the job succeeded, 1 when it failed.`,
+it started. Exit status: 0 when the job succeeded, 1 when it failed, 128+N when signal N
+interrupted it (130 for Ctrl-C, 143 for SIGTERM), as a shell reports it.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -225,6 +227,14 @@ func runLocal(ctx context.Context, opts local.Options, out io.Writer) error {
 		fmt.Fprintf(out, "Report: %s\n", termsafe.Line(abs))
 	}
 	if err != nil {
+		// Interrupted: 128+N for signal N (130 for Ctrl-C), as a shell
+		// reports a command a signal ended, so that a script or CI tells
+		// an interruption from a failed job (1) and stops rather than
+		// reading the job's outcome; the agent exits so too (Signal<NAME>).
+		var sig agent.Signaled
+		if errors.As(err, &sig) && sig.Signal != 0 {
+			return &exitError{code: 128 + int(sig.Signal), msg: "interrupted: " + sig.Error()}
+		}
 		return err
 	}
 	if !res.Succeeded {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,5 +137,37 @@ func TestLocalMissingScriptSaysSo(t *testing.T) {
 	}
 	if n := strings.Count(string(log), "Rendezvous complete for workers"); n != 1 {
 		t.Errorf("%d attempts, want 1:\n%s", n, log)
+	}
+}
+
+// Ctrl-C (SIGINT) of `kfelastic local` exits 130, as a shell reports a
+// command SIGINT ended, not 1 (a failed job); SIGTERM 143.
+func TestLocalInterruptedExitStatus(t *testing.T) {
+	bin := shortBinary(t)
+	for sig, want := range map[syscall.Signal]int{syscall.SIGINT: 130, syscall.SIGTERM: 143} {
+		dir := filepath.Join(t.TempDir(), "job")
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		cmd := exec.CommandContext(ctx, bin, "local", "--nnodes", "1", "--grace", "1s", "--out", dir, "--", "sleep", "600")
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			b, _ := os.ReadFile(filepath.Join(dir, "pods", "local-worker-0.log"))
+			if strings.Contains(string(b), "workers started") {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the pod did not start:\n%s", b)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = cmd.Process.Signal(sig)
+		err := cmd.Wait()
+		cancel()
+		if code := cmd.ProcessState.ExitCode(); code != want {
+			t.Errorf("%v: exit %d (%v), want %d:\n%s", sig, code, err, want, out.String())
+		}
 	}
 }
