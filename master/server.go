@@ -15,6 +15,7 @@ import (
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 	"github.com/kfelastic/kfelastic/master/store"
 )
@@ -128,8 +129,8 @@ func (c *call) live() bool {
 // NewServer loads the state under opts.StateURL (a restarted master goes on
 // where it stopped) and returns a server ready to Run.
 func NewServer(ctx context.Context, opts Options) (*Server, error) {
-	if opts.Token == "" {
-		return nil, errors.New("no job token")
+	if err := jobtoken.Check(opts.Token); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
