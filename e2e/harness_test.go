@@ -19,6 +19,7 @@ import (
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
+	flytek8sconfig "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/flytek8s/config"
 	"github.com/flyteorg/flyte/flytestdlib/config"
 	"github.com/flyteorg/flyte/flytestdlib/promutils"
 	"github.com/flyteorg/flyte/flytestdlib/storage"
@@ -34,7 +35,20 @@ import (
 	"github.com/kfelastic/kfelastic/plugin"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	flytetest.SetMetricKeys()
+	// What a deployment's propeller config gives every container it builds
+	// (plugins.k8s.default-env-vars): the store's credentials.
+	k8scfg := *flytek8sconfig.GetK8sPluginConfig()
+	k8scfg.DefaultEnvVars = map[string]string{}
+	for _, e := range testenv.PodCredentialEnv() {
+		k8scfg.DefaultEnvVars[e.Name] = e.Value
+	}
+	if err := flytek8sconfig.SetK8sPluginConfig(&k8scfg); err != nil {
+		panic(err)
+	}
+	testenv.Main(m)
+}
 
 // agentVersion is stamped into the agent image the tests import, so that a
 // plugin built with it defaults to that image.
@@ -71,7 +85,9 @@ func newEnv(t *testing.T, ns string) *env {
 	if agentImage.err != nil {
 		t.Fatal(agentImage.err)
 	}
-	testenv.StartOperator(t, c.Config)
+	// Its workers' init container waits for the master's DNS name with
+	// busybox, not a pulled alpine.
+	testenv.StartOperator(t, c.Config, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
 	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
 		image: agentImage.name, ckpt: t.TempDir()}
 	store, err := storage.NewDataStore(e.minio.DataStoreConfig(e.minio.Bucket), promutils.NewTestScope())

@@ -439,3 +439,37 @@ func TestMasterObjects(t *testing.T) {
 		t.Errorf("secret %+v", secret)
 	}
 }
+
+// The master reads and writes the task's prefix with the workers' storage
+// credentials (propeller's default-env-vars reach only the containers it
+// builds, the workers'); the agent's own downward-API variables stay the
+// workers'. Each worker learns its node rank from its replica index.
+func TestMasterInheritsTheWorkersEnv(t *testing.T) {
+	tmpl := flytetest.LoadTemplate(t, "upstream-pytorch-v1-elastic")
+	tmpl.GetContainer().Env = append(tmpl.GetContainer().Env, &core.KeyValuePair{Key: "AWS_ACCESS_KEY_ID", Value: "key"})
+	j, err := BuildPyTorchJob(tmpl, fixedPods{tmpl}, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(c *corev1.Container) map[string]corev1.EnvVar {
+		m := map[string]corev1.EnvVar{}
+		for _, e := range c.Env {
+			if _, dup := m[e.Name]; dup {
+				t.Errorf("%s: %s set twice", c.Name, e.Name)
+			}
+			m[e.Name] = e
+		}
+		return m
+	}
+	master := env(container(j.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster], "pytorch"))
+	worker := env(container(j.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeWorker], "pytorch"))
+	if master["AWS_ACCESS_KEY_ID"].Value != "key" {
+		t.Errorf("master env %v: no storage credentials", master)
+	}
+	if _, ok := master[NodeRankEnv]; ok {
+		t.Errorf("master has %s", NodeRankEnv)
+	}
+	if f := worker[NodeRankEnv].ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "metadata.labels['"+kubeflowv1.ReplicaIndexLabel+"']" {
+		t.Errorf("worker's %s = %+v, want the replica-index label", NodeRankEnv, worker[NodeRankEnv])
+	}
+}

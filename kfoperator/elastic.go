@@ -326,6 +326,7 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 		},
 	}
 	addErrorPropagationEnv(&c)
+	inheritStorageEnv(&c, &worker.Template.Spec)
 	ws := worker.Template.Spec
 	one := int32(1)
 	return &kubeflowv1.ReplicaSpec{
@@ -344,6 +345,32 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 				SchedulerName:      ws.SchedulerName,
 			},
 		},
+	}
+}
+
+// inheritStorageEnv gives the master container the worker's environment
+// (Env and EnvFrom, but for what the agent's injection added): the master
+// reads and writes the task's prefix (its durable state, the documents of
+// pods that died without one) with the workers' storage credentials, which
+// a Flyte deployment puts there (propeller's default-env-vars, secrets).
+// Without them it cannot start on a store that needs credentials.
+func inheritStorageEnv(c *corev1.Container, worker *corev1.PodSpec) {
+	w, err := containerNamed(worker, kubeflowv1.PyTorchJobDefaultContainerName)
+	if err != nil {
+		return
+	}
+	have := map[string]bool{NodeNameEnv: true, NodeRankEnv: true}
+	for _, e := range c.Env {
+		have[e.Name] = true
+	}
+	for _, e := range w.Env {
+		if !have[e.Name] {
+			have[e.Name] = true
+			c.Env = append(c.Env, *e.DeepCopy())
+		}
+	}
+	for _, e := range w.EnvFrom {
+		c.EnvFrom = append(c.EnvFrom, *e.DeepCopy())
 	}
 }
 

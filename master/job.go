@@ -434,6 +434,22 @@ func (j *Job) Stopped() (bool, string) { return j.stopped, j.stopReason }
 // Latest is the latest completed round, nil before the first.
 func (j *Job) Latest() *Round { return j.latest }
 
+// Succeeded reports whether the job is done: every member of the latest
+// round succeeded (its agent left with its workers done) and none still
+// runs. A master that owns pods on Kubernetes then ends, so that its
+// replica completes and the training operator marks the job Succeeded.
+func (j *Job) Succeeded() bool {
+	if j.latest == nil || j.nSucceeded == 0 || j.stopped {
+		return false
+	}
+	for _, r := range j.latest.Ranks {
+		if rec, ok := j.nodes[r]; !ok || rec.State != Succeeded {
+			return false
+		}
+	}
+	return true
+}
+
 // Nodes returns the ranks' records in rank order (copies).
 func (j *Job) Nodes() []Node {
 	out := make([]Node, 0, len(j.nodes))

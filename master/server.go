@@ -30,6 +30,10 @@ type PodOwner interface {
 // Options configure a Server.
 type Options struct {
 	Job Config
+	// ExitOnSuccess ends Run (and Serve) once the job has succeeded
+	// (Job.Succeeded) and that is durable: on Kubernetes the master's pod
+	// must complete for the training operator to mark the job Succeeded.
+	ExitOnSuccess bool
 	// Token is the job's token; every call must carry it.
 	Token string
 	// StateURL is where the state lives (file://, s3://, mem://); empty: in
@@ -278,6 +282,11 @@ func (s *Server) Run(ctx context.Context) error {
 			if ev, ok := relaunchEvent(d); ok {
 				evlog.Append(ev)
 			}
+		}
+		if s.opts.ExitOnSuccess && s.job.Succeeded() {
+			s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
+			s.fail(errors.New("job succeeded"))
+			return nil
 		}
 	}
 }

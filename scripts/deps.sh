@@ -88,7 +88,8 @@ build_k8s() {
 }
 
 # The one-node cluster whose pods really run (internal/testenv/cluster.go):
-# containerd, runc and the CNI plugins from Debian, kubelet, kube-scheduler
+# containerd, runc, the CNI plugins and a static busybox (the training
+# operator's init container) from Debian, kubelet, kube-scheduler
 # and kube-controller-manager at the API server's version, CoreDNS, and a
 # Debian root file system with python3-torch for the worker image.
 COREDNS_VERSION=v1.13.1
@@ -98,6 +99,7 @@ need_cluster() {
   command -v runc >/dev/null || missing+=(runc)
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  [ -x /bin/busybox ] || missing+=(busybox-static)
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive

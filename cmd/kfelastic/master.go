@@ -198,6 +198,9 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 			return err
 		}
 		opts.Owner = owner
+		// The Master replica must complete for the operator to mark the
+		// PyTorchJob Succeeded (it decides on the Master's exit).
+		opts.ExitOnSuccess = true
 	}
 	s, err := master.NewServer(ctx, opts)
 	if err != nil {

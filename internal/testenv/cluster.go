@@ -36,6 +36,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kfelastic/kfelastic/internal/ociimage"
@@ -69,6 +70,11 @@ const (
 	ClusterNodeName = "kfe-node"
 	// PauseImage is the sandbox image the cluster builds (pause/).
 	PauseImage = "kfelastic.local/pause:1"
+	// InitImage stands in for the training operator's init container image
+	// (alpine, which waits for the master's DNS name with sh and nslookup):
+	// the worker root with busybox's nslookup. Start the operator with
+	// --pytorch-init-container-image=InitImage.
+	InitImage = "kfelastic.local/init:1"
 
 	clusterBridge     = "kfe0"
 	podSubnet         = "10.77.0.0/16"
@@ -97,6 +103,7 @@ type Cluster struct {
 	procs []*clusterProc
 	mu    sync.Mutex
 	minio *MinIOProcess // on ClusterNodeIP, started by MinIO
+	stop  chan struct{} // ends the pod log mirror
 }
 
 var theCluster struct {
@@ -147,21 +154,25 @@ func StopCluster() {
 
 func clusterDir() string { return filepath.Join(CacheDir(), "cluster") }
 
+// clusterLogs holds the cluster's processes' logs, kept until the next start.
+func clusterLogs() string { return filepath.Join(clusterDir(), "logs") }
+
 // clusterBinaries are what the cluster runs, and the deps.sh step that
 // provides each.
 func clusterBinaries() map[string]string {
 	k8s := filepath.Join(CacheDir(), "k8s")
 	return map[string]string{
-		filepath.Join(k8s, "etcd"):                           "scripts/deps.sh k8s",
-		filepath.Join(k8s, "kube-apiserver"):                 "scripts/deps.sh k8s",
-		filepath.Join(k8s, "kubelet"):                        "scripts/deps.sh cluster",
-		filepath.Join(k8s, "kube-scheduler"):                 "scripts/deps.sh cluster",
-		filepath.Join(k8s, "kube-controller-manager"):        "scripts/deps.sh cluster",
-		filepath.Join(CacheDir(), "bin", "coredns"):          "scripts/deps.sh cluster",
-		"/usr/bin/containerd":                                "scripts/deps.sh cluster (Debian's containerd)",
-		"/usr/bin/ctr":                                       "scripts/deps.sh cluster (Debian's containerd)",
-		"/usr/lib/cni/bridge":                                "scripts/deps.sh cluster (Debian's containernetworking-plugins)",
-		filepath.Join(workerRoot(), "usr", "bin", "python3"): "scripts/deps.sh cluster (the worker root file system)",
+		filepath.Join(k8s, "etcd"):                                         "scripts/deps.sh k8s",
+		filepath.Join(k8s, "kube-apiserver"):                               "scripts/deps.sh k8s",
+		filepath.Join(k8s, "kubelet"):                                      "scripts/deps.sh cluster",
+		filepath.Join(k8s, "kube-scheduler"):                               "scripts/deps.sh cluster",
+		filepath.Join(k8s, "kube-controller-manager"):                      "scripts/deps.sh cluster",
+		filepath.Join(CacheDir(), "bin", "coredns"):                        "scripts/deps.sh cluster",
+		"/usr/bin/containerd":                                              "scripts/deps.sh cluster (Debian's containerd)",
+		"/usr/bin/ctr":                                                     "scripts/deps.sh cluster (Debian's containerd)",
+		"/usr/lib/cni/bridge":                                              "scripts/deps.sh cluster (Debian's containernetworking-plugins)",
+		filepath.Join(workerRoot(), "usr", "bin", "python3"):               "scripts/deps.sh cluster (the worker root file system)",
+		filepath.Join(CacheDir(), "crds", "kubeflow.org_pytorchjobs.yaml"): "scripts/deps.sh k8s",
 	}
 }
 
@@ -176,7 +187,7 @@ func StartCluster(ctx context.Context) (_ *Cluster, err error) {
 	}
 	var missing []string
 	for bin, step := range clusterBinaries() {
-		if _, err := exec.LookPath(bin); err != nil {
+		if _, err := os.Stat(bin); err != nil {
 			missing = append(missing, fmt.Sprintf("%s (%s)", bin, step))
 		}
 	}
@@ -200,7 +211,15 @@ func StartCluster(ctx context.Context) (_ *Cluster, err error) {
 	if err := cleanCluster(c.run); err != nil {
 		return nil, fmt.Errorf("leftovers of an earlier cluster: %w", err)
 	}
-	for _, d := range []string{"logs", "pki", "etcd", "kubelet", "pod-logs", "cni/net.d", "cni/ipam", "containerd-state"} {
+	// The processes' logs outlive the run folder (a failed start is read
+	// after the cleanup): one folder, emptied at each start.
+	if err := os.RemoveAll(clusterLogs()); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(clusterLogs(), 0o755); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"pki", "etcd", "kubelet", "pod-logs", "cni/net.d", "cni/ipam", "containerd-state"} {
 		if err := os.MkdirAll(filepath.Join(c.run, d), 0o755); err != nil {
 			return nil, err
 		}
@@ -363,6 +382,11 @@ func (c *Cluster) startControlPlane(ctx context.Context, pki clusterPKI) error {
 	if err := c.waitReady(ctx, "kube-apiserver", 2*time.Minute, func() error { return c.healthy(ctx, "/readyz") }); err != nil {
 		return err
 	}
+	// The Kubeflow CRDs, as for the API server of the other tests.
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(CacheDir(), "crds")},
+		ErrorIfPathMissing: true, Scheme: Scheme()}); err != nil {
+		return fmt.Errorf("kubeflow CRDs: %w", err)
+	}
 	if err := c.start("kube-controller-manager", filepath.Join(k8s, "kube-controller-manager"), nil,
 		"--kubeconfig", c.Kubeconfig, "--leader-elect=false", "--use-service-account-credentials=false",
 		"--root-ca-file", pki.ca, "--service-account-private-key-file", pki.saKey,
@@ -423,6 +447,10 @@ state = %q
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   enable_selinux = false
+  # No lower OOM score than containerd's own: this machine's root may not
+  # lower oom_score_adj (no CAP_SYS_RESOURCE), which runc's start of every
+  # sandbox (-998) would otherwise fail on.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %q
@@ -563,6 +591,8 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 	if err := os.WriteFile(conf, b, 0o644); err != nil {
 		return err
 	}
+	c.stop = make(chan struct{})
+	go c.mirrorPodLogs(c.stop)
 	if err := c.start("kubelet", filepath.Join(CacheDir(), "k8s", "kubelet"), nil,
 		"--config", conf, "--kubeconfig", c.Kubeconfig, "--root-dir", filepath.Join(c.run, "kubelet"),
 		"--cert-dir", filepath.Join(c.run, "pki", "kubelet"), "--hostname-override", ClusterNodeName,
@@ -677,7 +707,7 @@ func PodCredentialEnv() []corev1.EnvVar {
 // files (the CRI format's time, stream and tag are cut), so a test reads a
 // log even after the pod is gone and without the kubelet's API.
 func (c *Cluster) PodLogs(ns, pod, container string) string {
-	dirs, _ := filepath.Glob(filepath.Join(c.run, "pod-logs", ns+"_"+pod+"_*"))
+	dirs, _ := filepath.Glob(filepath.Join(clusterLogs(), "pods", ns+"_"+pod+"_*"))
 	var b strings.Builder
 	for _, d := range dirs {
 		pattern := filepath.Join(d, "*", "*.log")
@@ -712,10 +742,37 @@ func (c *Cluster) PodLogs(ns, pod, container string) string {
 	return b.String()
 }
 
+// mirrorPodLogs hard-links every container log file the kubelet writes into
+// clusterLogs()/pods, so that the logs of a deleted pod (whose files the
+// kubelet removes) stay readable until the next start; a link shares the
+// file, so it sees every line written after it was made.
+func (c *Cluster) mirrorPodLogs(stop <-chan struct{}) {
+	src, dst := filepath.Join(c.run, "pod-logs"), filepath.Join(clusterLogs(), "pods")
+	linked := map[string]bool{}
+	for {
+		_ = filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || linked[path] || !strings.HasSuffix(path, ".log") {
+				return nil
+			}
+			rel, _ := filepath.Rel(src, path)
+			to := filepath.Join(dst, rel)
+			if os.MkdirAll(filepath.Dir(to), 0o755) == nil && os.Link(path, to) == nil {
+				linked[path] = true
+			}
+			return nil
+		})
+		select {
+		case <-stop:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // Log is the tail of one of the cluster's processes' logs (kubelet,
 // containerd, kube-apiserver, …), for a failing test's report.
 func (c *Cluster) Log(name string, n int) string {
-	b, err := os.ReadFile(filepath.Join(c.run, "logs", name+".log"))
+	b, err := os.ReadFile(filepath.Join(clusterLogs(), name+".log"))
 	if err != nil {
 		return err.Error()
 	}
@@ -734,7 +791,7 @@ type clusterProc struct {
 }
 
 func (c *Cluster) start(name, bin string, env []string, args ...string) error {
-	log, err := os.OpenFile(filepath.Join(c.run, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	log, err := os.OpenFile(filepath.Join(clusterLogs(), name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -806,6 +863,10 @@ func (c *Cluster) stopProc(name string) {
 func (c *Cluster) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if c.stop != nil {
+		close(c.stop)
+		c.stop = nil
+	}
 	for _, name := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "coredns"} {
 		c.stopProc(name)
 	}
@@ -1029,6 +1090,16 @@ func (c *Cluster) importImages(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The operator's init container (sh, seq, sleep and nslookup): Debian's
+	// root file system, so its dash runs nslookup from PATH (busybox's own
+	// sh would run its built-in applet), plus the busybox nslookup below.
+	initLayer, err := busyboxLayer(filepath.Join(images, "init.tar"))
+	if err != nil {
+		return err
+	}
+	if err := c.importImage(ctx, have, InitImage, []ociBlob{base, initLayer}, imageSpec{}); err != nil {
+		return err
+	}
 	sum := strings.TrimPrefix(scripts.digest, "sha256:")[:12] + strings.TrimPrefix(base.digest, "sha256:")[:4]
 	c.WorkerImage = "kfelastic.local/worker:" + sum
 	return c.importImage(ctx, have, c.WorkerImage, []ociBlob{base, scripts}, imageSpec{
@@ -1128,6 +1199,45 @@ func layerOfFiles(path string, files map[string]string) (ociBlob, error) {
 		return ociBlob{}, err
 	}
 	if err := f.Close(); err != nil {
+		return ociBlob{}, err
+	}
+	return layerFile(path)
+}
+
+// busyboxLayer is Debian's static busybox at /usr/local/bin/busybox and an
+// nslookup beside it that succeeds on an answer: busybox 1.35's nslookup
+// fails when any search domain has no answer, even where one had (alpine
+// 3.10's, the operator's default image, succeeds). The server's own lines
+// are Server: and Address:, an answer's Name:.
+func busyboxLayer(path string) (ociBlob, error) {
+	b, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return ociBlob{}, err
+	}
+	nslookup := "#!/bin/sh\n/usr/local/bin/busybox nslookup \"$1\" | grep -q '^Name:'\n"
+	f, err := os.Create(path)
+	if err != nil {
+		return ociBlob{}, err
+	}
+	tw := tar.NewWriter(f)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{{"usr/local/bin/busybox", b}, {"usr/local/bin/nslookup", []byte(nslookup)}} {
+		if err == nil {
+			err = tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o755, Size: int64(len(e.data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
+		}
+		if err == nil {
+			_, err = tw.Write(e.data)
+		}
+	}
+	if err == nil {
+		err = tw.Close()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return ociBlob{}, err
 	}
 	return layerFile(path)

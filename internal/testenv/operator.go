@@ -45,9 +45,10 @@ const servingCertDir = "/tmp/k8s-webhook-server/serving-certs"
 // controller, cluster-wide) against the API server of cfg for the test's
 // duration, after creating what it expects of a cluster (ENVIRONMENT.md):
 // the kubeflow namespace, an empty webhook-cert Secret and
-// ValidatingWebhookConfiguration, and serving certs on disk. It skips under
-// -short and fails with a hint when the binary is missing.
-func StartOperator(t testing.TB, cfg *rest.Config) {
+// ValidatingWebhookConfiguration, and serving certs on disk. args are added
+// to its flags. It skips under -short and fails with a hint when the binary
+// is missing.
+func StartOperator(t testing.TB, cfg *rest.Config, args ...string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs the Kubeflow training operator (run without -short)")
@@ -76,8 +77,8 @@ func StartOperator(t testing.TB, cfg *rest.Config) {
 		t.Fatal(err)
 	}
 	startProcess(t, "training-operator", bin, Kubeconfig(t, cfg),
-		"--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
-		fmt.Sprintf("--webhook-server-port=%d", port))
+		append([]string{"--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
+			fmt.Sprintf("--webhook-server-port=%d", port)}, args...)...)
 }
 
 // StartKwok runs kwok (simulated nodes and kubelets: a bound pod becomes
