@@ -9,6 +9,7 @@ import (
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/admin"
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/compiler"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/compiler/transformers/k8s"
@@ -141,6 +142,11 @@ type WorkflowOutcome struct {
 	// NodePhase is the task node's phase: NodePhaseNotYetStarted until
 	// propeller has started it.
 	NodePhase v1alpha1.NodePhase
+	// TaskPhase is the phase of the node's task execution, the one the UI
+	// shows beside the node (QUEUED, INITIALIZING, RUNNING, …): a node is
+	// Running as soon as its task is handed to the plugin, the task only
+	// once the plugin says so. PhaseUndefined until then.
+	TaskPhase pluginsCore.Phase
 	// NodeMessage is the node's status message; NodeError its error (nil
 	// unless failing or failed): code, message, kind (USER or SYSTEM).
 	NodeMessage string
@@ -155,6 +161,9 @@ func (o WorkflowOutcome) Terminal() bool { return v1alpha1.IsWorkflowPhaseTermin
 // String is the outcome in one line, for test logs.
 func (o WorkflowOutcome) String() string {
 	s := fmt.Sprintf("workflow %s, node %s", o.Phase, o.NodePhase)
+	if o.TaskPhase != pluginsCore.PhaseUndefined {
+		s += ", task " + o.TaskPhase.String()
+	}
 	if o.Attempts > 0 {
 		s += fmt.Sprintf(" (attempts %d)", o.Attempts)
 	}
@@ -178,6 +187,9 @@ func Outcome(ctx context.Context, c client.Client, key client.ObjectKey) (Workfl
 		o.NodePhase, o.NodeMessage, o.Attempts = n.Phase, n.Message, n.Attempts
 		if n.Error != nil {
 			o.NodeError = n.Error.ExecutionError
+		}
+		if n.TaskNodeStatus != nil {
+			o.TaskPhase = pluginsCore.Phase(n.TaskNodeStatus.Phase)
 		}
 	}
 	return o, nil

@@ -306,8 +306,9 @@ func WritePropellerConfig(opts PropellerOptions, dir string) (*Propeller, error)
 // StartPropeller runs BuildPropeller's binary with the configuration of
 // WritePropellerConfig for the test's duration, in its own process group
 // (SIGTERM, then SIGKILL at cleanup). It returns once the FlyteWorkflow
-// CRD, which propeller creates, is served; the tail of propeller's output
-// and its events are logged if the test failed. It skips under -short.
+// CRD, which propeller creates, is served; its config, the tail of its
+// output and its events are logged if the test failed (always with
+// KFELASTIC_PROPELLER_LOGS=1). It skips under -short.
 func StartPropeller(t testing.TB, opts PropellerOptions) *Propeller {
 	t.Helper()
 	bin := BuildPropeller(t)
@@ -333,7 +334,7 @@ func StartPropeller(t testing.TB, opts PropellerOptions) *Propeller {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-p.exited
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("KFELASTIC_PROPELLER_LOGS") != "" {
 			cfg, _ := os.ReadFile(p.ConfigPath)
 			t.Logf("flytepropeller config %s:\n%s", p.ConfigPath, cfg)
 			t.Logf("flytepropeller events:\n%s", tailOf(p.Events(), 8000))
