@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -152,50 +153,57 @@ func TestPropellerRunsElasticTask(t *testing.T) {
 	})
 }
 
-// TestPropellerRoutesTensorflow: a tensorflow task goes to
-// kfelastic-tensorflow, which makes a TFJob with error propagation on every
-// replica (upstream's plugin leaves it opt-in). Only the creation is
-// checked: the training operator here runs PyTorchJobs alone.
-func TestPropellerRoutesTensorflow(t *testing.T) {
+// TestPropellerRoutesTaskTypes: propeller's default-for-task-types sends
+// each task type to the plugin configured for it. A tensorflow task
+// becomes a TFJob built by kfelastic-tensorflow (error propagation env on
+// every replica; upstream's plugin leaves it opt-in); an elastic pytorch
+// task becomes kfelastic-pytorch's job (a Master replica running our
+// master) by default, and upstream's (workers only, torch's c10d) when
+// pytorch is mapped to upstream's plugin, the comparison setup. Only the
+// jobs' creation is checked: no operator runs here.
+func TestPropellerRoutesTaskTypes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs flytepropeller, kube-apiserver and MinIO")
 	}
-	const ns = "e2e-propeller-tf"
-	cl := newCluster(t, ns)
-	cl.propeller(t, testenv.PropellerOptions{})
-	c := cl.c
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	fw, err := testenv.TaskWorkflow(flytetest.LoadTemplate(t, "tensorflow-v1-ps"), testenv.WorkflowOptions{Namespace: ns, Name: "tf"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, fw); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		var jobs kubeflowv1.TFJobList
-		if err := c.List(ctx, &jobs, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
-		}
-		if len(jobs.Items) > 0 {
-			job := jobs.Items[0]
-			if !ownedBy(&job, fw) {
-				t.Errorf("TFJob %s not owned by the workflow: %v", job.Name, job.OwnerReferences)
-			}
-			for rt, spec := range job.Spec.TFReplicaSpecs {
+	for _, tc := range []struct {
+		ns, template, defaultPyTorch string
+		list                         client.ObjectList
+		check                        func(t *testing.T, job client.Object)
+	}{
+		{"e2e-route-tf", "tensorflow-v1-ps", "", &kubeflowv1.TFJobList{}, func(t *testing.T, job client.Object) {
+			for rt, spec := range job.(*kubeflowv1.TFJob).Spec.TFReplicaSpecs {
 				if !hasEnv(spec.Template.Spec.Containers[0], kfoperator.EnvWorkerName) {
-					t.Errorf("TFJob %s replica %s has no %s: not built by kfelastic-tensorflow", job.Name, rt, kfoperator.EnvWorkerName)
+					t.Errorf("TFJob replica %s has no %s: not built by kfelastic-tensorflow", rt, kfoperator.EnvWorkerName)
 				}
 			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			o, _ := testenv.Outcome(context.Background(), c, client.ObjectKeyFromObject(fw))
-			t.Fatalf("no TFJob for the tensorflow task: %v", o)
-		case <-time.After(100 * time.Millisecond):
-		}
+		}},
+		{"e2e-route-pytorch", "upstream-pytorch-v1-elastic", "", &kubeflowv1.PyTorchJobList{}, func(t *testing.T, job client.Object) {
+			if m := job.(*kubeflowv1.PyTorchJob).Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster]; m == nil ||
+				m.Template.Spec.Containers[0].Args[0] != "master" {
+				t.Errorf("PyTorchJob without the kfelastic master: not built by kfelastic-pytorch")
+			}
+		}},
+		{"e2e-route-upstream", "upstream-pytorch-v1-elastic", "pytorch", &kubeflowv1.PyTorchJobList{}, func(t *testing.T, job client.Object) {
+			pj := job.(*kubeflowv1.PyTorchJob)
+			if pj.Spec.PyTorchReplicaSpecs[kubeflowv1.PyTorchJobReplicaTypeMaster] != nil || pj.Spec.ElasticPolicy == nil {
+				t.Errorf("want upstream's elastic job (workers only, an elastic policy): %v", pj.Spec)
+			}
+		}},
+	} {
+		t.Run(tc.ns, func(t *testing.T) {
+			cl := newCluster(t, tc.ns)
+			cl.propeller(t, testenv.PropellerOptions{DefaultPyTorch: tc.defaultPyTorch})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			fw, err := testenv.TaskWorkflow(flytetest.LoadTemplate(t, tc.template), testenv.WorkflowOptions{Namespace: tc.ns, Name: "route"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.c.Create(ctx, fw); err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, waitOwned(ctx, t, cl.c, fw, tc.list))
+		})
 	}
 }
 
@@ -238,20 +246,30 @@ func startElastic(ctx context.Context, t *testing.T, c client.Client, p *testenv
 // waitJob waits for the PyTorchJob the workflow owns.
 func waitJob(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha1.FlyteWorkflow) *kubeflowv1.PyTorchJob {
 	t.Helper()
+	return waitOwned(ctx, t, c, fw, &kubeflowv1.PyTorchJobList{}).(*kubeflowv1.PyTorchJob)
+}
+
+// waitOwned waits for an object of list's kind, in the workflow's
+// namespace, that the workflow owns.
+func waitOwned(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha1.FlyteWorkflow, list client.ObjectList) client.Object {
+	t.Helper()
 	for {
-		var jobs kubeflowv1.PyTorchJobList
-		if err := c.List(ctx, &jobs, client.InNamespace(fw.Namespace)); err != nil {
+		if err := c.List(ctx, list, client.InNamespace(fw.Namespace)); err != nil {
 			t.Fatal(err)
 		}
-		for i := range jobs.Items {
-			if ownedBy(&jobs.Items[i], fw) {
-				return &jobs.Items[i]
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, item := range items {
+			if o, ok := item.(client.Object); ok && ownedBy(o, fw) {
+				return o
 			}
 		}
 		select {
 		case <-ctx.Done():
 			o, _ := testenv.Outcome(context.Background(), c, client.ObjectKeyFromObject(fw))
-			t.Fatalf("no PyTorchJob for workflow %s: %v", fw.Name, o)
+			t.Fatalf("no %T for workflow %s: %v", list, fw.Name, o)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
