@@ -106,7 +106,7 @@ func TestPropellerRunsElasticTask(t *testing.T) {
 	testenv.StartKwok(t, cl.cfg, propellerNode)
 	started := time.Now()
 	p := cl.propeller(t, testenv.PropellerOptions{LateDocumentGrace: 3 * time.Second})
-	t.Logf("flytepropeller serving the FlyteWorkflow CRD %v after its start", time.Since(started).Round(time.Millisecond))
+	t.Logf("flytepropeller ready %v after its start", time.Since(started).Round(time.Millisecond))
 	c := cl.c
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	bound := make(chan struct{})

@@ -12,12 +12,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"text/template"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -305,10 +307,11 @@ func WritePropellerConfig(opts PropellerOptions, dir string) (*Propeller, error)
 
 // StartPropeller runs BuildPropeller's binary with the configuration of
 // WritePropellerConfig for the test's duration, in its own process group
-// (SIGTERM, then SIGKILL at cleanup). It returns once the FlyteWorkflow
-// CRD, which propeller creates, is served; its config, the tail of its
-// output and its events are logged if the test failed (always with
-// KFELASTIC_PROPELLER_LOGS=1). It skips under -short.
+// (SIGTERM, then SIGKILL at cleanup). It returns once propeller is ready
+// (waitReady: the FlyteWorkflow CRD served, its workers started); its
+// config, the tail of its
+// output and its events are logged if the test failed (all of them, also
+// on success, with KFELASTIC_PROPELLER_LOGS=1). It skips under -short.
 func StartPropeller(t testing.TB, opts PropellerOptions) *Propeller {
 	t.Helper()
 	bin := BuildPropeller(t)
@@ -334,23 +337,35 @@ func StartPropeller(t testing.TB, opts PropellerOptions) *Propeller {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-p.exited
 		}
-		if t.Failed() || os.Getenv("KFELASTIC_PROPELLER_LOGS") != "" {
+		// All of it on request, the tails on a failure.
+		all := os.Getenv("KFELASTIC_PROPELLER_LOGS") != ""
+		if t.Failed() || all {
+			n := 12000
+			if all {
+				n = 1 << 20
+			}
 			cfg, _ := os.ReadFile(p.ConfigPath)
 			t.Logf("flytepropeller config %s:\n%s", p.ConfigPath, cfg)
-			t.Logf("flytepropeller events:\n%s", tailOf(p.Events(), 8000))
-			t.Logf("flytepropeller output:\n%s", p.log.tail(12000))
+			t.Logf("flytepropeller events:\n%s", tailOf(p.Events(), n))
+			t.Logf("flytepropeller output:\n%s", p.log.tail(n))
 		}
 	})
-	if err := p.waitCRD(opts.Kubeconfig, 2*time.Minute); err != nil {
+	if err := p.waitReady(opts.Kubeconfig, 2*time.Minute); err != nil {
 		t.Fatalf("flytepropeller: %v\n%s", err, p.log.tail(8000))
 	}
 	return p
 }
 
-// waitCRD waits until the API server serves flyteworkflows.flyte.lyft.com,
-// which propeller creates at start (create-flyteworkflow-crd), or until
-// propeller exits.
-func (p *Propeller) waitCRD(kubeconfig string, limit time.Duration) error {
+// propellerReady is what propeller logs once its informer caches have
+// synced and its workers take workflows (pkg/controller/workers.go).
+const propellerReady = `msg="Started workers"`
+
+// waitReady waits until the API server serves flyteworkflows.flyte.lyft.com,
+// which propeller creates at start (create-flyteworkflow-crd), and until
+// propeller says its workers run, so that a workflow created next is
+// picked up at once (the time to the job does not include propeller's
+// start, ≈2 s here); or until propeller exits.
+func (p *Propeller) waitReady(kubeconfig string, limit time.Duration) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
@@ -360,22 +375,27 @@ func (p *Propeller) waitCRD(kubeconfig string, limit time.Duration) error {
 		return err
 	}
 	deadline := time.Now().Add(limit)
+	served := false
 	for {
-		list, err := dc.ServerResourcesForGroupVersion("flyte.lyft.com/v1alpha1")
-		if err == nil {
-			for _, r := range list.APIResources {
-				if r.Name == "flyteworkflows" {
-					return nil
+		if !served {
+			var list *metav1.APIResourceList
+			if list, err = dc.ServerResourcesForGroupVersion("flyte.lyft.com/v1alpha1"); err == nil {
+				for _, r := range list.APIResources {
+					served = served || r.Name == "flyteworkflows"
 				}
 			}
 		}
+		if served && strings.Contains(p.log.tail(1<<20), propellerReady) {
+			return nil
+		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("exited before the FlyteWorkflow CRD was served")
-		case <-time.After(200 * time.Millisecond):
+			return fmt.Errorf("exited before it was ready (FlyteWorkflow CRD served: %v)", served)
+		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("FlyteWorkflow CRD not served after %v (last error: %v)", limit, err)
+			return fmt.Errorf("not ready after %v: FlyteWorkflow CRD served: %v (last error: %v), %s logged: %v",
+				limit, served, err, propellerReady, strings.Contains(p.log.tail(1<<20), propellerReady))
 		}
 	}
 }
