@@ -18,4 +18,10 @@
 //	o, _ := testenv.WaitOutcome(ctx, c, client.ObjectKeyFromObject(fw), func(o testenv.WorkflowOutcome) bool { … })
 //
 // `make e2e` runs them; `make test` includes them. They skip under -short.
+// The scenarios E1–E8 (elastic_test.go) run on a one-node Kubernetes whose
+// pods really run (testenv.UseCluster): the plugin builds the job, the real
+// training operator creates the pods, the kubelet runs `kfelastic install`,
+// `kfelastic agent`, `kfelastic master` and torch in them, and each
+// scenario injects a fault a user meets on a real cluster and asserts what
+// the user sees.
 package e2e

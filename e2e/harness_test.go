@@ -1,9 +1,3 @@
-// Package e2e runs elastic jobs end to end on a one-node Kubernetes whose
-// pods really run (internal/testenv's cluster): the plugin builds the
-// PyTorchJob, the real training operator creates the pods, the kubelet runs
-// `kfelastic install`, `kfelastic agent`, `kfelastic master` and torch in
-// them, and the outcome is read as Flyte shows it. Each scenario injects a
-// fault a user meets on a real cluster and asserts what the user sees.
 package e2e
 
 import (

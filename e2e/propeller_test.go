@@ -26,7 +26,6 @@ import (
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestPropellerConfigValidates: propeller's own config loader accepts the
 // configuration StartPropeller writes, strictly (every section known), for
