@@ -270,3 +270,47 @@ func TestEarlyReplacementWaitsForItsRank(t *testing.T) {
 		})
 	}
 }
+
+// A join the master refuses outright (every rank held by a live pod, the
+// pod asking the master to choose one) ends the pod at once with a RankHeld
+// document and exit 1, not a RendezvousTimeout (202) that nothing timed.
+func TestJoinRefusedIsRankHeld(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a master and agents")
+	}
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2, WaitingTimeout: 200 * time.Millisecond})
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var outs []*syncBuffer
+	var dones []chan error
+	for i, pod := range []string{"job-worker-0", "job-worker-1", "job-worker-2"} {
+		cfg, out := helperConfig(t, 1, "hang")
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = pod, i, 1, 2
+		if i == 2 {
+			cfg.NodeRank = -1
+		}
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile, cfg.ErrorPrefix = "c10d", endpoint, tokenFile, "file://"+dir
+		done := make(chan error, 1)
+		outs, dones = append(outs, out), append(dones, done)
+		if i == 2 {
+			for _, o := range outs[:2] {
+				waitFor(t, o, "helper hang", 10*time.Second)
+			}
+		}
+		go func() { done <- Run(ctx, cfg) }()
+	}
+	select {
+	case err := <-dones[2]:
+		var ee *ExitError
+		if !errors.As(err, &ee) || ee.Failure.Code != CodeRankHeld || ee.Code != 1 {
+			t.Fatalf("third pod: %v, want RankHeld, exit 1\n%s", err, outs[2])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the refused pod waits:\n%s", outs[2])
+	}
+	cancel()
+	for _, d := range dones[:2] {
+		<-d
+	}
+}
