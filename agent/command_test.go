@@ -267,7 +267,9 @@ func pyflyteHelper(arg string) int {
 // lost its peer at .700. Each command writes flytekit's document (torch's
 // whole second, worker = the pod) and exits 0, as pyflyte-execute does.
 // Each agent refines its pod's document with its worker's error file, so
-// the reader puts the real root cause first; the pod exits 0 as flytekit
+// the reader puts the real root cause first (flytekit's originals are kept
+// in refined/, which neither the reader nor the report counts as a
+// failure); the pod exits 0 as flytekit
 // had it; with FLYTE_FAIL_ON_ERROR's exit 1 the agent writes no second
 // document.
 func TestCommandRefinesFlytekitDocuments(t *testing.T) {
@@ -306,7 +308,7 @@ func TestCommandRefinesFlytekitDocuments(t *testing.T) {
 		t.Fatalf("job-worker-1 (FLYTE_FAIL_ON_ERROR): %+v, want exit 1 with the refined document\n%s", ee, out)
 	}
 	top, _ := filepath.Glob(filepath.Join(dir, "error-*.pb"))
-	kept, _ := filepath.Glob(filepath.Join(dir, kferrors.SupersededPrefix, "error-*.pb"))
+	kept, _ := filepath.Glob(filepath.Join(dir, kferrors.RefinedPrefix, "error-*.pb"))
 	if len(top) != 2 || len(kept) != 2 {
 		t.Fatalf("documents %v, superseded %v: want one refined per pod, flytekit's two moved", top, kept)
 	}

@@ -175,7 +175,7 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 // time, within that second (kferrors.ReadTorchError refines torch's time
 // with it), is when the worker failed. The refined document is written
 // under our own name (its time in the key) and flytekit's is moved to
-// superseded/ (kferrors.Supersede), so the reader sees one document per
+// refined/ (kferrors.MoveDocument), so the reader sees one document per
 // pod, the copy written before the original is moved. The document found
 // (refined or not) is returned; ok is false when the command wrote none in
 // this attempt.
@@ -226,8 +226,8 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 		l.log.Error("cannot write the refined error document; the command's stands", "key", key, "err", err)
 		return f, key, true
 	}
-	if _, err := kferrors.Supersede(ctx, b, l.cfg.Pod, f.Time.Add(time.Nanosecond)); err != nil {
-		l.log.Error("cannot move the command's error document to superseded/", "key", key, "err", err)
+	if err := kferrors.MoveDocument(ctx, b, key, data, kferrors.RefinedPrefix); err != nil {
+		l.log.Error("cannot move the command's error document aside", "key", key, "to", kferrors.RefinedPrefix, "err", err)
 	}
 	l.log.Info("the command's error document refined to its worker's failure time", "key", key, "refined", newKey,
 		"time", refined.Time, "error_file", path)

@@ -20,7 +20,7 @@ import (
 // torch's whole second, so the tie goes to the worker name and the
 // secondary failure is shown; the documents the agent refines under
 // --launcher command (the worker's error file's time; flytekit's moved to
-// superseded/) put the real root cause first. The UI shows flytekit's
+// refined/) put the real root cause first. The UI shows flytekit's
 // USER:RuntimeError as the exception it wraps.
 func TestFlytekitDocumentsSameSecond(t *testing.T) {
 	ctx := context.Background()
@@ -67,7 +67,7 @@ func TestFlytekitDocumentsSameSecond(t *testing.T) {
 		if err := refined.WriteAll(ctx, key, data, nil); err != nil {
 			t.Fatal(err)
 		}
-		put(refined, kferrors.SupersededPrefix+flytekitdoc.Key(), valueErr)
+		put(refined, kferrors.RefinedPrefix+flytekitdoc.Key(), f)
 	}
 	r := read(refined)
 	if r.RootCause.Failure.Worker != "job-worker-1" || !r.RootCause.Time().Equal(second.Add(300*time.Millisecond)) || len(r.Others) != 1 {
