@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/html"
-
 	"github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
 	"github.com/kfelastic/kfelastic/outputreader"
@@ -38,15 +36,7 @@ func TestFlytekitDocumentsAndAgentEventsShareALane(t *testing.T) {
 	in := report.Input{Prefix: "file:///out", Current: &outputreader.Report{RootCause: &root, Others: []outputreader.Document{other}, Opened: 2},
 		Events: &events.Log{Events: evs}}
 	page, doc := parse(t, in)
-	var pods []string
-	walk(doc, func(n *html.Node) {
-		for _, a := range n.Attr {
-			if a.Key == "data-pod" {
-				pods = append(pods, a.Val)
-			}
-		}
-	})
-	if strings.Join(pods, " ") != "job-worker-1 job-worker-0" {
+	if pods := lanes(doc); strings.Join(pods, " ") != "job-worker-1 job-worker-0" {
 		t.Fatalf("lanes %v, want one per pod", pods)
 	}
 	if got := text(byID(doc, "root-lane")); !strings.Contains(got, "ROOT CAUSE · ValueError: batch 17 has NaN labels") {
