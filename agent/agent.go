@@ -705,7 +705,7 @@ func (l *loop) startCommand(a StartGroup) {
 	r := a.Round
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
-		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr}}
+		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr, loopback: l.relayAddr != "" && !hostnameResolves()}}
 	gs.oomBaseline, gs.oomKnown = oomKills()
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // --launcher command (DESIGN §4 "Two ways to launch").
@@ -79,6 +80,9 @@ type commandSpec struct {
 	cfg *Config
 	// rdzvEndpoint is the relay's address; "" leaves PET_RDZV_ENDPOINT.
 	rdzvEndpoint string
+	// loopback keeps the relay's loopback address as PET_RDZV_ENDPOINT
+	// (relayEndpoint): this machine's name does not resolve.
+	loopback     bool
 	errorFile    string
 	progressFile string
 	mark         string
@@ -116,7 +120,10 @@ func CommandEnv(base []string, s commandSpec) []string {
 		}
 	}
 	if s.rdzvEndpoint != "" {
-		env["PET_RDZV_ENDPOINT"] = relayEndpoint(s.rdzvEndpoint)
+		env["PET_RDZV_ENDPOINT"] = s.rdzvEndpoint
+		if !s.loopback {
+			env["PET_RDZV_ENDPOINT"] = relayEndpoint(s.rdzvEndpoint)
+		}
 		// The relay speaks TCPStore, which only torch's c10d backend uses
 		// as a client: torchrun's default (static, the training operator
 		// sets PET_RDZV_BACKEND only for elastic jobs) has node 0 host its
@@ -145,13 +152,30 @@ func CommandEnv(base []string, s commandSpec) []string {
 // logs "The server socket has failed to listen on any local network
 // address" at ERROR before it connects as a client. 0.0.0.0 is none of
 // those, so torch is a client at once; Linux connects 0.0.0.0 to the local
-// host, where the relay listens on 127.0.0.1 only.
+// host, where the relay listens on 127.0.0.1 only. To compare 0.0.0.0 with
+// this machine's addresses torch resolves this machine's name, and fails
+// the rendezvous if it cannot (a pod's name is always in its /etc/hosts):
+// where it does not resolve (hostnameResolves) the loopback address stays,
+// and torch logs the failed bind and connects.
 func relayEndpoint(addr string) string {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return addr
 	}
 	return net.JoinHostPort("0.0.0.0", port)
+}
+
+// hostnameResolves reports whether this machine's name resolves, as torch's
+// c10d needs for a rendezvous endpoint that is not loopback.
+func hostnameResolves() bool {
+	name, err := os.Hostname()
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
+	return err == nil && len(addrs) > 0
 }
 
 // clientOnly is torchrun's --rdzv-conf with is_host=false: c10d's guess

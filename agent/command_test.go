@@ -46,6 +46,12 @@ func TestCommandEnv(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("CommandEnv:\n got %q\nwant %q", got, want)
 	}
+	// Where this machine's name does not resolve, torch could not compare
+	// 0.0.0.0 with it: the relay's loopback address stays.
+	got = CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", loopback: true})
+	if !slices.Contains(got, "PET_RDZV_ENDPOINT=127.0.0.1:4242") {
+		t.Errorf("CommandEnv, hostname unresolved: %q", got)
+	}
 	// Without a relay (no master) the endpoint is the pod's, or the flag's.
 	got = CommandEnv(nil, commandSpec{cfg: cfg})
 	if !slices.Contains(got, "PET_RDZV_ENDPOINT=master:29400") || slices.ContainsFunc(got, func(s string) bool {
