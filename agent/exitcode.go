@@ -23,7 +23,7 @@ const (
 // every recoverable cause exits ≥ 128 and every permanent one exits 1:
 //
 //	no failure (zero Failure)         0
-//	permanent (NON_RECOVERABLE)       1
+//	permanent (NON_RECOVERABLE)       1    (AuthenticationFailed among them)
 //	Preempted                         143  (128+SIGTERM, as a SIGTERMed process)
 //	OOMKilled                         137  (128+SIGKILL, as the kubelet reports it)
 //	Signal<NAME>                      128+signal number
