@@ -501,7 +501,10 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.pendingDoc = a.Failure
 		l.docKey = l.write(a.Failure)
 	case Exit:
-		if l.cfg.command() {
+		// Only a command that ended by itself may have written the pod's
+		// document; a stop (preemption, hang, the master's EXIT) must not
+		// wait on storage once more within the pod's grace period.
+		if l.cfg.command() && (a.Code == 0 || strings.HasPrefix(l.pendingDoc.Worker, l.cfg.Pod+"/")) {
 			if f, key, ok := l.refineCommandDocument(); ok {
 				if a.Code == 0 {
 					return l.commandWroteDocument(f, key)
