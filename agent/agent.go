@@ -506,6 +506,19 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.pendingDoc = a.Failure
 		l.docKey = l.write(a.Failure)
 	case Exit:
+		// Only a command that ended by itself may have written the pod's
+		// document; a stop (preemption, hang, the master's EXIT) must not
+		// wait on storage once more within the pod's grace period.
+		if l.cfg.command() && (a.Code == 0 || strings.HasPrefix(l.pendingDoc.Worker, l.cfg.Pod+"/")) {
+			if f, key, ok := l.refineCommandDocument(); ok {
+				if a.Code == 0 {
+					return l.commandWroteDocument(f, key)
+				}
+				// The command's own document says more than its exit
+				// status: the master and the log get it.
+				l.pendingDoc, l.docKey = f, key
+			}
+		}
 		code := l.leave(a.Code)
 		if code == 0 {
 			l.log.Info("workers succeeded", "restart_count", l.policy.RestartCount())
@@ -523,6 +536,24 @@ func (l *loop) do(a Action) (done bool, err error) {
 		return true, &ExitError{Code: code, Failure: f, Document: l.docKey}
 	}
 	return false, nil
+}
+
+// commandWroteDocument ends the pod whose command wrote its own error
+// document and exited 0, as flytekit's pyflyte-execute does: the pod exits
+// 0 as flytekit would have it, but the master (which decides about the
+// rank) and the event log hear that it failed, not that it succeeded.
+func (l *loop) commandWroteDocument(f kferrors.Failure, key string) (bool, error) {
+	l.pendingDoc, l.docKey = f, key
+	if lv, ok := l.cfg.Rendezvous.(Leaver); ok {
+		lv.Leave(l.work, false, f)
+	}
+	code := 0
+	l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodFailed, Attempt: l.policy.Attempt(),
+		RestartCount: l.policy.RestartCount(), Worker: f.Worker, ExitCode: &code, Code: f.Code, Document: key,
+		Message: firstLine(f.Message)})
+	l.log.Error("the command wrote an error document and exited 0 (flytekit); the pod failed", "code", f.Code,
+		"worker", f.Worker, "time", f.Time, "document", key)
+	return true, nil
 }
 
 // Leaver is a Rendezvous that wants to know how a node ended: the master,
@@ -675,7 +706,7 @@ func (l *loop) startCommand(a StartGroup) {
 	r := a.Round
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
-		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr}}
+		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr, loopback: l.relayAddr != "" && !hostnameResolves()}}
 	gs.oomBaseline, gs.oomKnown = oomKills()
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)

@@ -50,6 +50,9 @@ import (
 //	futuretouch        date $KFELASTIC_PROGRESS_FILE in the year 2100, then hang without output
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
+//	pyflyte:DIR|S|MS|LINE|N  as pyflyte-execute after a worker failed: a torch error file dated
+//	                   S (epoch s) + MS ms, flytekit's document into DIR (internal/flytekitdoc:
+//	                   _F_WN, torch's whole second S, the exception LINE), exit N
 //	breakprefix:DIR    replace the folder DIR by a file, exit 3
 //	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0
 //	store:DUR          rank 0: after DUR (its imports) serve WORLD_SIZE-1 line echoes on MASTER_PORT, as
@@ -288,6 +291,8 @@ func runHelper(modes string) int {
 		data, _ := kferrors.Encode(f.Document(0))
 		_ = os.WriteFile(filepath.Join(arg, "error-0123456789abcdef0123456789abcdef.pb"), data, 0o644)
 		return 1
+	case "pyflyte":
+		return pyflyteHelper(arg)
 	case "store":
 		return storeHelper(arg)
 	case "envdump":

@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // --launcher command (DESIGN §4 "Two ways to launch").
@@ -43,10 +45,13 @@ import (
 //     then fails with whatever status it chooses.
 //     flytekit writes its own documents (_F_WN, _F_DES), which the agent
 //     leaves alone: the child gets the pod's environment, not a worker's.
-//   - Signals: SIGTERM to the agent sends the dump signal to the child's
-//     children (torch's workers), not to the child, whose default action
-//     would end torch's agent before any worker dumped; then SIGTERM to the
-//     child's process group, grace, SIGKILL.
+//   - Signals: SIGTERM to the agent sends the dump signal to torch's
+//     workers (commandWorkers: below launchers such as pyflyte-fast-execute,
+//     never multiprocessing's resource tracker), not to the child, whose
+//     default action would end torch's agent before any worker dumped
+//     (flytekit's pyflyte-execute registers faulthandler on SIGUSR1: it
+//     would only print tracebacks); then SIGTERM to the child's process
+//     group, grace, SIGKILL. The hang watchdog's dump goes the same way.
 //   - The hang watchdog watches the child's output (the workers inherit it)
 //     and KFELASTIC_PROGRESS_FILE, which the workers inherit too.
 
@@ -75,6 +80,9 @@ type commandSpec struct {
 	cfg *Config
 	// rdzvEndpoint is the relay's address; "" leaves PET_RDZV_ENDPOINT.
 	rdzvEndpoint string
+	// loopback keeps the relay's loopback address as PET_RDZV_ENDPOINT
+	// (relayEndpoint): this machine's name does not resolve.
+	loopback     bool
 	errorFile    string
 	progressFile string
 	mark         string
@@ -82,7 +90,7 @@ type commandSpec struct {
 
 // CommandEnv is the child's environment under --launcher command: the pod's
 // own (base), PET_* unchanged except PET_RDZV_ENDPOINT, which is the relay's
-// loopback address when there is one, with PET_RDZV_BACKEND=c10d and
+// port on 0.0.0.0 when there is one (relayEndpoint), with PET_RDZV_BACKEND=c10d and
 // is_host=false in PET_RDZV_CONF (a client of the relay). The PET_* that torch's launch reads
 // and the pod lacks (an agent given flags, not the operator's env) are set
 // from the agent's flags, so that the command sees the same job. Added:
@@ -117,6 +125,9 @@ func CommandEnv(base []string, s commandSpec) []string {
 	}
 	if s.rdzvEndpoint != "" {
 		env["PET_RDZV_ENDPOINT"] = s.rdzvEndpoint
+		if !s.loopback {
+			env["PET_RDZV_ENDPOINT"] = relayEndpoint(s.rdzvEndpoint)
+		}
 		// The relay speaks TCPStore, which only torch's c10d backend uses
 		// as a client: torchrun's default (static, the training operator
 		// sets PET_RDZV_BACKEND only for elastic jobs) has node 0 host its
@@ -133,6 +144,42 @@ func CommandEnv(base []string, s commandSpec) []string {
 		env[agentMarkEnv] = s.mark
 	}
 	return envList(env)
+}
+
+// relayEndpoint is the relay's loopback address as the command's
+// PET_RDZV_ENDPOINT: 0.0.0.0:<port>. flytekit passes PET_RDZV_ENDPOINT to
+// elastic_launch with its own rdzv_configs, so the is_host=false in
+// PET_RDZV_CONF never reaches torch; c10d then decides whether to host the
+// store from the endpoint's host (torch's _matches_machine_hostname:
+// "localhost", a loopback address, this machine's name or one of its
+// addresses), tries to host it on the relay's port first, and every pod
+// logs "The server socket has failed to listen on any local network
+// address" at ERROR before it connects as a client. 0.0.0.0 is none of
+// those, so torch is a client at once; Linux connects 0.0.0.0 to the local
+// host, where the relay listens on 127.0.0.1 only. To compare 0.0.0.0 with
+// this machine's addresses torch resolves this machine's name, and fails
+// the rendezvous if it cannot (a pod's name is always in its /etc/hosts):
+// where it does not resolve (hostnameResolves) the loopback address stays,
+// and torch logs the failed bind and connects.
+func relayEndpoint(addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort("0.0.0.0", port)
+}
+
+// hostnameResolves reports whether this machine's name resolves, as torch's
+// c10d needs for a rendezvous endpoint that is not loopback.
+func hostnameResolves() bool {
+	name, err := os.Hostname()
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
+	return err == nil && len(addrs) > 0
 }
 
 // operatorPodEnv is what the training operator sets on a pod for a worker
@@ -180,14 +227,71 @@ func childPIDs(pid int) []int {
 	return pids
 }
 
-// signalChildren sends sig to the children of pid (the command's workers);
-// it returns how many got it.
-func signalChildren(pid int, sig syscall.Signal) int {
+// signalWorkers sends sig to the command's workers (commandWorkers); it
+// returns how many got it.
+func signalWorkers(pid int, sig syscall.Signal) int {
 	n := 0
-	for _, c := range childPIDs(pid) {
+	for _, c := range commandWorkers(pid) {
 		if syscall.Kill(c, sig) == nil {
 			n++
 		}
 	}
 	return n
+}
+
+// commandWorkers are the command's workers, the processes torch's agent
+// started, found below pid (the command): the children of the first
+// process down the line that has workers. A child is a worker when spawn
+// started it (multiprocessing's spawn_main: flytekit's default start
+// method), when fork started it (the same command line as its parent), or
+// when torch exec'd it (LOCAL_RANK in its environment: torchrun, a binary
+// entrypoint). A single child that is none of these is a launcher in
+// between (pyflyte-fast-execute runs pyflyte-execute as its child; a
+// script may run torchrun), and the search goes on below it, four levels
+// at most. multiprocessing's helpers (the resource tracker that runs
+// beside spawned workers, the forkserver) are never workers: the dump
+// signal's default action would kill the tracker, leaving the workers'
+// semaphores and shared memory to leak.
+func commandWorkers(pid int) []int {
+	parent := pid
+	for range 4 {
+		var kids []int
+		for _, c := range childPIDs(parent) {
+			if !multiprocessingHelper(procCmdline(c)) {
+				kids = append(kids, c)
+			}
+		}
+		if len(kids) != 1 || isWorker(parent, kids[0]) {
+			return kids
+		}
+		parent = kids[0]
+	}
+	return nil
+}
+
+func isWorker(parent, pid int) bool {
+	cmd := procCmdline(pid)
+	if strings.Contains(cmd, "multiprocessing.spawn") || cmd == procCmdline(parent) {
+		return true
+	}
+	env, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	for kv := range strings.SplitSeq(string(env), "\x00") {
+		if strings.HasPrefix(kv, "LOCAL_RANK=") {
+			return true
+		}
+	}
+	return false
+}
+
+// multiprocessingHelper reports whether a command line is one of Python
+// multiprocessing's helper processes.
+func multiprocessingHelper(cmd string) bool {
+	return strings.Contains(cmd, "multiprocessing.resource_tracker") || strings.Contains(cmd, "multiprocessing.forkserver") ||
+		strings.Contains(cmd, "multiprocessing.semaphore_tracker")
+}
+
+// procCmdline is pid's command line, arguments joined by spaces; "" if gone.
+func procCmdline(pid int) string {
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -15,7 +17,9 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
 	"github.com/kfelastic/kfelastic/master"
+	"github.com/kfelastic/kfelastic/outputreader"
 )
 
 // standIn is the flytekit stand-in (testdata/flytekit/elastic_task.py):
@@ -42,9 +46,15 @@ func TestCommandEnv(t *testing.T) {
 	got := CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", errorFile: "/e", progressFile: "/p", mark: "a/1"})
 	want := []string{"KFELASTIC_AGENT=a/1", "KFELASTIC_PROGRESS_FILE=/p", "PATH=/bin", "PET_MAX_RESTARTS=2",
 		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_BACKEND=c10d",
-		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=127.0.0.1:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
+		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=0.0.0.0:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("CommandEnv:\n got %q\nwant %q", got, want)
+	}
+	// Where this machine's name does not resolve, torch could not compare
+	// 0.0.0.0 with it: the relay's loopback address stays.
+	got = CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", loopback: true})
+	if !slices.Contains(got, "PET_RDZV_ENDPOINT=127.0.0.1:4242") {
+		t.Errorf("CommandEnv, hostname unresolved: %q", got)
 	}
 	// Without a relay (no master) the endpoint is the pod's, or the flag's.
 	got = CommandEnv(nil, commandSpec{cfg: cfg})
@@ -77,7 +87,7 @@ func TestCommandRealTorchSingleNode(t *testing.T) {
 	needTorch(t)
 	cfg, out := torchConfig(t, 2)
 	cfg.Launcher = LauncherCommand
-	cfg.Command = []string{python, standIn(t), "--steps", "15", "--sleep", "0.01"}
+	cfg.Command = []string{python, standIn(t), "--output-prefix", t.TempDir(), "--nproc-per-node", "2", "--steps", "15", "--sleep", "0.01"}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	if ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
@@ -102,7 +112,7 @@ func TestCommandRealTorchDumpAndPreempted(t *testing.T) {
 	docs := t.TempDir()
 	cfg.ErrorPrefix = "file://" + docs
 	ckpt := filepath.Join(t.TempDir(), "ckpt")
-	cfg.Command = []string{python, standIn(t), "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
+	cfg.Command = []string{python, standIn(t), "--output-prefix", docs, "--nproc-per-node", "2", "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
@@ -235,5 +245,164 @@ main()
 	ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second)
 	if ee == nil || ee.Code != 1 || ee.Failure.Code != "ValueError" || !strings.Contains(ee.Failure.Message, "bad launch config") {
 		t.Fatalf("want the command's ValueError, got %+v\n%s", ee, out)
+	}
+}
+
+// pyflyteHelper is the helper mode pyflyte (helperEnv).
+func pyflyteHelper(arg string) int {
+	p := strings.Split(arg, "|")
+	sec, _ := strconv.ParseInt(p[1], 10, 64)
+	ms, _ := strconv.Atoi(p[2])
+	code, _ := strconv.Atoi(p[4])
+	tmp, err := os.MkdirTemp("", "torchelastic_")
+	if err != nil {
+		return 97
+	}
+	errorFile := filepath.Join(tmp, "error.json")
+	data := fmt.Sprintf(`{"message":{"message":%q,"extraInfo":{"py_callstack":"Traceback","timestamp":"%d"}}}`, p[3], sec)
+	at := time.Unix(sec, int64(ms)*int64(time.Millisecond))
+	time.Sleep(time.Until(at))
+	if os.WriteFile(errorFile, []byte(data), 0o644) != nil || os.Chtimes(errorFile, at, at) != nil {
+		return 97
+	}
+	doc, _ := kferrors.Encode(flytekitdoc.Failure(os.Getenv("_F_WN"), p[3], errorFile, at).Document(0))
+	if os.WriteFile(filepath.Join(p[0], flytekitdoc.Key()), doc, 0o644) != nil {
+		return 97
+	}
+	return code
+}
+
+// Two pods under --launcher command whose workers failed within one second
+// (issue 17): job-worker-1 raised ValueError at .300, job-worker-0's worker
+// lost its peer at .700. Each command writes flytekit's document (torch's
+// whole second, worker = the pod) and exits 0, as pyflyte-execute does.
+// Each agent refines its pod's document with its worker's error file, so
+// the reader puts the real root cause first (flytekit's originals are kept
+// in refined/, which neither the reader nor the report counts as a
+// failure); the pod exits 0 as flytekit
+// had it; with FLYTE_FAIL_ON_ERROR's exit 1 the agent writes no second
+// document.
+func TestCommandRefinesFlytekitDocuments(t *testing.T) {
+	dir := t.TempDir()
+	// Both workers fail in a second after both groups started.
+	sec := time.Now().Unix() + 3
+	type result struct {
+		ee  *ExitError
+		out *syncBuffer
+	}
+	run := func(pod, ms, line, exit string) chan result {
+		cfg, out := helperConfig(t, 1, "pyflyte:"+strings.Join([]string{dir, strconv.FormatInt(sec, 10), ms, line, exit}, "|"))
+		cfg.Launcher, cfg.Pod, cfg.ErrorPrefix = LauncherCommand, pod, "file://"+dir
+		cfg.Env = append(cfg.Env, "_F_WN="+pod, "_F_DES=Earliest")
+		done := make(chan result, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var ee *ExitError
+			if err := Run(ctx, cfg); err != nil && !errors.As(err, &ee) {
+				t.Errorf("%s: Run: %v", pod, err)
+			}
+			done <- result{ee, out}
+		}()
+		return done
+	}
+	pod0 := run("job-worker-0", "700", "RuntimeError: [gloo] Connection closed by peer [10.0.0.7]:33155", "0")
+	pod1 := run("job-worker-1", "300", "ValueError: batch 17 has NaN labels", "1")
+	if r := <-pod0; r.ee != nil {
+		t.Fatalf("job-worker-0: %v, want exit 0 as flytekit\n%s", r.ee, r.out)
+	}
+	r1 := <-pod1
+	ee, out := r1.ee, r1.out
+	if ee == nil || ee.Code != 1 || !strings.HasPrefix(ee.Document, "error-") || ee.Failure.Worker != "job-worker-1" ||
+		ee.Failure.Time.Nanosecond() != 300_000_000 {
+		t.Fatalf("job-worker-1 (FLYTE_FAIL_ON_ERROR): %+v, want exit 1 with the refined document\n%s", ee, out)
+	}
+	top, _ := filepath.Glob(filepath.Join(dir, "error-*.pb"))
+	kept, _ := filepath.Glob(filepath.Join(dir, kferrors.RefinedPrefix, "error-*.pb"))
+	if len(top) != 2 || len(kept) != 2 {
+		t.Fatalf("documents %v, superseded %v: want one refined per pod, flytekit's two moved", top, kept)
+	}
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outputreader.Read(t.Context(), outputreader.NewBucketSource(b), nil)
+	if err != nil || r.RootCause == nil {
+		t.Fatalf("Read: %v", err)
+	}
+	if got := r.RootCause; got.Failure.Worker != "job-worker-1" || got.Failure.Code != flytekitdoc.Code ||
+		!got.Time().Equal(time.Unix(sec, 300_000_000)) {
+		t.Errorf("root cause %s %s at %s, want job-worker-1's at .300", got.Failure.Worker, got.Failure.Code, got.Time())
+	}
+	if msg := r.Message(); !strings.Contains(msg, "] ValueError: batch 17 has NaN labels\n") {
+		t.Errorf("UI message: %s", msg)
+	}
+}
+
+// The command's workers are what torch's agent started: spawned ones (with
+// multiprocessing's resource tracker beside them, which is no worker and
+// must not get the dump signal: its default action would kill it) and
+// forked ones, also below a launcher in between (pyflyte-fast-execute runs
+// pyflyte-execute as its child).
+func TestCommandWorkers(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	script := filepath.Join(t.TempDir(), "workers.py")
+	_ = os.WriteFile(script, []byte(`import multiprocessing as mp, sys, time
+def work():
+    time.sleep(60)
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    ps = [ctx.Process(target=work) for _ in range(2)]
+    for p in ps:
+        p.start()
+    if sys.argv[1] == "spawn":
+        ctx.Lock()  # a semaphore: the resource tracker runs
+    print(" ".join(str(p.pid) for p in ps), flush=True)
+    time.sleep(60)
+`), 0o644)
+	for _, c := range []struct{ method, launcher string }{{"spawn", ""}, {"fork", ""}, {"spawn", "launcher"}} {
+		t.Run(c.method+c.launcher, func(t *testing.T) {
+			args := []string{script, c.method}
+			if c.launcher != "" {
+				args = []string{"-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))", py, script, c.method}
+			}
+			cmd := exec.Command(py, args...)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			stdout, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []int
+			for f := range strings.FieldsSeq(line) {
+				n, _ := strconv.Atoi(f)
+				want = append(want, n)
+			}
+			got := commandWorkers(cmd.Process.Pid)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("workers %v, want %v", got, want)
+			}
+			if c.method == "spawn" {
+				tracker := false
+				for _, p := range childPIDs(cmd.Process.Pid) {
+					for _, q := range append([]int{p}, childPIDs(p)...) {
+						tracker = tracker || multiprocessingHelper(procCmdline(q))
+					}
+				}
+				if !tracker {
+					t.Error("no resource tracker beside spawned workers: the test shows nothing")
+				}
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	goerrors "errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"gocloud.dev/blob"
@@ -75,7 +76,13 @@ func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data 
 		return "", err
 	}
 	defer b.Close()
-	if own, ok := workerDocument(ctx, b, f.Worker, l.groupStarted); ok {
+	worker, since := f.Worker, l.groupStarted
+	if l.cfg.command() {
+		// flytekit names the pod (_F_WN as given), not "<pod>/0", and
+		// dates its document to torch's whole second.
+		worker, since = l.cfg.Pod, since.Truncate(time.Second)
+	}
+	if own, ok := workerDocument(ctx, b, worker, since); ok {
 		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", own, "worker", f.Worker)
 		return own, nil
 	}
@@ -155,4 +162,94 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 		}
 	}
 	return "", false
+}
+
+// refineCommandDocument gives the document the command wrote itself for
+// this pod (flytekit's pyflyte-execute, DESIGN §4: error-<uuid hex>.pb,
+// worker = the pod name, timestamp = torch's ProcessFailure.timestamp in
+// whole seconds) the sub-second time DESIGN §3 wants. Torch's whole second
+// orders two pods that fail within one second by their names, so that the
+// secondary "[gloo] Connection closed by peer" of one pod can win over the
+// exception another pod raised. The worker's torch error file, named in the
+// message's root cause ("error_file: …"), is on this pod: its modification
+// time, within that second (kferrors.ReadTorchError refines torch's time
+// with it), is when the worker failed. The refined document is written
+// under our own name (its time in the key) and flytekit's is moved to
+// refined/ (kferrors.MoveDocument), so the reader sees one document per
+// pod, the copy written before the original is moved. The document found
+// (refined or not) is returned; ok is false when the command wrote none in
+// this attempt.
+func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool) {
+	if l.cfg.ErrorPrefix == "" || l.cfg.Pod == "" {
+		return f, "", false
+	}
+	ctx, cancel := context.WithTimeout(l.work, l.cfg.StorageTimeout)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+	if err != nil {
+		l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
+		return f, "", false
+	}
+	defer b.Close()
+	// flytekit's time is a whole second: one in the second the group
+	// started in is of this attempt.
+	key, ok = workerDocument(ctx, b, l.cfg.Pod, l.groupStarted.Truncate(time.Second))
+	if !ok {
+		return f, "", false
+	}
+	data, err := kferrors.ReadDocument(ctx, b, key, 0)
+	if err != nil {
+		return f, key, false
+	}
+	if f, err = kferrors.DecodeFailure(data, 0); err != nil {
+		return f, key, false
+	}
+	if f.Time.Nanosecond() != 0 {
+		return f, key, true // already sub-second
+	}
+	path := rootCauseErrorFile(f.Message)
+	if path == "" {
+		return f, key, true
+	}
+	te, _, err := kferrors.ReadTorchError(path)
+	if err != nil || te == nil || !te.Time.After(f.Time) || te.Time.Sub(f.Time) >= time.Second {
+		l.log.Info("the command's error document keeps torch's whole second", "key", key, "error_file", path)
+		return f, key, true
+	}
+	refined := f
+	refined.Time = te.Time
+	newKey, newData, err := kferrors.NewWriter(nil, nil).Prepare(refined)
+	if err == nil {
+		err = kferrors.NewWriter(b, nil).Put(ctx, newKey, newData)
+	}
+	if err != nil {
+		l.log.Error("cannot write the refined error document; the command's stands", "key", key, "err", err)
+		return f, key, true
+	}
+	if err := kferrors.MoveDocument(ctx, b, key, data, kferrors.RefinedPrefix); err != nil {
+		l.log.Error("cannot move the command's error document aside", "key", key, "to", kferrors.RefinedPrefix, "err", err)
+	}
+	l.log.Info("the command's error document refined to its worker's failure time", "key", key, "refined", newKey,
+		"time", refined.Time, "error_file", path)
+	return refined, newKey, true
+}
+
+// rootCauseErrorFile is the torch error file that torch's ChildFailedError
+// message names for its root cause (the first "error_file:" after "Root
+// Cause"); "" if none (a worker killed by a signal has "<N/A>").
+func rootCauseErrorFile(msg string) string {
+	_, rest, ok := strings.Cut(msg, "Root Cause")
+	if !ok {
+		return ""
+	}
+	_, rest, ok = strings.Cut(rest, "error_file:")
+	if !ok {
+		return ""
+	}
+	line, _, _ := strings.Cut(rest, "\n")
+	p := strings.TrimSpace(line)
+	if !filepath.IsAbs(p) {
+		return ""
+	}
+	return p
 }

@@ -215,6 +215,13 @@ func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
 		Addr: n.Addr, Port: int32(n.Port), Host: m.cfg.Host}
 }
 
+// CodeRankHeld is the master's answer to a pod whose rank is held by
+// another live pod: a replacement that waited the pend timeout for the old
+// pod to free it (master.CodeRankHeld), or a rank the master refuses
+// outright (AlreadyExists). Its document has this code, not
+// RendezvousTimeout, and the pod exits 1.
+const CodeRankHeld = "RankHeld"
+
 // joinWait is how long one Join call is held by the master.
 const joinWait = 30 * time.Second
 
@@ -242,6 +249,13 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			return err
 		})
 		if err != nil {
+			if status.Code(err) == codes.AlreadyExists {
+				// The master refuses the rank for good (this pod holds
+				// another; live pods hold them all). Nothing timed out:
+				// the document says what happened, and the pod is not
+				// brought back for it.
+				return Round{}, &ExcludedError{Code: CodeRankHeld, Message: "join: " + status.Convert(err).Message()}
+			}
 			return Round{}, fmt.Errorf("join: %w", unwrapStatus(err))
 		}
 		if pb.Rank < 0 {

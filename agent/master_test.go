@@ -201,3 +201,116 @@ func TestAgentsRideOutAMasterRestart(t *testing.T) {
 		t.Errorf("after the restart: round %d, %v", st.GetRound(), err)
 	}
 }
+
+// A replacement pod that joins while the pod it replaces still holds the
+// rank (issue 17: on Kubernetes the operator creates it at once, before
+// the master learns of the deletion) waits for the rank, takes it over
+// when the old pod leaves, trains, and writes no document. With the old
+// pod alive past the pend timeout it exits 1 with a RankHeld document.
+// A real master, real agents, helper workers.
+func TestEarlyReplacementWaitsForItsRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a master and agents")
+	}
+	for _, preempted := range []bool{true, false} {
+		t.Run(map[bool]string{true: "old pod leaves", false: "old pod stays"}[preempted], func(t *testing.T) {
+			endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2,
+				WaitingTimeout: 200 * time.Millisecond, PendTimeout: 3 * time.Second})
+			dir := t.TempDir()
+			node := func(pod, modes string) (Config, *syncBuffer, chan error) {
+				cfg, out := helperConfig(t, 1, modes)
+				cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = pod, 0, 1, 2
+				cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile, cfg.ErrorPrefix = "c10d", endpoint, tokenFile, "file://"+dir
+				return cfg, out, make(chan error, 1)
+			}
+			oldCtx, preempt := context.WithCancel(t.Context())
+			defer preempt()
+			a, aout, aDone := node("job-worker-0", "hang")
+			go func() { aDone <- Run(oldCtx, a) }()
+			waitFor(t, aout, "Rendezvous complete for workers", 10*time.Second)
+			b, bout, bDone := node("job-worker-3", "ok")
+			start := time.Now()
+			go func() { bDone <- Run(t.Context(), b) }()
+			time.Sleep(time.Second)
+			select {
+			case err := <-bDone:
+				t.Fatalf("the replacement ended while the old pod held its rank: %v\n%s", err, bout)
+			default:
+			}
+			if !preempted {
+				err := <-bDone
+				var ee *ExitError
+				if !errors.As(err, &ee) || ee.Failure.Code != master.CodeRankHeld || ee.Code != 1 {
+					t.Fatalf("replacement past the pend timeout: %v, want RankHeld, exit 1\n%s", err, bout)
+				}
+				if took := time.Since(start); took < 2500*time.Millisecond {
+					t.Errorf("gave up after %s, before the pend timeout (3s)", took)
+				}
+				if docs, _ := filepath.Glob(filepath.Join(dir, "error-*job-worker-3*.pb")); len(docs) != 1 {
+					t.Errorf("documents of the replacement: %v, want its RankHeld one", docs)
+				}
+				preempt()
+				<-aDone
+				return
+			}
+			preempt()
+			var ee *ExitError
+			if err := <-aDone; !errors.As(err, &ee) || ee.Failure.Code != kferrors.CodePreempted {
+				t.Errorf("old pod: %v, want Preempted\n%s", err, aout)
+			}
+			if err := <-bDone; err != nil {
+				t.Fatalf("replacement: %v, want success\n%s", err, bout)
+			}
+			if !strings.Contains(bout.String(), "Rendezvous complete for workers") || !strings.Contains(bout.String(), "helper ok") {
+				t.Errorf("the replacement did not train:\n%s", bout)
+			}
+			if docs, _ := filepath.Glob(filepath.Join(dir, "error-*job-worker-3*.pb")); len(docs) != 0 {
+				t.Errorf("the replacement wrote documents though nothing failed: %v", docs)
+			}
+		})
+	}
+}
+
+// A join the master refuses outright (every rank held by a live pod, the
+// pod asking the master to choose one) ends the pod at once with a RankHeld
+// document and exit 1, not a RendezvousTimeout (202) that nothing timed.
+func TestJoinRefusedIsRankHeld(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a master and agents")
+	}
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2, WaitingTimeout: 200 * time.Millisecond})
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var outs []*syncBuffer
+	var dones []chan error
+	for i, pod := range []string{"job-worker-0", "job-worker-1", "job-worker-2"} {
+		cfg, out := helperConfig(t, 1, "hang")
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = pod, i, 1, 2
+		if i == 2 {
+			cfg.NodeRank = -1
+		}
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile, cfg.ErrorPrefix = "c10d", endpoint, tokenFile, "file://"+dir
+		done := make(chan error, 1)
+		outs, dones = append(outs, out), append(dones, done)
+		if i == 2 {
+			for _, o := range outs[:2] {
+				waitFor(t, o, "helper hang", 10*time.Second)
+			}
+		}
+		go func() { done <- Run(ctx, cfg) }()
+	}
+	select {
+	case err := <-dones[2]:
+		var ee *ExitError
+		if !errors.As(err, &ee) || ee.Failure.Code != CodeRankHeld || ee.Code != 1 {
+			t.Fatalf("third pod: %v, want RankHeld, exit 1\n%s", err, outs[2])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the refused pod waits:\n%s", outs[2])
+	}
+	cancel()
+	for _, d := range dones[:2] {
+		<-d
+	}
+}

@@ -437,7 +437,7 @@ func (g *group) signal(sig syscall.Signal) {
 		case sig == syscall.SIGTERM || sig == syscall.SIGKILL:
 			_ = syscall.Kill(-w.pgid, sig)
 		case g.command:
-			signalChildren(w.pgid, sig) // the child leads its group
+			signalWorkers(w.pgid, sig) // the child leads its group
 		default:
 			_ = syscall.Kill(w.pgid, sig) // the group's leader
 		}

@@ -67,12 +67,8 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 		if err != nil || !ofPod(f.Worker, pod) || f.Time.IsZero() || !f.Time.Before(before) {
 			continue
 		}
-		err = b.WriteAll(ctx, SupersededPrefix+key, data, &blob.WriterOptions{ContentType: "application/octet-stream", IfNotExist: true})
-		if err != nil && gcerrors.Code(err) != gcerrors.FailedPrecondition {
-			return moved, fmt.Errorf("keep superseded document %s: %w", key, err)
-		}
-		if err := b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
-			return moved, fmt.Errorf("remove superseded document %s: %w", key, err)
+		if err := MoveDocument(ctx, b, key, data, SupersededPrefix); err != nil {
+			return moved, err
 		}
 		moved = append(moved, key)
 	}
@@ -91,4 +87,23 @@ func ofPod(worker, pod string) bool {
 func keyNamesWorkerOf(key, keyWorker string) bool {
 	w := WorkerFromKey(key)
 	return w == keyWorker || strings.HasPrefix(w, keyWorker+".")
+}
+
+// RefinedPrefix is where a document is kept that the agent rewrote with a
+// more precise time under our own name (flytekit's, dated to torch's whole
+// second): out of the reader's way, and not a recovered failure either.
+const RefinedPrefix = "refined/"
+
+// MoveDocument moves the document at key, whose bytes are data, to
+// prefix+key: the copy is written (IfNotExist) before the original is
+// deleted, so a crash in between leaves two copies, never none.
+func MoveDocument(ctx context.Context, b *blob.Bucket, key string, data []byte, prefix string) error {
+	err := b.WriteAll(ctx, prefix+key, data, &blob.WriterOptions{ContentType: "application/octet-stream", IfNotExist: true})
+	if err != nil && gcerrors.Code(err) != gcerrors.FailedPrecondition {
+		return fmt.Errorf("keep document %s under %s: %w", key, prefix, err)
+	}
+	if err := b.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+		return fmt.Errorf("remove document %s: %w", key, err)
+	}
+	return nil
 }

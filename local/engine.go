@@ -619,6 +619,10 @@ exec "$@"`
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(append(os.Environ(), o.Env...), podEnv...)
 	cmd.Env = append(cmd.Env, "POD_NAME="+p.Name, "HOSTNAME="+p.Name,
+		// What the plugin injects into every replica (kfoperator's
+		// addErrorPropagationEnv): flytekit in the pod writes its own
+		// error-<uuid>.pb naming the pod.
+		"_F_WN="+p.Name, "_F_DES=Earliest",
 		// Each pod is its own machine: a relaunch "elsewhere" is another name.
 		"KFELASTIC_NODE_NAME="+fmt.Sprintf("%s-node-%d", o.Job, p.Index),
 		"KFELASTIC_LOCAL_JOB="+e.jobMark, "KFELASTIC_LOCAL_CGROUPS="+strings.Join(cg.ProcsFiles(), " "))

@@ -341,7 +341,7 @@ func TestScenario11DeleteWorker0Command(t *testing.T) {
 	standIn := filepath.Join(filepath.Dir(file), "..", "testdata", "flytekit", "elastic_task.py")
 	// 120 steps of 50 ms: the survivors' workers fail when worker 0's go,
 	// and their torch agents wait in the rendezvous for the replacement.
-	cmd := []string{python, standIn, "--steps", "120", "--sleep", "0.05", "--ckpt", filepath.Join(t.TempDir(), "ckpt"),
+	cmd := []string{python, standIn, "--output-prefix", t.TempDir(), "--nnodes", "2:3", "--steps", "120", "--sleep", "0.05", "--ckpt", filepath.Join(t.TempDir(), "ckpt"),
 		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "job", "--rdzv-conf", "last_call_timeout=1"}
 	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Launcher: "command", Command: cmd}, 120, "delete-pod:0@step=10")
 	j.succeeded()

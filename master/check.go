@@ -183,7 +183,7 @@ func (j *Job) groupPods(groups [][]int) string {
 // ReportCheck records a node's check result. Reports for another check or
 // round than the current one (late or retried) are ignored.
 func (j *Job) ReportCheck(n NodeInfo, seq int64, round int, rep CheckReport, now time.Time) error {
-	defer j.settle()
+	defer j.settle(now)
 	rec, err := j.lookup(n)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -301,6 +302,9 @@ const (
 	CodeRendezvousTimeout = "RendezvousTimeout"
 	CodeJobStopped        = "JobStopped"
 	CodeReplaced          = "Replaced"
+	// CodeRankHeld: a replacement pod waited the pend timeout for its rank,
+	// and the pod it was to replace still held it (alive, calling).
+	CodeRankHeld = "RankHeld"
 	// CodeJobSucceeded: the job's workers succeeded while this node waited
 	// for a round; it has nothing left to do (torch: RendezvousClosedError).
 	CodeJobSucceeded = "JobSucceeded"
@@ -323,8 +327,11 @@ var (
 type Job struct {
 	cfg Config
 
-	nodes  map[int]*Node
-	byPod  map[string]int // pod name → rank it last held
+	nodes map[int]*Node
+	byPod map[string]int // pod name → rank it last held
+	// claims are replacement pods waiting for a rank that a live pod still
+	// holds, by rank (claim).
+	claims map[int]*claim
 	latest *Round
 	// lastJoin is the time of the latest join into the waiting set; the
 	// last call runs from it.
@@ -364,7 +371,7 @@ func NewJob(cfg Config) (*Job, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Job{cfg: cfg, nodes: map[int]*Node{}, byPod: map[string]int{}}, nil
+	return &Job{cfg: cfg, nodes: map[int]*Node{}, byPod: map[string]int{}, claims: map[int]*claim{}}, nil
 }
 
 // Config is the job's configuration, defaults filled in.
@@ -556,9 +563,11 @@ func (j *Job) latestMember(rank int) bool {
 	return ok
 }
 
-// settle runs after every call: it wakes the heartbeat waiters when the
-// latest round just became outdated.
-func (j *Job) settle() {
+// settle runs after every call: it hands the ranks that freed to the pods
+// that claimed them, and wakes the heartbeat waiters when the latest round
+// just became outdated.
+func (j *Job) settle(now time.Time) {
+	j.handOver(now)
 	o := j.roundOutdated()
 	if o && !j.outdated {
 		j.ready.WakeHeartbeats = true
@@ -622,10 +631,12 @@ func (j *Job) chooseRank(pod string) (int, error) {
 
 // Join registers a pod incarnation for the round after afterRound and
 // returns the answer as it stands: repeated joins with the same afterRound
-// are one join. A rank held by another live pod is refused (ErrRankHeld); a
-// pod whose rank was lost (failed, silent, relaunched) is its replacement.
+// are one join. A pod joining for a rank another live pod holds waits for
+// it (claim: a replacement that arrived early) and takes it over once it
+// frees; a pod whose rank was lost (failed, silent, relaunched) is its
+// replacement at once.
 func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, error) {
-	defer j.settle()
+	defer j.settle(now)
 	if err := j.validate(n); err != nil {
 		return JoinAnswer{}, err
 	}
@@ -670,7 +681,10 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 			j.startWaiting(rec, n, afterRound, now)
 		}
 	case rec.Pod != n.Pod && rec.State.alive():
-		return JoinAnswer{}, fmt.Errorf("%w: rank %d is held by live pod %q", ErrRankHeld, n.Rank, rec.Pod)
+		// A replacement that came before its rank freed (its pod deleted,
+		// the master not told yet, or not gone silent long enough): it
+		// waits for the rank (claim).
+		j.claim(rec, n, afterRound, now)
 	default:
 		// A new incarnation: the same pod's restarted container, or a
 		// replacement pod for a rank whose pod is gone.
@@ -728,6 +742,18 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 	}
 	a := JoinAnswer{Rank: rank}
 	rec := j.nodes[rank]
+	if c := j.claims[rank]; c != nil && c.n.Pod == pod && c.n.Incarnation == incarnation &&
+		(rec == nil || rec.Pod != pod || rec.Incarnation != incarnation) {
+		switch {
+		case j.stopped:
+			a.Excluded = j.stopExclusion()
+		case c.expired:
+			a.Excluded = c.exclusion(rec, j.cfg.PendTimeout)
+		default:
+			a.Waiting = j.nWaiting
+		}
+		return a
+	}
 	if rec == nil || rec.Pod != pod || rec.Incarnation != incarnation {
 		holder := "nobody"
 		if rec != nil {
@@ -868,9 +894,18 @@ func (j *Job) complete(members []*Node, now time.Time) {
 // Heartbeat records that a pod lives and answers with what it must do. A
 // pod whose rank another pod took over is told to exit (it is fenced off).
 func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (HeartbeatAnswer, error) {
-	defer j.settle()
+	defer j.settle(now)
 	rec, err := j.lookup(n)
 	if err != nil {
+		if c := j.claims[n.Rank]; n.Rank >= 0 && c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
+			// A replacement waiting for its rank calls too.
+			c.lastSeen = now
+			a := HeartbeatAnswer{LatestRound: j.latestNumber()}
+			if e := j.Answer(n.Pod, n.Incarnation, n.Rank, c.afterRound).Excluded; e != nil {
+				a.Action, a.Exit = Exit, e
+			}
+			return a, nil
+		}
 		if held, ok := j.nodes[n.Rank]; ok && n.Rank >= 0 && (held.Pod != n.Pod || held.Incarnation != n.Incarnation) {
 			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: CodeReplaced,
 				Message: fmt.Sprintf("rank %d is now held by pod %s", n.Rank, held.Pod)}, LatestRound: j.latestNumber()}, nil
@@ -916,9 +951,15 @@ func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
 // Leave records a pod's end. A success leaves its round alone; a failure
 // gets a relaunch decision, and the round's other members restart.
 func (j *Job) Leave(n NodeInfo, succeeded bool, f Failure, now time.Time) (Decision, error) {
-	defer j.settle()
+	defer j.settle(now)
 	rec, err := j.lookup(n)
 	if err != nil {
+		if c := j.claims[n.Rank]; n.Rank >= 0 && c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
+			// A replacement that never got its rank gives up its claim.
+			delete(j.claims, n.Rank)
+			j.logf("info", "replacement pod left before its rank freed", "rank", n.Rank, "pod", n.Pod)
+			return Decision{}, nil
+		}
 		return Decision{}, err
 	}
 	if succeeded {
@@ -952,7 +993,7 @@ func (j *Job) lastDecision(rank int) Decision {
 // agent saying so (OOMKilled, evicted, deleted, its node lost). A pod that
 // no longer holds a live rank is ignored.
 func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
-	defer j.settle()
+	defer j.settle(now)
 	rank, ok := j.byPod[pod]
 	if !ok {
 		return Decision{}, false
@@ -1065,7 +1106,7 @@ const sweepEvery = time.Second
 // Tick advances time: heartbeat, join, check and pend timeouts, and the
 // last call.
 func (j *Job) Tick(now time.Time) {
-	defer j.settle()
+	defer j.settle(now)
 	if j.stopped {
 		return
 	}
@@ -1076,6 +1117,7 @@ func (j *Job) Tick(now time.Time) {
 	if j.check != nil {
 		j.checkTick(now)
 	}
+	j.expireClaims(now)
 	if !j.stopped && !j.belowMinSince.IsZero() && now.Sub(j.belowMinSince) >= j.cfg.PendTimeout {
 		j.stop(fmt.Sprintf("only %d of at least %d nodes joined within the pend timeout %s",
 			j.nWaiting, j.cfg.MinNodes, j.cfg.PendTimeout), now)
@@ -1141,6 +1183,12 @@ func (j *Job) Deadline() time.Time {
 	if !j.belowMinSince.IsZero() {
 		earlier(j.belowMinSince.Add(j.cfg.PendTimeout))
 	}
+	for _, c := range j.claims {
+		if !c.expired {
+			earlier(c.since.Add(j.cfg.PendTimeout))
+			earlier(c.lastSeen.Add(j.cfg.HeartbeatTimeout))
+		}
+	}
 	return d
 }
 
@@ -1151,4 +1199,99 @@ func (j *Job) sortedNodes() []*Node {
 	}
 	slices.SortFunc(out, func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) })
 	return out
+}
+
+// ---- replacements that arrive before their rank frees ----
+
+// claim is a pod that joined for a rank another live pod holds: on
+// Kubernetes the operator creates the replacement of a deleted pod at once,
+// before the master learns of the deletion (the pod watcher, a failed
+// Leave) or the old pod goes silent for the heartbeat timeout. The claim
+// waits for the rank to free and then takes it over (handOver), as a
+// replacement joining a freed rank does; if the rank is still held after
+// PendTimeout, the claimant is told to exit with CodeRankHeld. A claimant
+// that stops calling for the heartbeat timeout loses its claim. Claims are
+// not persisted: after a master restart the claimant's next join claims
+// again (and its pend timeout starts again).
+type claim struct {
+	n               NodeInfo
+	afterRound      int64
+	since, lastSeen time.Time
+	expired         bool
+}
+
+func (c *claim) exclusion(holder *Node, pend time.Duration) *Exclusion {
+	who := "another pod"
+	if holder != nil {
+		who = "pod " + holder.Pod
+	}
+	return &Exclusion{Code: CodeRankHeld, Message: fmt.Sprintf(
+		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod still holds the rank and calls the master",
+		c.n.Pod, pend, who, c.n.Rank)}
+}
+
+// claim records (or renews) n's claim on the rank rec's live pod holds.
+// The latest claimant wins: a replacement that was itself replaced is told
+// so (CodeReplaced) on its next call.
+func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
+	c := j.claims[rec.Rank]
+	if c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
+		c.lastSeen, c.afterRound = now, afterRound
+		return
+	}
+	j.claims[rec.Rank] = &claim{n: n, afterRound: afterRound, since: now, lastSeen: now}
+	j.logf("info", "replacement pod waits for its rank: the pod it replaces still holds it",
+		"rank", rec.Rank, "pod", n.Pod, "holder", rec.Pod, "pend_timeout", j.cfg.PendTimeout)
+}
+
+// handOver gives every rank that freed (its pod failed, left, went silent,
+// was reported gone) to the pod that claimed it.
+func (j *Job) handOver(now time.Time) {
+	for _, rank := range slices.Sorted(maps.Keys(j.claims)) {
+		c, rec := j.claims[rank], j.nodes[rank]
+		if c.expired || j.stopped || rec == nil || rec.State.alive() {
+			continue
+		}
+		delete(j.claims, rank)
+		if old, ok := j.byPod[c.n.Pod]; ok && old != rank {
+			if o := j.nodes[old]; o != nil && o.Pod == c.n.Pod && o.State.alive() && o.Exclusion == nil {
+				continue // it holds another rank meanwhile
+			}
+		}
+		j.replace(rec, c.n, c.afterRound, now)
+		j.wake(rank)
+	}
+}
+
+// expireClaims ends the claims that waited PendTimeout (their pods are told
+// to exit) and drops those whose pods stopped calling.
+func (j *Job) expireClaims(now time.Time) {
+	for _, rank := range slices.Sorted(maps.Keys(j.claims)) {
+		c := j.claims[rank]
+		switch {
+		case c.expired:
+		case now.Sub(c.lastSeen) > j.cfg.HeartbeatTimeout:
+			delete(j.claims, rank)
+			j.logf("warn", "replacement pod stopped calling while it waited for its rank", "rank", rank, "pod", c.n.Pod)
+		case now.Sub(c.since) >= j.cfg.PendTimeout:
+			c.expired = true
+			holder := ""
+			if rec := j.nodes[rank]; rec != nil {
+				holder = rec.Pod
+			}
+			j.logf("warn", "replacement pod gave up: its rank is still held after the pend timeout", "rank", rank,
+				"pod", c.n.Pod, "holder", holder, "pend_timeout", j.cfg.PendTimeout)
+			j.wake(rank)
+		}
+	}
+}
+
+// Claimant is the pod waiting to take rank over from its live holder, if
+// any.
+func (j *Job) Claimant(rank int) (pod, incarnation string, ok bool) {
+	c := j.claims[rank]
+	if c == nil {
+		return "", "", false
+	}
+	return c.n.Pod, c.n.Incarnation, true
 }

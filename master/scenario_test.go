@@ -364,7 +364,9 @@ func (s *scenario) ready(b *strings.Builder) {
 			continue // training: it hears of it on its heartbeat; or gone
 		}
 		nd, ok := s.job.Node(p.rank)
-		if !ok || nd.Pod != p.name || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil {
+		cp, ci, claims := s.job.Claimant(p.rank)
+		claimant := claims && cp == p.name && ci == fmt.Sprint(p.incarnation)
+		if !claimant && (!ok || nd.Pod != p.name || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil) {
 			continue
 		}
 		a := s.job.Answer(p.name, fmt.Sprint(p.incarnation), p.rank, p.after)

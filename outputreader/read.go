@@ -113,6 +113,9 @@ type Document struct {
 	// listing time; for a document that was not opened, its name's time.
 	At       time.Time
 	AtSource TimeSource
+	// Exception is, for flytekit's wrapper code, the exception it stands
+	// for (WrappedException), kept when the message is not.
+	Exception string
 }
 
 // Time is the time d is ranked by: At, else its Failure's time, else its
@@ -307,6 +310,9 @@ func (c *collector) add(d Document) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	msg := d.Failure.Message
+	if exc, _, ok := WrappedException(d.Failure.Code, msg); ok {
+		d.Exception = exc
+	}
 	d.Failure.Message = ""
 	c.docs = append(c.docs, d)
 	if !c.hasBest || compare(d, c.docs[c.best]) < 0 {

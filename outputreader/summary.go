@@ -45,7 +45,8 @@ type Summary struct {
 //	[job-worker-1, 2026-11-21T10:00:01.123456789Z] RuntimeError: boom
 //	Also failed: 3 other workers (2× Preempted, 1× NonZeroExit). Earliest failure shown.
 //
-// The code is said once (kferrors.Headline). A time that is not the
+// The code is said once (kferrors.Headline); flytekit's USER:RuntimeError
+// is shown as the exception it wraps (Shown). A time that is not the
 // document's own says so: "(upload time)" for the object's modification
 // time, "(read time)" for the listing time. It is "" without a root cause.
 func (s *Summary) Message() string {
@@ -62,8 +63,9 @@ func (s *Summary) Message() string {
 		who = "unknown worker"
 	}
 	// Tracebacks end in a newline; the tally goes right under the message.
+	code, msg := Shown(root.Failure.Code, root.Failure.Message)
 	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(root.AtSource),
-		kferrors.Headline(root.Failure.Code, strings.TrimRight(root.Failure.Message, " \t\r\n")))
+		kferrors.Headline(code, strings.TrimRight(msg, " \t\r\n")))
 	if line := s.tally.line(*root, s.Skipped); line != "" {
 		b.WriteString("\n")
 		b.WriteString(line)

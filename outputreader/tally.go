@@ -50,7 +50,7 @@ func (t *tally) add(d Document) {
 	}
 	t.docs++
 	t.addWorker(d.Failure.Worker, 1)
-	code := tallyCode(d.Failure.Code)
+	code := tallyCode(shownCode(d))
 	if t.codes == nil {
 		t.codes = map[string]int{}
 	}
@@ -96,7 +96,7 @@ func (t *tally) line(root Document, skipped int) string {
 	if others := t.docs - 1; others > 0 {
 		codes := maps.Clone(t.codes)
 		otherCodes := t.otherCodes
-		if c := tallyCode(root.Failure.Code); codes[c] > 0 {
+		if c := tallyCode(shownCode(root)); codes[c] > 0 {
 			if codes[c]--; codes[c] == 0 {
 				delete(codes, c)
 			}

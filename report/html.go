@@ -122,7 +122,7 @@ func newPage(in Input) page {
 	p.NoFailure = m.root == nil
 	if r := m.root; r != nil {
 		rv := &rootView{Pod: visible(podOf(*r), true), Worker: visible(r.Failure.Worker, true),
-			Time: r.Time().UTC().Format(outputreader.TimeLayout), Code: visible(r.Failure.Code, true),
+			Time: r.Time().UTC().Format(outputreader.TimeLayout), Code: visible(shownCode(*r), true),
 			Kind: fmt.Sprintf("%s, %s", r.Failure.Kind(), r.Failure.Origin), Source: visible(r.Key, true)}
 		if r.Synthesized {
 			rv.Source = "from the pod's status"
@@ -173,7 +173,7 @@ func newPage(in Input) page {
 		d := r.doc
 		rv := rowView{Class: r.state, Offset: offset(d.Time().Sub(m.origin)), Time: d.Time().UTC().Format(outputreader.TimeLayout),
 			Pod: visible(podOf(d), true), Worker: visible(d.Failure.Worker, true),
-			Code: visible(cut(kferrors.Headline(d.Failure.Code, firstLine(d.Failure.Message)), 160), true), Key: visible(d.Key, true)}
+			Code: visible(cut(shownHeadline(d), 160), true), Key: visible(d.Key, true)}
 		if d.Opened() {
 			rv.Kind = fmt.Sprintf("%s, %s", d.Failure.Kind(), d.Failure.Origin)
 		}
@@ -342,4 +342,24 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+// shownCode is a document's code as people read it: flytekit's
+// USER:RuntimeError as the exception it wraps (outputreader.Shown).
+func shownCode(d outputreader.Document) string {
+	if d.Exception != "" {
+		return d.Exception
+	}
+	code, _ := outputreader.Shown(d.Failure.Code, d.Failure.Message)
+	return code
+}
+
+// shownHeadline is a document's code and first line (kferrors.Headline),
+// the exception flytekit wraps shown for its wrapper code.
+func shownHeadline(d outputreader.Document) string {
+	code, msg := outputreader.Shown(d.Failure.Code, d.Failure.Message)
+	if d.Exception != "" {
+		code = d.Exception
+	}
+	return kferrors.Headline(code, firstLine(msg))
 }

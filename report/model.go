@@ -249,7 +249,7 @@ func eventKind(ev events.Event) markKind {
 // documentTitle is a failure's tooltip.
 func documentTitle(what string, d outputreader.Document, origin time.Time) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s: %s", offset(d.Time().Sub(origin)), what, kferrors.Headline(d.Failure.Code, firstLine(d.Failure.Message)))
+	fmt.Fprintf(&b, "%s %s: %s", offset(d.Time().Sub(origin)), what, shownHeadline(d))
 	fmt.Fprintf(&b, "\n%s", d.Time().UTC().Format(outputreader.TimeLayout))
 	if d.Failure.Worker != "" {
 		fmt.Fprintf(&b, "\nworker %s", d.Failure.Worker)

@@ -65,6 +65,19 @@ func parse(t *testing.T, in report.Input) (string, *html.Node) {
 	return b.String(), doc
 }
 
+// lanes are the pods of the page's lanes, in order.
+func lanes(doc *html.Node) []string {
+	var pods []string
+	walk(doc, func(n *html.Node) {
+		for _, a := range n.Attr {
+			if a.Key == "data-pod" {
+				pods = append(pods, a.Val)
+			}
+		}
+	})
+	return pods
+}
+
 func walk(n *html.Node, f func(*html.Node)) {
 	f(n)
 	for c := n.FirstChild; c != nil; c = c.NextSibling {
@@ -157,14 +170,7 @@ func TestFourPods(t *testing.T) {
 	if lane == nil {
 		t.Fatal("no root lane")
 	}
-	var pods []string
-	walk(doc, func(n *html.Node) {
-		for _, a := range n.Attr {
-			if a.Key == "data-pod" {
-				pods = append(pods, a.Val)
-			}
-		}
-	})
+	pods := lanes(doc)
 	if strings.Join(pods, " ") != "job-worker-1 job-worker-0 job-worker-2 job-worker-3 job-worker-4" {
 		t.Fatalf("lanes %v: the root cause's first, then by first failure, then the rest", pods)
 	}

@@ -85,11 +85,14 @@ workers the same one. --store-proxy=false restores that.
 through torch elastic (flytekit's pyflyte-execute, a script calling elastic_launch
 or torchrun): torch restarts them (PET_MAX_RESTARTS; the agent never restarts the
 command), and the command's PET_RDZV_ENDPOINT is the agent's loopback relay to the
-master's store (PET_RDZV_BACKEND=c10d, is_host=false in PET_RDZV_CONF), so
-torch's c10d rendezvous lives in the master. The agent joins
+master's store (0.0.0.0:PORT, so that torch never tries to host the store there;
+PET_RDZV_BACKEND=c10d, is_host=false in PET_RDZV_CONF), so torch's c10d
+rendezvous lives in the master. The agent joins
 the master first (node check included); a master round that changes later does
-not stop the command, the master's EXIT does. The dump signal goes to the
-command's children, its workers.
+not stop the command, the master's EXIT does. The dump signal goes to torch's
+workers (never to multiprocessing's resource tracker). A document the command
+wrote itself for the pod (flytekit: error-<uuid>.pb, torch's whole second) is
+refined to its worker's failure time.
 
 Restarts are as fast as a fork (--fork-server, on by default): for a
 "python SCRIPT" or "python -m MODULE" command the agent keeps one interpreter with

@@ -89,7 +89,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.IntVar(&f.nodeUnit, "node-unit", 1, "rounds have a multiple of this many nodes (≥ 1)")
 	fl.DurationVar(&f.waitingTimeout, "waiting-timeout", master.DefaultWaitingTimeout, "last call: with at least MIN nodes, complete the round once this passed since the last join (> 0)")
 	fl.DurationVar(&f.joinTimeout, "join-timeout", master.DefaultJoinTimeout, "a node waiting this long for a round exits with RendezvousTimeout (> 0)")
-	fl.DurationVar(&f.pendTimeout, "pend-timeout", master.DefaultPendTimeout, "the job stops when fewer than MIN nodes wait this long (> 0)")
+	fl.DurationVar(&f.pendTimeout, "pend-timeout", master.DefaultPendTimeout, "the job stops when fewer than MIN nodes wait this long, and a replacement waits at most this long for the rank its old pod still holds (> 0)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", master.DefaultHeartbeatInterval, "how long a heartbeat is held when there is nothing to say (> 0)")
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", master.DefaultHeartbeatTimeout, "a node silent this long is lost: its rank leaves and is relaunched (> --heartbeat-interval)")
 	fl.BoolVar(&f.networkCheck, "network-check", false, "run the 2-round node health check before a round with a node that has not passed it")

@@ -1,44 +1,80 @@
-"""Stands in for flytekit's launch path of an `Elastic` task: what
-`pyflyte-execute` runs in every pod of a flytekit PyTorch elastic task.
-flytekit cannot be installed here (no PyPI), so this script does what
-flytekitplugins-kfpytorch's `PytorchElasticFunctionTask._execute` does
-(plugins/flytekit-kf-pytorch/flytekitplugins/kfpytorch/task.py), with torch's
-own `elastic_launch`:
+"""Stands in for flytekit in every pod of a flytekit PyTorch `Elastic` task:
+what `pyflyte-execute` (flytekit/bin/entrypoint.py) and
+flytekitplugins-kfpytorch's `PytorchElasticFunctionTask._execute`
+(plugins/flytekit-kf-pytorch/flytekitplugins/kfpytorch/task.py) do, with
+torch's own `elastic_launch`. flytekit cannot be installed here (no PyPI);
+this script is written from a reading of flytekit's source, not copied.
 
-- min/max nodes parsed with torch.distributed.run.parse_min_max_nnodes from
-  PET_NNODES (flytekit parses the task's `nnodes`, from which the plugin makes
-  the ElasticConfig that the operator turns into PET_NNODES);
-- OMP_NUM_THREADS=1 when unset and nproc_per_node > 1, as flytekit does;
-- LaunchConfig(run_id=<execution id>, min_nodes, max_nodes, nproc_per_node,
-  rdzv_backend="c10d" (hard-coded in flytekit), rdzv_configs (flytekit's
-  default {"timeout": 900, "join_timeout": 900}),
-  rdzv_endpoint=os.environ.get("PET_RDZV_ENDPOINT", "localhost:0"),
-  max_restarts, monitor_interval, start_method="fork");
-- the entrypoint is a closure with the task's arguments bound (flytekit's
-  fn_partial for start_method "fork"), called with no arguments;
-- ChildFailedError becomes RuntimeError(e.format_msg()), SignalException a
-  quiet exit 0 (flytekit's IgnoreOutputs); the result is global rank 0's.
+What it does as flytekit does:
 
-Where flytekit would write its error document (error.pb, _F_WN/_F_DES) and
-outputs, this script prints the traceback and exits 1, or prints the result.
+- pyflyte-execute registers faulthandler on SIGUSR1 first (a SIGUSR1 to it
+  dumps its threads' tracebacks to stderr instead of killing it).
+- Of the PET_* variables only PET_RDZV_ENDPOINT is read (default
+  "localhost:0"), and whether PET_NNODES is set (a warning when it is not
+  and nnodes > 1). Everything else comes from the task's decorator,
+  `Elastic(nnodes, nproc_per_node, start_method="spawn", monitor_interval=5,
+  max_restarts=0, rdzv_configs={"timeout": 900, "join_timeout": 900})`,
+  here the options --nnodes, --nproc-per-node, --start-method,
+  --monitor-interval, --max-restarts and --rdzv-conf key=value (which
+  replace flytekit's default rdzv_configs as a decorator's would; give
+  none to keep them). PET_RDZV_CONF never reaches torch.
+- OMP_NUM_THREADS=1 when unset and nproc_per_node > 1.
+- LaunchConfig(run_id=<execution id>, min/max nodes from nnodes,
+  rdzv_backend="c10d" (hard-coded), rdzv_configs, rdzv_endpoint,
+  max_restarts, monitor_interval, start_method); with "spawn" (the default)
+  the entrypoint is a module-level function given the task's arguments
+  (flytekit's spawn_helper, which unpickles the task function): every
+  worker is a new interpreter that imports torch and this module again,
+  and multiprocessing's resource tracker runs beside the workers, a child
+  of this process. With "fork" it is a closure with the arguments bound.
+- A worker's exception that is a FlyteRecoverableException creates the
+  `recoverable_error` marker next to its torch error file.
+- ChildFailedError: torch's first failure decides. Recoverable (the marker
+  exists): FlyteRecoverableException(e.format_msg()); else
+  FlyteUserRuntimeException(e); both with timestamp = the first failure's
+  ProcessFailure.timestamp (torch's whole second). The task runner wraps
+  what the task raised in a FlyteUserRuntimeException (base_task's
+  dispatch_execute), and pyflyte-execute writes one error document:
+  `error-<uuid4 hex>.pb` when _F_DES (FLYTE_INTERNAL_DIST_ERROR_STRATEGY) is
+  set, else `error.pb`, under --output-prefix, with
+    code   = "USER:RuntimeError" ("RecoverableFlyteException" when
+             recoverable: the code of the exception the wrapper wraps),
+    message = "Trace:\n\n<traceback, indented>\nMessage:\n\n    <type>: <value>",
+    kind   = NON_RECOVERABLE (RECOVERABLE when recoverable), origin USER,
+    timestamp = whole seconds, nanos 0,
+    worker = _F_WN (FLYTE_INTERNAL_WORKER_NAME) as given, "" without _F_DES;
+  then it exits 0 (1 only with FLYTE_FAIL_ON_ERROR=true).
+- SignalException (torch's agent got SIGTERM): IgnoreOutputs, no document,
+  exit 0.
+- Success: the result is global rank 0's (printed here: "result {...}";
+  flytekit writes outputs.pb).
+
+The error document is a serialized flyteidl.core.ErrorDocument, encoded by
+hand (no protobuf package here). --output-prefix takes a local folder or a
+file:// URL.
 
 The task function is a small data-parallel gloo loop: it prints
-"restart R rank N world W" once its process group is ready, then "step = N"
-per step; rank 0 checkpoints every 5 steps to --ckpt and every rank resumes
-from it, so that steps go on after torch's agent restarts the workers. The
-dump signal (SIGUSR1) makes rank 0 checkpoint at once and print
-"dumped at step N".
+"restart R rank N world W start S" once its process group is ready, then
+"step = N" per step; rank 0 checkpoints every 5 steps to --ckpt and every
+rank resumes from it, so that steps go on after torch's agent restarts the
+workers. The dump signal (SIGUSR1) makes rank 0 checkpoint at once and
+print "dumped at step N". --raise RANK:STEP:TYPE makes global rank RANK
+raise TYPE (ValueError, RuntimeError, FlyteRecoverableException, ...) at
+step STEP, in its first attempt only.
 
-Options: --steps N, --sleep SEC per step, --ckpt PATH, --max-restarts N,
---monitor-interval SEC, --nproc-per-node N (default PET_NPROC_PER_NODE or 1),
---run-id ID (default FLYTE_INTERNAL_EXECUTION_ID or "standin"),
---rdzv-conf key=value (repeatable; added to flytekit's defaults).
+Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise;
+--run-id ID (default FLYTE_INTERNAL_EXECUTION_ID or "standin").
 """
 import argparse
+import builtins
+import faulthandler
 import os
 import signal
 import sys
+import textwrap
 import time
+import traceback
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -55,6 +91,134 @@ def say(line):
     sys.stdout.flush()
 
 
+# ---- flytekit's exceptions, as far as the document shows them ----
+
+
+class FlyteException(Exception):
+    """flytekit.exceptions.base.FlyteException: a code, a timestamp."""
+
+    code = "UnknownFlyteException"
+
+    def __init__(self, *args, timestamp=None):
+        super().__init__(*args)
+        self.timestamp = timestamp
+
+    def __str__(self):
+        s = "error=" + (",".join(self.args) if self.args else "None")
+        if self.__cause__:
+            s += f", cause={self.__cause__}"
+        return f"{self.code}: {s}"
+
+
+class FlyteRecoverableException(FlyteException):
+    code = "RecoverableFlyteException"
+
+
+class FlyteUserRuntimeException(FlyteException):
+    """Wraps what user code raised; its code is the wrapped one's, if any."""
+
+    code = "USER:RuntimeError"
+
+    def __init__(self, value, timestamp=None):
+        super().__init__(str(value), timestamp=timestamp)
+        self.value = value
+
+    @property
+    def error_code(self):
+        v = self.value
+        if isinstance(v, FlyteUserRuntimeException):
+            return v.error_code
+        if isinstance(v, FlyteException):
+            return v.code
+        return self.code
+
+
+class IgnoreOutputs(Exception):
+    pass
+
+
+# ---- the document ----
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(num, wire, payload):
+    key = _varint(num << 3 | wire)
+    if wire == 0:
+        return key + _varint(payload)
+    return key + _varint(len(payload)) + payload
+
+
+def error_document(code, message, recoverable, origin_user, seconds, nanos, worker):
+    """flyteidl.core.ErrorDocument{error: ContainerError{code=1, message=2,
+    kind=3 (NON_RECOVERABLE=0, RECOVERABLE=1), origin=4 (USER=1, SYSTEM=2),
+    timestamp=5, worker=6}}; zero values are left out, as protobuf does."""
+    ts = b""
+    if seconds:
+        ts += _field(1, 0, seconds)
+    if nanos:
+        ts += _field(2, 0, nanos)
+    ce = _field(1, 2, code.encode()) + _field(2, 2, message.encode("utf-8", "replace"))
+    if recoverable:
+        ce += _field(3, 0, 1)
+    ce += _field(4, 0, 1 if origin_user else 2)
+    ce += _field(5, 2, ts)
+    if worker:
+        ce += _field(6, 2, worker.encode())
+    return _field(1, 2, ce)
+
+
+def one_of(*names):
+    for n in names:
+        if n in os.environ:
+            return os.environ[n]
+    return ""
+
+
+def traceback_str(e):
+    """pyflyte-execute's message: the wrapped exception's traceback (the
+    chain torch's ChildFailedError started), then "<type>: <value>"."""
+    root = e.__cause__ if e.__cause__ else e
+    trace = "".join(traceback.format_exception(type(root), root, root.__traceback__))
+    value = e.value
+    return "Trace:\n\n{}\nMessage:\n\n{}".format(
+        textwrap.indent(trace, "    "), textwrap.indent(f"{type(value).__name__}: {value}", "    "))
+
+
+def write_document(prefix, e):
+    if one_of("FLYTE_INTERNAL_DIST_ERROR_STRATEGY", "_F_DES"):
+        name, worker = f"error-{uuid.uuid4().hex}.pb", one_of("FLYTE_INTERNAL_WORKER_NAME", "_F_WN")
+    else:
+        name, worker = "error.pb", ""
+    ts = e.value.timestamp if isinstance(e.value, FlyteException) else None
+    if ts is None:
+        ts = time.time()
+    seconds = int(ts)
+    nanos = int((ts - seconds) * 1_000_000_000)
+    data = error_document(e.error_code, traceback_str(e), isinstance(e.value, FlyteRecoverableException), True,
+                          seconds, nanos, worker)
+    folder = prefix[len("file://"):] if prefix.startswith("file://") else prefix
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, "." + name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(folder, name))
+    return name
+
+
+# ---- the task ----
+
+
 def save(path, step):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -62,8 +226,11 @@ def save(path, step):
     os.replace(tmp, path)
 
 
-def train(steps, sleep, ckpt):
-    """The task function: runs in every worker torch's agent forks."""
+EXCEPTIONS = {"FlyteRecoverableException": FlyteRecoverableException}
+
+
+def train(steps, sleep, ckpt, fail=""):
+    """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     start = 0
@@ -78,13 +245,21 @@ def train(steps, sleep, ckpt):
         say(f"dumped at step {current[0]}")
 
     signal.signal(signal.SIGUSR1, dump)
-    say(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} world {world} start {start}")
+    restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    say(f"restart {restart} rank {rank} world {world} start {start}")
+    raise_rank, raise_step, raise_type = -1, -1, ""
+    if fail and restart == "0":
+        r, s, raise_type = fail.split(":", 2)
+        raise_rank, raise_step = int(r), int(s)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     progress = os.environ.get("KFELASTIC_PROGRESS_FILE", "")
     for step in range(start, steps):
         current[0] = step
+        if rank == raise_rank and step == raise_step:
+            exc = EXCEPTIONS.get(raise_type) or getattr(builtins, raise_type, RuntimeError)
+            raise exc(f"rank {rank} failed at step {step} on purpose")
         loss = model(torch.randn(16, 8)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -103,25 +278,38 @@ def train(steps, sleep, ckpt):
     return {"rank": rank, "steps": steps}
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--sleep", type=float, default=0.05)
-    p.add_argument("--ckpt", default="")
-    p.add_argument("--max-restarts", type=int, default=0)
-    p.add_argument("--monitor-interval", type=float, default=5)
-    p.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("PET_NPROC_PER_NODE", "1")))
-    p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
-    p.add_argument("--rdzv-conf", action="append", default=[])
-    a = p.parse_args()
+def recoverable_marker():
+    """flytekit's create_recoverable_error_file: `recoverable_error` next to
+    the worker's torch error file."""
+    path = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), "recoverable_error")
+    with open(path, "w"):
+        pass
 
-    min_nodes, max_nodes = run.parse_min_max_nnodes(os.environ.get("PET_NNODES", "1"))
+
+def run_task(kwargs):
+    """The spawn entrypoint (flytekit's spawn_helper): module level, so that
+    spawn can pickle it; the worker imports this module again."""
+    try:
+        return train(**kwargs)
+    except FlyteRecoverableException:
+        recoverable_marker()
+        raise
+
+
+def execute(a):
+    """PytorchElasticFunctionTask._execute."""
+    min_nodes, max_nodes = run.parse_min_max_nnodes(str(a.nnodes))
+    if os.environ.get("PET_NNODES") is None and min_nodes > 1:
+        say(f"`nnodes` is set to {a.nnodes} in elastic task but execution appears to not run in a `PyTorchJob`. "
+            "Rendezvous might timeout.")
     if "OMP_NUM_THREADS" not in os.environ and a.nproc_per_node > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     rdzv_configs = {"timeout": 900, "join_timeout": 900}
-    for kv in a.rdzv_conf:
-        k, v = kv.split("=", 1)
-        rdzv_configs[k] = float(v) if v.replace(".", "", 1).isdigit() else v
+    if a.rdzv_conf:
+        rdzv_configs = {}
+        for kv in a.rdzv_conf:
+            k, v = kv.split("=", 1)
+            rdzv_configs[k] = float(v) if v.replace(".", "", 1).isdigit() else v
     config = LaunchConfig(
         run_id=a.run_id,
         min_nodes=min_nodes,
@@ -132,22 +320,76 @@ def main():
         rdzv_endpoint=os.environ.get("PET_RDZV_ENDPOINT", "localhost:0"),
         max_restarts=a.max_restarts,
         monitor_interval=a.monitor_interval,
-        start_method="fork",
+        start_method=a.start_method,
     )
+    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise")}
+    if a.start_method == "spawn":
+        entrypoint, args = run_task, (kwargs,)
+    elif a.start_method == "fork":
+        def fn_partial():
+            try:
+                return train(**kwargs)
+            except FlyteRecoverableException:
+                recoverable_marker()
+                raise
 
-    def fn_partial():
-        return train(a.steps, a.sleep, a.ckpt)
-
+        entrypoint, args = fn_partial, ()
+    else:
+        raise ValueError("Bad start method")
     try:
-        out = elastic_launch(config=config, entrypoint=fn_partial)()
+        out = elastic_launch(config=config, entrypoint=entrypoint)(*args)
     except ChildFailedError as e:
-        raise RuntimeError(e.format_msg())
+        _, first = e.get_first_failure()
+        marker = os.path.join(os.path.dirname(first.error_file), "recoverable_error")
+        if os.path.exists(marker):
+            raise FlyteRecoverableException(e.format_msg(), timestamp=first.timestamp)
+        raise FlyteUserRuntimeException(e, timestamp=first.timestamp)
     except SignalException as e:
         say(f"Elastic launch agent process terminating: {e}")
-        sys.exit(0)
+        raise IgnoreOutputs()
     if 0 in out:
-        say(f"result {out[0]}")
+        return out[0]
+    raise IgnoreOutputs()
+
+
+def main():
+    faulthandler.register(signal.SIGUSR1)
+    p = argparse.ArgumentParser()
+    p.add_argument("--output-prefix", required=True)
+    # the decorator: Elastic(...)
+    p.add_argument("--nnodes", default="1")
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--start-method", default="spawn", choices=["spawn", "fork"])
+    p.add_argument("--monitor-interval", type=float, default=5)
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--rdzv-conf", action="append", default=[])
+    # the task's inputs
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--sleep", type=float, default=0.05)
+    p.add_argument("--ckpt", default="")
+    p.add_argument("--raise", default="")
+    p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
+    a = p.parse_args()
+    try:
+        try:
+            result = execute(a)
+        except Exception as e:
+            # base_task.dispatch_execute: what the task raised, wrapped
+            raise FlyteUserRuntimeException(e) from e
+    except FlyteUserRuntimeException as e:
+        if isinstance(e.value, IgnoreOutputs):
+            return 0
+        name = write_document(a.output_prefix, e)
+        say("!! Begin User Error Captured by Flyte !!")
+        say(traceback_str(e))
+        say("!! End Error Captured by Flyte !!")
+        say(f"error document {name}")
+        if os.environ.get("FLYTE_FAIL_ON_ERROR", "").lower() in ("1", "true"):
+            return 1
+        return 0
+    say(f"result {result}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
