@@ -1,18 +1,14 @@
 # Debian's torch 2.x is built without libuv, yet TCPStore's constructor asks
 # for it by default (torch elastic's c10d backend passes nothing, env://
 # passes True) and fails even as a client; USE_LIBUV=0 reaches only env://.
-# scripts/torch-python puts this folder first on PYTHONPATH: once
-# torch.distributed is imported (not before: importing torch at every
-# interpreter's start would cost a second), every TCPStore uses the classic
-# backend, the only one this build has. The client's bytes are the same
-# either way. Debian's own sitecustomize runs first.
-import os
+# scripts/torch-python shows this file as the root's sitecustomize.py
+# (Debian's only installs apport's hook, which a minbase root does not have),
+# so that every interpreter in it has it and the environment is left as the
+# caller gave it: once torch.distributed is imported (not before: importing
+# torch at every interpreter's start would cost a second), every TCPStore
+# uses the classic backend, the only one this build has. The client's bytes
+# are the same either way.
 import sys
-
-_debian = "/etc/python%d.%d/sitecustomize.py" % sys.version_info[:2]
-if os.path.exists(_debian):
-    with open(_debian) as _f:
-        exec(compile(_f.read(), _debian, "exec"))
 
 
 def _classic(dist):
