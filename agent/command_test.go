@@ -70,10 +70,13 @@ func TestCommandFailureIsNotRestarted(t *testing.T) {
 // elastic_launch in the flytekit stand-in forks nproc workers itself, hosts
 // its own c10d store (PET_RDZV_ENDPOINT is left alone), and training ends.
 func TestCommandRealTorchSingleNode(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchSingleNode)
+}
+
+func commandRealTorchSingleNode(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
-	cfg.Command = []string{python, standIn(t), "--steps", "15", "--sleep", "0.01"}
+	cfg.Command = []string{py, standIn(t), "--steps", "15", "--sleep", "0.01"}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	if ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
@@ -91,14 +94,17 @@ func TestCommandRealTorchSingleNode(t *testing.T) {
 // workers (they checkpoint), not torch's agent (whose default action would
 // end it first); then the stop and a Preempted document, exit 143.
 func TestCommandRealTorchDumpAndPreempted(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchDumpAndPreempted)
+}
+
+func commandRealTorchDumpAndPreempted(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
 	cfg.DumpSignal, cfg.DumpTimeout = syscall.SIGUSR1, 3*time.Second
 	docs := t.TempDir()
 	cfg.ErrorPrefix = "file://" + docs
 	ckpt := filepath.Join(t.TempDir(), "ckpt")
-	cfg.Command = []string{python, standIn(t), "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
+	cfg.Command = []string{py, standIn(t), "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
@@ -217,10 +223,13 @@ func freePortT(t *testing.T) int {
 // torchrun itself fails on this Python before any worker starts, so the
 // command here is a script with @record.)
 func TestCommandRealTorchErrorFile(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchErrorFile)
+}
+
+func commandRealTorchErrorFile(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
-	cfg.Command = []string{python, "-c", `from torch.distributed.elastic.multiprocessing.errors import record
+	cfg.Command = []string{py, "-c", `from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():
