@@ -279,7 +279,9 @@ func TestTorchTwoAgents(t *testing.T) {
 
 func torchTwoAgents(t *testing.T, py string) {
 	endpoint, tokenFile := startMaster(t, master.Config{JobID: "torchtest", MinNodes: 2, MaxNodes: 2})
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	// A bound, not a timing: torch 2.14's cold start (Python 3.14, torch
+	// and torch._dynamo imported) takes ≈10 s on a loaded 2-CPU machine.
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	type result struct {
 		err error
@@ -318,7 +320,7 @@ func torchWarmSpareRestart(t *testing.T, py string) {
 	cfg.MaxRestarts, cfg.WarmSpares, cfg.Env = 1, true, cleanEnv()
 	done := make(chan error, 1)
 	go func() { done <- Run(t.Context(), cfg) }()
-	waitFor(t, out, "[default1]:step 15 ", 20*time.Second)
+	waitFor(t, out, "[default1]:step 15 ", 60*time.Second)
 	m := regexp.MustCompile(`\[default1\]:restart 0 pid (\d+) `).FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("no pid of worker 1:\n%s", out)
@@ -361,10 +363,12 @@ func readArgv(t *testing.T, dir string, restart, rank int) map[string]any {
 	return decodeFile[map[string]any](t, filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
 }
 
-// Why the store proxy exists, on real torch: a store client whose connect()
-// is refused tries again only after a whole second, so it is answered ~0.8 s
-// after a store that came up 0.2 s later; through the proxy it is answered
-// as soon as the store is up.
+// Why the store proxy exists, on real torch: a torch 1.13 store client whose
+// connect() is refused tries again only after a whole second, so it is
+// answered ~0.8 s after a store that came up 0.2 s later; through the proxy
+// it is answered as soon as the store is up. torch 2.14's client retries a
+// refused connect within milliseconds (measured: 17 ms after the store came
+// up): there the proxy changes nothing, and must cost nothing.
 func TestTorchStoreProxySkipsRetry(t *testing.T) {
 	forEachTorch(t, torchStoreProxySkipsRetry)
 }
@@ -373,7 +377,7 @@ func torchStoreProxySkipsRetry(t *testing.T, py string) {
 	direct := storeLag(t, py, false)
 	proxied := storeLag(t, py, true)
 	t.Logf("client answered after the store was up: %v directly, %v through the proxy", direct, proxied)
-	if direct < 500*time.Millisecond {
+	if py == python && direct < 500*time.Millisecond {
 		t.Errorf("without the proxy torch's client was answered %v after the store came up; want its ~1 s retry (has torch changed? then the proxy may not be needed)", direct)
 	}
 	if proxied < 0 || proxied > 300*time.Millisecond {

@@ -27,6 +27,11 @@
 // the store and the job: the other nodes' torch agents fail, replacement
 // or not ("job lost", not a time).
 //
+// Every scenario runs once per torch of -torch (default 1.13 and 2.14, the
+// latter through scripts/torch2.14/python3, skipped with a note when
+// `scripts/deps.sh torch2` has not built it), torchrun of the same torch
+// beside kfelastic, one table per torch.
+//
 // Run it with `make bench-recovery`; it needs bin/kfelastic and
 // /usr/bin/python3 with torch (scripts/deps.sh torch).
 package main
@@ -50,16 +55,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/local"
 )
 
-const python = "/usr/bin/python3"
+// python is the interpreter of the torch being measured (runTorch).
+var python string
 
 var (
 	binary = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary the pods run")
 	script = flag.String("script", "bench/recovery/train.py", "the training script")
 	runs   = flag.Int("runs", 3, "runs per scenario and launcher")
 	only   = flag.String("only", "", "comma-separated scenario numbers (default: all)")
+	torch  = flag.String("torch", strings.Join(testenv.TorchVersions, ","), "torch versions, comma-separated (scripts/torch-python)")
 )
 
 // scenario is one fault, as the engine and as torchrun express it.
@@ -119,6 +127,23 @@ type row struct {
 }
 
 func run() error {
+	for _, v := range strings.Split(*torch, ",") {
+		tc, why := testenv.TorchFor(v)
+		if why != "" {
+			fmt.Printf("bench-recovery: %s: skipped\n", why)
+			continue
+		}
+		python = tc.Python
+		fmt.Printf("\n== torch %s (%s) ==\n", tc.Version, tc.Python)
+		if err := runTorch(); err != nil {
+			return fmt.Errorf("torch %s: %w", tc.Version, err)
+		}
+	}
+	return nil
+}
+
+// runTorch runs every scenario with python's torch.
+func runTorch() error {
 	for _, p := range []string{*binary, *script, python} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%v (make build; scripts/deps.sh torch)", err)
