@@ -309,6 +309,14 @@ func Run(ctx context.Context, cfg Config) error {
 	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
 		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
+	// The workers' torch decides which of torchrun's variables they get
+	// (WorkerEnv); asked of their interpreter beside the rendezvous.
+	l.torchProbe = make(chan string, 1)
+	if cfg.Launcher != LauncherCommand {
+		go func() { l.torchProbe <- torchVersion(work, cfg.Command, cfg.Env, torchProbeLimit) }()
+	} else {
+		l.torchProbe <- ""
+	}
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
 	}
@@ -341,6 +349,12 @@ func Run(ctx context.Context, cfg Config) error {
 // loop is the I/O shell around the Policy: it carries out actions and turns
 // what happens (exits, rendezvous answers, signals, deadlines) into events.
 type loop struct {
+	// torchProbe brings the workers' torch version (torchVersion) once;
+	// torchIs2 is what torch2 made of it.
+	torchProbe chan string
+	torchOnce  sync.Once
+	torchIs2   bool
+
 	cfg    Config
 	log    *slog.Logger
 	runDir string
@@ -612,7 +626,7 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log, torch2: l.torch2()}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -759,6 +773,23 @@ func (l *loop) current(we WorkerExited) bool {
 	return slices.Contains(l.group.workers, we.from)
 }
 
+// torchProbeLimit bounds the torch version probe: an interpreter start,
+// under load, without importing torch.
+const torchProbeLimit = 30 * time.Second
+
+// torch2 reports whether the workers run torch 2.x; the first call waits for
+// the probe.
+func (l *loop) torch2() bool {
+	l.torchOnce.Do(func() {
+		v := <-l.torchProbe
+		l.torchIs2 = isTorch2(v)
+		if v != "" {
+			l.log.Info("workers' torch", "version", v)
+		}
+	})
+	return l.torchIs2
+}
+
 // startForkServer starts a fork server (forkserver.go) for the command's
 // interpreter, or goes on without one.
 func (l *loop) startForkServer() {
@@ -769,7 +800,7 @@ func (l *loop) startForkServer() {
 	l.forkStarts++
 	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
 	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
-	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode), preload, mark, logPath, l.log)
+	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), preload, mark, logPath, l.log)
 	if err != nil {
 		l.log.Warn("no fork server: workers are started with exec", "err", err)
 		return
@@ -862,7 +893,7 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
 			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
-			mark: attemptMark(gs.agentID, next.Attempt)})
+			mark: attemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
 		w, err := startSpare(gs, next.Attempt, local, env, preload)
 		if err != nil {
 			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)

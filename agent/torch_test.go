@@ -149,10 +149,14 @@ func torchRecordError(t *testing.T, py string) {
 	t.Logf("agent log:\n%s", regexp.MustCompile(`(?m)^time=.*msg="(worker exited|pod error document)".*$`).FindAllString(out.String(), -1))
 }
 
-// The environment a worker sees under the agent is torchrun's (torch 1.13,
-// c10d backend), for one script run under both. Values that legitimately
-// differ are compared by presence only: MASTER_PORT (a free port each run),
-// TORCHELASTIC_ERROR_FILE (each launcher's log folder). One difference is by
+// The environment a worker sees under the agent is torchrun's of the same
+// torch (c10d backend), for one script run under both, on torch 1.13 and
+// 2.14 (whose torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING and
+// TORCHELASTIC_SIGNALS_TO_HANDLE instead of NCCL_ASYNC_ERROR_HANDLING).
+// Values that legitimately differ are compared by presence only:
+// MASTER_PORT (a free port each run), TORCHELASTIC_ERROR_FILE (each
+// launcher's log folder), and on 2.x TORCHELASTIC_USE_AGENT_STORE (True
+// under torchrun, whose agent hosts the workers' store). One difference is by
 // design and checked: torchrun gives every rank the same MASTER_PORT, while
 // under the agent's store proxy (the default) rank 0's is its store's private
 // port and the others' is the proxy's. Variables only the
@@ -190,6 +194,12 @@ func torchEnvMatchesTorchrun(t *testing.T, py string) {
 		t.Errorf("torchrun: MASTER_PORT %s for rank 0, %s for rank 1; want the same", b0, b1)
 	}
 	differ := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
+	if py != python {
+		// torch 2.x's torchrun hosts the workers' store in its own agent
+		// (True); the agent leaves it to the rank-0 worker, as torch 1.13
+		// (False; WorkerEnv says why both work).
+		differ = append(differ, "TORCHELASTIC_USE_AGENT_STORE")
+	}
 	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", agentMarkEnv}
 	for rank := range 2 {
 		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
