@@ -242,7 +242,7 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (r recovered, e
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*kills+2)*30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*kills+2)*120*time.Second)
 	defer cancel()
 	if _, err := firstStep(ctx, mark, 0); err != nil {
 		return r, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
