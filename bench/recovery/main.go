@@ -101,7 +101,7 @@ var scenarios = []scenario{
 	{id: "7", name: "fail-pod (scale down 4 → 3)", minNodes: 3, maxNodes: 4, nproc: 1, world: 3, maxRelaunches: 1,
 		chaos: "fail-pod:3@step=20", faulted: 3, torchFault: func(c *cluster) (time.Time, error) {
 			t := time.Now()
-			return t, syscall.Kill(-c.nodes[3].Process.Pid, syscall.SIGKILL)
+			return t, c.killNode(3)
 		}},
 	{id: "11", name: "--launcher command (torch's elastic agent in the pods), worker-0 deleted; replacement", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
 		command: true, chaos: "delete-pod:0@step=20", faulted: 0, torchFault: func(c *cluster) (time.Time, error) { return c.replace(0) }},
@@ -365,10 +365,42 @@ func killWorkerOf(marks string, g int) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("no worker of node %d", g)
 }
 
+// killNode SIGKILLs node i: torchrun's process group and its workers,
+// which torch 2.x's torchrun starts each in a session of its own (its
+// children, found before it dies).
+func (c *cluster) killNode(i int) error {
+	pid := c.nodes[i].Process.Pid
+	kids := childrenOf(pid)
+	err := syscall.Kill(-pid, syscall.SIGKILL)
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	return err
+}
+
+// childrenOf lists a process's children (/proc/*/stat).
+func childrenOf(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var kids []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			kids = append(kids, k)
+		}
+	}
+	return kids
+}
+
 func (c *cluster) stop() {
 	for i, n := range c.nodes {
 		if n != nil && n.Process != nil {
-			_ = syscall.Kill(-n.Process.Pid, syscall.SIGKILL)
+			_ = c.killNode(i)
 			<-c.exited[i]
 		}
 	}
