@@ -340,7 +340,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if relay != nil {
 			defer relay.Close()
-			l.relayAddr = relay.Addr()
+			l.relay, l.relayAddr = relay, relay.Addr()
 		}
 	}
 	return l.run(ctx)
@@ -395,6 +395,12 @@ type loop struct {
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
+	// relay is the store relay (command mode with the master), and
+	// outdatedAt when the master outdated the round the command runs in
+	// (zero: not since the last round): c10d's dead nodes are forgotten
+	// from then on (c10dstate.go).
+	relay      *StoreRelay
+	outdatedAt time.Time
 	// relayAddr is the store relay's address (--launcher command with the
 	// master), the child's PET_RDZV_ENDPOINT.
 	relayAddr string
@@ -509,12 +515,19 @@ func (l *loop) do(a Action) (done bool, err error) {
 			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
 				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
 		}
+		if l.relay != nil && l.group != nil {
+			l.outdatedAt = time.Now() // the command runs: the master outdated its round
+		}
 		l.join()
 	case StartGroup:
 		l.start(a)
 	case WatchRound:
 		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
+		if l.relay != nil && !l.outdatedAt.IsZero() {
+			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize)
+		}
+		l.outdatedAt = time.Time{}
 		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
@@ -771,6 +784,22 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
+}
+
+// forgetLostLimit bounds how long a relay watches torch's c10d state for
+// its dead nodes after the master outdated a round: past keep_alive_interval
+// × keep_alive_max_attempt (15 s by default) torch has forgotten them itself.
+const forgetLostLimit = 20 * time.Second
+
+// forgetLost has the relay age the heartbeats of the c10d nodes that were
+// lost when the master outdated the command's round (c10dstate.go).
+func (l *loop) forgetLost(cutoff time.Time, live int) {
+	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)
+	defer cancel()
+	if n := l.relay.ForgetLost(ctx, cutoff, live); n > 0 {
+		l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
+			"after", time.Since(cutoff).Round(time.Millisecond))
+	}
 }
 
 // torchProbeLimit bounds the torch version probe: an interpreter start,
