@@ -38,7 +38,7 @@ func TestCommandEnv(t *testing.T) {
 	got := CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", errorFile: "/e", progressFile: "/p", mark: "a/1"})
 	want := []string{"KFELASTIC_AGENT=a/1", "KFELASTIC_PROGRESS_FILE=/p", "PATH=/bin", "PET_MAX_RESTARTS=2",
 		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_BACKEND=c10d",
-		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=127.0.0.1:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
+		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=127.0.0.1:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "_F_DES=Earliest", "_F_WN=pod-1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("CommandEnv:\n got %q\nwant %q", got, want)
 	}
