@@ -141,7 +141,13 @@ func runTorch() (versionResult, error) {
 		args := []string{"-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--max_restarts=100",
 			"--monitor_interval=1", "--redirects", "2", "--tee", "2", "--rdzv_backend=c10d",
 			"--rdzv_endpoint=127.0.0.1:" + strconv.Itoa(port), "--rdzv_id=bench"}
-		return exec.Command(python, append(append(args, trainArgs...), "--mark", mark)...)
+		c := exec.Command(python, append(append(args, trainArgs...), "--mark", mark)...)
+		// torch 2.14's torchrun, restarting in place with the workers' store
+		// shared in its own agent (its default), never got its restarted
+		// workers to a first step here (they waited minutes); with torch's
+		// own opt-out they restart as on 1.13, which ignores it.
+		c.Env = append(os.Environ(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+		return c
 	})
 	if err != nil {
 		return versionResult{}, err
@@ -239,6 +245,11 @@ func recovery(name string, launcher func(mark string) *exec.Cmd) (r recovered, e
 		return r, err
 	}
 	defer func() {
+		// torch 2.x's torchrun starts each worker in a session of its own,
+		// out of the launcher's process group: its children too.
+		for _, w := range testenv.ChildrenOf(cmd.Process.Pid) {
+			_ = syscall.Kill(w, syscall.SIGKILL)
+		}
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	}()

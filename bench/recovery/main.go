@@ -370,31 +370,12 @@ func killWorkerOf(marks string, g int) (time.Time, error) {
 // children, found before it dies).
 func (c *cluster) killNode(i int) error {
 	pid := c.nodes[i].Process.Pid
-	kids := childrenOf(pid)
+	kids := testenv.ChildrenOf(pid)
 	err := syscall.Kill(-pid, syscall.SIGKILL)
 	for _, k := range kids {
 		_ = syscall.Kill(k, syscall.SIGKILL)
 	}
 	return err
-}
-
-// childrenOf lists a process's children (/proc/*/stat).
-func childrenOf(pid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var kids []int
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
-			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-			kids = append(kids, k)
-		}
-	}
-	return kids
 }
 
 func (c *cluster) stop() {
