@@ -336,6 +336,11 @@ func (c *cluster) replace(i int) (time.Time, error) {
 
 func (c *cluster) start(i int) error {
 	cmd := exec.Command(python, c.args...)
+	// torch 2.14's torchrun, restarting its workers in place with their
+	// store shared in its own agent (the default), never got them to a
+	// first step here; torch's own opt-out makes it restart as on 1.13,
+	// which ignores it (bench-agent does the same).
+	cmd.Env = append(os.Environ(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
 	log, err := os.OpenFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
