@@ -299,6 +299,14 @@ func Run(ctx context.Context, cfg Config) error {
 	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
 		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
+	// The workers' torch decides which of torchrun's variables they get
+	// (WorkerEnv); asked of their interpreter beside the rendezvous.
+	l.torchProbe = make(chan string, 1)
+	if cfg.Launcher != LauncherCommand {
+		go func() { l.torchProbe <- torchVersion(work, cfg.Command, cfg.Env, torchProbeLimit) }()
+	} else {
+		l.torchProbe <- ""
+	}
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
 	}
@@ -327,7 +335,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if relay != nil {
 			defer relay.Close()
-			l.relayAddr = relay.Addr()
+			l.relay, l.relayAddr = relay, relay.Addr()
 		}
 	}
 	return l.run(ctx)
@@ -336,6 +344,12 @@ func Run(ctx context.Context, cfg Config) error {
 // loop is the I/O shell around the Policy: it carries out actions and turns
 // what happens (exits, rendezvous answers, signals, deadlines) into events.
 type loop struct {
+	// torchProbe brings the workers' torch version (torchVersion) once;
+	// torchIs2 is what torch2 made of it.
+	torchProbe chan string
+	torchOnce  sync.Once
+	torchIs2   bool
+
 	cfg    Config
 	log    *slog.Logger
 	runDir string
@@ -376,6 +390,12 @@ type loop struct {
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
+	// relay is the store relay (command mode with the master), and
+	// outdatedAt when the master outdated the round the command runs in
+	// (zero: not since the last round): c10d's dead nodes are forgotten
+	// from then on (c10dstate.go).
+	relay      *StoreRelay
+	outdatedAt time.Time
 	// relayAddr is the store relay's address (--launcher command with the
 	// master), the child's PET_RDZV_ENDPOINT.
 	relayAddr string
@@ -490,12 +510,19 @@ func (l *loop) do(a Action) (done bool, err error) {
 			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
 				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
 		}
+		if l.relay != nil && l.group != nil {
+			l.outdatedAt = time.Now() // the command runs: the master outdated its round
+		}
 		l.join()
 	case StartGroup:
 		l.start(a)
 	case WatchRound:
 		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
+		if l.relay != nil && !l.outdatedAt.IsZero() {
+			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize)
+		}
+		l.outdatedAt = time.Time{}
 		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
@@ -641,7 +668,7 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log, torch2: l.torch2()}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -788,6 +815,39 @@ func (l *loop) current(we WorkerExited) bool {
 	return slices.Contains(l.group.workers, we.from)
 }
 
+// forgetLostLimit bounds how long a relay watches torch's c10d state for
+// its dead nodes after the master outdated a round: past keep_alive_interval
+// × keep_alive_max_attempt (15 s by default) torch has forgotten them itself.
+const forgetLostLimit = 20 * time.Second
+
+// forgetLost has the relay age the heartbeats of the c10d nodes that were
+// lost when the master outdated the command's round (c10dstate.go).
+func (l *loop) forgetLost(cutoff time.Time, live int) {
+	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)
+	defer cancel()
+	if n := l.relay.ForgetLost(ctx, cutoff, live); n > 0 {
+		l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
+			"after", time.Since(cutoff).Round(time.Millisecond))
+	}
+}
+
+// torchProbeLimit bounds the torch version probe: an interpreter start,
+// under load, without importing torch.
+const torchProbeLimit = 30 * time.Second
+
+// torch2 reports whether the workers run torch 2.x; the first call waits for
+// the probe.
+func (l *loop) torch2() bool {
+	l.torchOnce.Do(func() {
+		v := <-l.torchProbe
+		l.torchIs2 = isTorch2(v)
+		if v != "" {
+			l.log.Info("workers' torch", "version", v)
+		}
+	})
+	return l.torchIs2
+}
+
 // startForkServer starts a fork server (forkserver.go) for the command's
 // interpreter, or goes on without one.
 func (l *loop) startForkServer() {
@@ -798,7 +858,7 @@ func (l *loop) startForkServer() {
 	l.forkStarts++
 	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
 	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
-	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode), preload, mark, logPath, l.log)
+	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), preload, mark, logPath, l.log)
 	if err != nil {
 		l.log.Warn("no fork server: workers are started with exec", "err", err)
 		return
@@ -891,7 +951,7 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
 			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
-			mark: attemptMark(gs.agentID, next.Attempt)})
+			mark: attemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
 		w, err := startSpare(gs, next.Attempt, local, env, preload)
 		if err != nil {
 			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)

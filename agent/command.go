@@ -137,6 +137,17 @@ func CommandEnv(base []string, s commandSpec) []string {
 		// (kfelastic) is no torch backend either.
 		env["PET_RDZV_BACKEND"] = "c10d"
 		env["PET_RDZV_CONF"] = clientOnly(env["PET_RDZV_CONF"])
+		// torch 2.5+'s rank-0 torch agent hosts a store of its own for the
+		// workers and the others keep its address across rounds (2.14's
+		// next_rendezvous builds it once per node): when rank 0's pod is
+		// replaced, a new rank 0 waits for a MASTER_ADDR nobody publishes,
+		// or the others meet a dead store, for the store's 60 s timeout
+		// (scenario 11 failed so). Without the sharing the workers' store
+		// is rebuilt every round, as on 1.13: torch's own opt-out, unless
+		// the pod sets it.
+		if _, ok := env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]; !ok {
+			env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+		}
 	}
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
 	env[ProgressFileEnv] = s.progressFile

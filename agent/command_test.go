@@ -46,7 +46,7 @@ func TestCommandEnv(t *testing.T) {
 	got := CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", errorFile: "/e", progressFile: "/p", mark: "a/1"})
 	want := []string{"KFELASTIC_AGENT=a/1", "KFELASTIC_PROGRESS_FILE=/p", "PATH=/bin", "PET_MAX_RESTARTS=2",
 		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_BACKEND=c10d",
-		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=0.0.0.0:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "_F_DES=Earliest", "_F_WN=pod-1"}
+		"PET_RDZV_CONF=last_call_timeout=1,is_host=false", "PET_RDZV_ENDPOINT=0.0.0.0:4242", "PET_RDZV_ID=job", "PYTHONUNBUFFERED=0", "TORCHELASTIC_ERROR_FILE=/e", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "_F_DES=Earliest", "_F_WN=pod-1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("CommandEnv:\n got %q\nwant %q", got, want)
 	}
@@ -84,10 +84,13 @@ func TestCommandFailureIsNotRestarted(t *testing.T) {
 // elastic_launch in the flytekit stand-in forks nproc workers itself, hosts
 // its own c10d store (PET_RDZV_ENDPOINT is left alone), and training ends.
 func TestCommandRealTorchSingleNode(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchSingleNode)
+}
+
+func commandRealTorchSingleNode(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
-	cfg.Command = []string{python, standIn(t), "--output-prefix", t.TempDir(), "--nproc-per-node", "2", "--steps", "15", "--sleep", "0.01"}
+	cfg.Command = []string{py, standIn(t), "--output-prefix", t.TempDir(), "--nproc-per-node", "2", "--steps", "15", "--sleep", "0.01"}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	if ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
@@ -105,14 +108,17 @@ func TestCommandRealTorchSingleNode(t *testing.T) {
 // workers (they checkpoint), not torch's agent (whose default action would
 // end it first); then the stop and a Preempted document, exit 143.
 func TestCommandRealTorchDumpAndPreempted(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchDumpAndPreempted)
+}
+
+func commandRealTorchDumpAndPreempted(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
 	cfg.DumpSignal, cfg.DumpTimeout = syscall.SIGUSR1, 3*time.Second
 	docs := t.TempDir()
 	cfg.ErrorPrefix = "file://" + docs
 	ckpt := filepath.Join(t.TempDir(), "ckpt")
-	cfg.Command = []string{python, standIn(t), "--output-prefix", docs, "--nproc-per-node", "2", "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
+	cfg.Command = []string{py, standIn(t), "--output-prefix", docs, "--nproc-per-node", "2", "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
 	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
@@ -231,10 +237,13 @@ func freePortT(t *testing.T) int {
 // torchrun itself fails on this Python before any worker starts, so the
 // command here is a script with @record.)
 func TestCommandRealTorchErrorFile(t *testing.T) {
-	needTorch(t)
-	cfg, out := torchConfig(t, 2)
+	forEachTorch(t, commandRealTorchErrorFile)
+}
+
+func commandRealTorchErrorFile(t *testing.T, py string) {
+	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
-	cfg.Command = []string{python, "-c", `from torch.distributed.elastic.multiprocessing.errors import record
+	cfg.Command = []string{py, "-c", `from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():

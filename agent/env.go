@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,9 @@ type workerSpec struct {
 	storePort int
 	// mark is the attempt's KFELASTIC_AGENT value (procs.go).
 	mark string
+	// torch2: the workers' torch is 2.x (torchVersion), whose torchrun
+	// gives its workers other variables than 1.13's.
+	torch2 bool
 }
 
 // WorkerEnv is base (the agent's own environment) plus torchrun's worker
@@ -42,11 +46,16 @@ type workerSpec struct {
 //     TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
 //     TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE as torchrun;
 //     USE_AGENT_STORE is False: the agent hosts no store, the rank-0 worker
-//     creates it (as with torchrun's c10d backend); with the store proxy
-//     (the default) global rank 0's MASTER_PORT is a private port and the
-//     round's MASTER_PORT is the proxy's, where torchrun gives all ranks
-//     the same port;
-//   - NCCL_ASYNC_ERROR_HANDLING defaults to 1, as torchrun;
+//     creates it (as with torch 1.13's torchrun and c10d backend; torch
+//     2.x's torchrun says True, its own agent hosting the workers' store,
+//     and both ways work with init_process_group's env://); with the store
+//     proxy (the default) global rank 0's MASTER_PORT is a private port and
+//     the round's MASTER_PORT is the proxy's, where torchrun gives all
+//     ranks the same port;
+//   - NCCL_ASYNC_ERROR_HANDLING defaults to 1, as torchrun 1.13; on torch
+//     2.x, TORCH_NCCL_ASYNC_ERROR_HANDLING does, and
+//     TORCHELASTIC_SIGNALS_TO_HANDLE is torchrun's default
+//     (SIGTERM,SIGINT,SIGHUP,SIGQUIT), as torchrun 2.x sets them;
 //   - OMP_NUM_THREADS=1 when unset and more than one local worker, as
 //     torchrun's run.py does to its own environment;
 //   - PYTHONUNBUFFERED=1 when unset: torchrun runs "python -u", we run any
@@ -98,7 +107,7 @@ func WorkerEnv(base []string, w workerSpec) []string {
 	if _, ok := env["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"]; ok {
 		set["FLYTE_INTERNAL_DIST_ERROR_STRATEGY"] = "Earliest"
 	}
-	setDefaults(env, w.localWorkers)
+	setDefaults(env, w.localWorkers, w.torch2)
 	for k, v := range set {
 		env[k] = v
 	}
@@ -107,8 +116,12 @@ func WorkerEnv(base []string, w workerSpec) []string {
 
 // setDefaults sets in env the variables WorkerEnv gives a worker when the
 // agent's environment lacks them.
-func setDefaults(env map[string]string, localWorkers int) {
+func setDefaults(env map[string]string, localWorkers int, torch2 bool) {
 	defaults := map[string]string{"NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1"}
+	if torch2 {
+		defaults = map[string]string{"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTHONUNBUFFERED": "1",
+			"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+	}
 	if localWorkers > 1 {
 		defaults["OMP_NUM_THREADS"] = "1"
 	}
@@ -133,9 +146,9 @@ func envMap(env []string) map[string]string {
 // serverEnv is the fork server's environment: base with the workers'
 // defaults, which matter while it imports (OpenMP reads OMP_NUM_THREADS
 // when torch loads it), and without base's own mark.
-func serverEnv(base []string, localWorkers int) []string {
+func serverEnv(base []string, localWorkers int, torch2 bool) []string {
 	env := envMap(base)
-	setDefaults(env, localWorkers)
+	setDefaults(env, localWorkers, torch2)
 	delete(env, agentMarkEnv)
 	return envList(env)
 }
@@ -185,4 +198,46 @@ func hostFQDN(ctx context.Context) string {
 		}
 	}
 	return strings.TrimSuffix(names[0], ".")
+}
+
+// torchVersionProbe prints the version of the torch an interpreter would
+// import, read from torch/version.py without importing torch (a second or
+// more), or nothing.
+const torchVersionProbe = `import importlib.util, os, re
+s = importlib.util.find_spec("torch")
+v = ""
+for d in (s and s.submodule_search_locations) or []:
+    try:
+        with open(os.path.join(d, "version.py")) as f:
+            v = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read()).group(1)
+        break
+    except (OSError, AttributeError):
+        pass
+print(v)
+`
+
+// torchVersion is the version of the torch the command's interpreter
+// (InterpreterOf) would import, "" when there is none or it cannot be told
+// within limit: the workers' environment follows that torch's torchrun.
+func torchVersion(ctx context.Context, command []string, env []string, limit time.Duration) string {
+	py := InterpreterOf(command)
+	if py == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "-c", torchVersionProbe)
+	cmd.Env = env
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// isTorch2 reports whether a torch version is 2.x or later.
+func isTorch2(v string) bool {
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	return err == nil && n >= 2
 }

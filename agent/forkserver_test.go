@@ -18,7 +18,8 @@ import (
 )
 
 // needPython skips without /usr/bin/python3 (the fork server's tests that
-// need no torch).
+// need no torch; those that should hold on Python 3.14 too run per torch,
+// forEachTorch).
 func needPython(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
@@ -29,12 +30,12 @@ func needPython(t *testing.T) {
 	}
 }
 
-// newTestForkServer starts a real fork server with /usr/bin/python3 and
-// preload (none: fast), and waits until it is ready.
-func newTestForkServer(t *testing.T, preload string, env ...string) *forkServer {
+// newTestForkServer starts a real fork server with py and preload (none:
+// fast), and waits until it is ready.
+func newTestForkServer(t *testing.T, py, preload string, env ...string) *forkServer {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := startForkServer(python, append(os.Environ(), env...), preload, "test/fork", filepath.Join(t.TempDir(), "fork.log"), log)
+	s, err := startForkServer(py, append(os.Environ(), env...), preload, "test/fork", filepath.Join(t.TempDir(), "fork.log"), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,10 @@ func writePy(t *testing.T, name, code string) string {
 // forked are as exec'd: sys.argv, sys.path[0], __name__, __file__,
 // __loader__, __spec__, and the real __main__ module as the globals.
 func TestForkServerAsExeced(t *testing.T) {
-	needPython(t)
+	forEachTorch(t, forkServerAsExeced)
+}
+
+func forkServerAsExeced(t *testing.T, py string) {
 	code := `import json, sys
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__, "spec": __spec__ and __spec__.name,
     "loader": type(__loader__).__name__, "main": sys.modules["__main__"].__dict__ is globals(), "doc": __doc__}))
@@ -72,7 +76,7 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "fil
 		t.Fatal(err)
 	}
 	env := []string{"PYTHONPATH=" + dir}
-	s := newTestForkServer(t, "", env...)
+	s := newTestForkServer(t, py, "", env...)
 	for _, argv := range [][]string{{rel, "a", "-b"}, {"-m", "kfmod", "a", "-b"}} {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -88,7 +92,7 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "fil
 		if e := waitForkExit(t, exit); e.lost || e.status.ExitStatus() != 0 {
 			t.Errorf("%q: exit %+v: %s", argv, e, forked)
 		}
-		cmd := exec.Command(python, argv...)
+		cmd := exec.Command(py, argv...)
 		cmd.Env = env
 		execd, err := cmd.CombinedOutput()
 		if err != nil {
@@ -139,8 +143,11 @@ func waitForkExit(t *testing.T, exit <-chan forkExit) forkExit {
 // and sys.path[0] it is given, leads its own process group, and its exit
 // status comes back as the wait status.
 func TestForkServerWorker(t *testing.T) {
-	needPython(t)
-	s := newTestForkServer(t, "")
+	forEachTorch(t, forkServerWorker)
+}
+
+func forkServerWorker(t *testing.T, py string) {
+	s := newTestForkServer(t, py, "")
 	code := `import json, os, sys
 proc = [kv for kv in open("/proc/self/environ").read().split("\0") if kv]
 print(json.dumps({"env": dict(os.environ), "proc": proc, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
@@ -182,8 +189,11 @@ sys.exit(3)
 // A worker killed by a signal is reported with that signal; a fork server
 // that dies takes its workers with it, and they are reported lost.
 func TestForkServerSignalAndDeath(t *testing.T) {
-	needPython(t)
-	s := newTestForkServer(t, "")
+	forEachTorch(t, forkServerSignalAndDeath)
+}
+
+func forkServerSignalAndDeath(t *testing.T, py string) {
+	s := newTestForkServer(t, py, "")
 	pid, exit, _ := forkScript(t, s, "import time\ntime.sleep(60)\n", nil, []string{"X=1"})
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	if e := waitForkExit(t, exit); e.lost || !e.status.Signaled() || e.status.Signal() != syscall.SIGKILL {
@@ -214,9 +224,12 @@ func TestForkServerSignalAndDeath(t *testing.T) {
 // imports, and the restart after that is forked again; training resumes to
 // the end each time.
 func TestTorchForkServerRestarts(t *testing.T) {
-	needTorch(t)
+	forEachTorch(t, torchForkServerRestarts)
+}
+
+func torchForkServerRestarts(t *testing.T, py string) {
 	dir, ckpt := t.TempDir(), filepath.Join(t.TempDir(), "ckpt")
-	cfg, out := torchConfig(t, 2, "--steps", "100", "--sleep", "0.02", "--ckpt", ckpt, "--env-out", dir)
+	cfg, out := torchConfig(t, py, 2, "--steps", "100", "--sleep", "0.02", "--ckpt", ckpt, "--env-out", dir)
 	cfg.MaxRestarts, cfg.Env = 3, cleanEnv()
 	done := make(chan error, 1)
 	go func() { done <- Run(t.Context(), cfg) }()
@@ -294,25 +307,46 @@ func readProc(t *testing.T, dir string, restart, rank int) map[string]int {
 
 // familyScript is a python worker that leaves what a real one may: a
 // forked child in a session of its own (it carries the fork server's mark,
-// not the attempt's), and an exec'd daemon in another. It writes the pids
-// to DIR/{worker,forked,daemon}-<restart>-<local rank> and sleeps.
-const familyScript = `import os, subprocess, sys, time
-d, r = sys.argv[1], os.environ["TORCHELASTIC_RESTART_COUNT"] + "-" + os.environ["LOCAL_RANK"]
-def note(name, pid):
-    with open(os.path.join(d, f".{name}-{r}"), "w") as f:
-        f.write(str(pid))
-    os.replace(os.path.join(d, f".{name}-{r}"), os.path.join(d, f"{name}-{r}"))
-pid = os.fork()
-if pid == 0:
-    os.setsid()
+// not the attempt's), an exec'd daemon in another, and a multiprocessing
+// child by the default start method (a data loader's): fork up to Python
+// 3.13; forkserver from 3.14, which starts multiprocessing's own server
+// process (an interpreter exec'd with the worker's environment) that forks
+// the child and outlives it. It writes the pids to
+// DIR/{worker,forked,daemon,mp,mpserver}-<restart>-<local rank> (mpserver
+// is the mp child again where there is no such server) and sleeps.
+const familyScript = `import multiprocessing, os, subprocess, sys, time
+
+def idle():
     time.sleep(600)
-    os._exit(0)
-note("forked", pid)
-p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-note("daemon", p.pid)
-note("worker", os.getpid())
-time.sleep(600)
+
+if __name__ == "__main__":
+    d, r = sys.argv[1], os.environ["TORCHELASTIC_RESTART_COUNT"] + "-" + os.environ["LOCAL_RANK"]
+    def note(name, pid):
+        with open(os.path.join(d, f".{name}-{r}"), "w") as f:
+            f.write(str(pid))
+        os.replace(os.path.join(d, f".{name}-{r}"), os.path.join(d, f"{name}-{r}"))
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    note("forked", pid)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    note("daemon", p.pid)
+    mp = multiprocessing.Process(target=idle)
+    mp.start()
+    note("mp", mp.pid)
+    server = None
+    if multiprocessing.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+        server = forkserver._forkserver._forkserver_pid
+    note("mpserver", server or mp.pid)
+    note("worker", os.getpid())
+    time.sleep(600)
 `
+
+// familyPids is how many pids familyScript notes per worker.
+const familyPids = 5
 
 // Nothing outlives an agent whose workers were forked: not the workers, not
 // what they forked or started out of their process groups, not the fork
@@ -320,7 +354,10 @@ time.sleep(600)
 // (its guardian does). Nothing of an attempt outlives it either, but the
 // fork server, which forks the next.
 func TestForkServerNoOrphans(t *testing.T) {
-	needTorch(t)
+	forEachTorch(t, forkServerNoOrphans)
+}
+
+func forkServerNoOrphans(t *testing.T, py string) {
 	for _, c := range []struct {
 		sig     syscall.Signal
 		restart bool
@@ -331,8 +368,8 @@ func TestForkServerNoOrphans(t *testing.T) {
 			dir := filepath.Dir(script)
 			out := &syncBuffer{}
 			cmd := startAgentProcess(t, agentProcess{NProc: 2, StopGrace: time.Second, LogDir: logDir, MaxRestarts: 1,
-				Command: []string{python, script, dir}}, out, out)
-			pids := pidsIn(t, filepath.Join(dir, "*-0-*"), 6)
+				Command: []string{py, script, dir}}, out, out)
+			pids := pidsIn(t, filepath.Join(dir, "*-0-*"), 2*familyPids)
 			m := regexp.MustCompile(`msg="fork server starting" pid=(\d+)`).FindStringSubmatch(out.String())
 			if m == nil {
 				t.Fatalf("no fork server:\n%s", out)
@@ -345,7 +382,7 @@ func TestForkServerNoOrphans(t *testing.T) {
 			}
 			if c.restart {
 				_ = syscall.Kill(pidsIn(t, filepath.Join(dir, "worker-0-1"), 1)[0], syscall.SIGKILL)
-				next := pidsIn(t, filepath.Join(dir, "*-1-*"), 6)
+				next := pidsIn(t, filepath.Join(dir, "*-1-*"), 2*familyPids)
 				waitDead(t, pids, 3*time.Second, "after the first attempt ended")
 				if !alive(server) {
 					t.Fatalf("the fork server %d did not survive the first attempt's end", server)
@@ -431,7 +468,7 @@ func TestNotForkableIsExeced(t *testing.T) {
 func TestForkServerRefusesWithThreads(t *testing.T) {
 	needPython(t)
 	dir := filepath.Dir(writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"))
-	s := newTestForkServer(t, "kfthread", "PYTHONPATH="+dir)
+	s := newTestForkServer(t, python, "kfthread", "PYTHONPATH="+dir)
 	for range 2 {
 		_, _, err := s.fork([]string{"x.py"}, nil, os.Stdout, os.Stdout)
 		if err == nil || !strings.Contains(err.Error(), "threads") || s.refused() == "" {

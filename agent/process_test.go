@@ -135,7 +135,8 @@ func TestStopSignals(t *testing.T) {
 // it fail.
 func pidsIn(t *testing.T, pattern string, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// Long enough for a torch import under load (the fork server's).
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		files, _ := filepath.Glob(pattern)
 		var pids []int

@@ -25,7 +25,7 @@ import (
 // only after a whole second, which a released spare would always meet. With
 // the store proxy (the default) the proxy accepts at once and this wait ends
 // at its first try; it matters with --store-proxy=false.
-const spareBoot = `import os, sys, json, importlib
+const spareBoot = `import os, sys, json, importlib, importlib.util
 fd = int(os.environ.pop("KFELASTIC_SPARE_FD"))
 for m in os.environ.pop("KFELASTIC_SPARE_PRELOAD", "").split(","):
     if m:
@@ -33,6 +33,13 @@ for m in os.environ.pop("KFELASTIC_SPARE_PRELOAD", "").split(","):
             importlib.import_module(m)
         except Exception:
             pass
+# torch 2.x imports torch._dynamo lazily at the first forward or optimizer
+# step (forkserver.py says more): imported here too when torch is.
+if "torch" in sys.modules and importlib.util.find_spec("torch._dynamo") is not None:
+    try:
+        importlib.import_module("torch._dynamo")
+    except Exception:
+        pass
 with os.fdopen(fd) as f:
     line = f.readline()
 if not line:

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	mathrand "math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,11 +48,15 @@ type StoreRelay struct {
 	cancel context.CancelFunc
 	nconn  atomic.Uint64
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
-	once   sync.Once
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	// rdzvKeys are the keys torch compare_set under /torch.rendezvous.:
+	// c10d's state (ForgetLost).
+	rdzvKeys map[string]bool
+	forgets  int
+	closed   bool
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 // relayLongPoll is how long one WAIT is held by the master before the relay
@@ -221,6 +226,14 @@ func (c *relayConn) handle(req tcpstore.Request) error {
 		_, err := c.mutate(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_MultiSet{MultiSet: &masterpb.StoreMultiSet{Keys: req.Keys, Values: req.Values}}})
 		return err
 	case tcpstore.CompareSet:
+		if strings.HasPrefix(req.Key, "/torch.rendezvous.") {
+			c.r.mu.Lock()
+			if c.r.rdzvKeys == nil {
+				c.r.rdzvKeys = map[string]bool{}
+			}
+			c.r.rdzvKeys[req.Key] = true
+			c.r.mu.Unlock()
+		}
 		res, err := c.mutate(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_CompareSet{CompareSet: &masterpb.StoreCompareSet{
 			Key: req.Key, Expected: req.Expected, Desired: req.Value}}})
 		if err != nil {
@@ -285,6 +298,71 @@ func (c *relayConn) handle(req tcpstore.Request) error {
 		return fmt.Errorf("%w: %s is not relayed", errGone, req.Cmd)
 	}
 	return c.reply(out)
+}
+
+// agedHeartbeat is what ForgetLost writes over a lost node's heartbeat:
+// long past any keep-alive.
+var agedHeartbeat = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// c10dKeepAliveGrace is c10d's default keep-alive interval (5 s) and a
+// margin: by then every node alive at the cutoff has written a heartbeat
+// after it, even one that is not re-rendezvousing.
+const c10dKeepAliveGrace = 6 * time.Second
+
+// ForgetLost watches the c10d states torch's agent keeps through this relay
+// until live nodes have written a heartbeat at or after cutoff (or
+// c10dKeepAliveGrace has passed since it), then ages the heartbeats still
+// before it (c10dstate.go says why), and returns how many; 0 when there
+// were none, or ctx ended first.
+func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live int) int {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r.mu.Lock()
+		keys := make([]string, 0, len(r.rdzvKeys))
+		for k := range r.rdzvKeys {
+			keys = append(keys, k)
+		}
+		r.mu.Unlock()
+		for _, key := range keys {
+			res, err := r.client.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: key}}})
+			if err != nil {
+				continue
+			}
+			before, after, ok := c10dHeartbeats(res.GetValue(), cutoff)
+			if !ok {
+				continue
+			}
+			if before == 0 {
+				return 0 // every node beat since: none was lost
+			}
+			if after < live && time.Since(cutoff) < c10dKeepAliveGrace {
+				continue
+			}
+			out, n, ok := agedC10dState(res.GetValue(), cutoff, agedHeartbeat)
+			if !ok {
+				continue
+			}
+			r.mu.Lock()
+			r.forgets++
+			client := fmt.Sprintf("%sforget/%d", r.prefix, r.forgets)
+			r.mu.Unlock()
+			cres, err := r.client.Store(ctx, &masterpb.StoreRequest{Client: client, Seq: 1, Op: &masterpb.StoreRequest_CompareSet{
+				CompareSet: &masterpb.StoreCompareSet{Key: key, Expected: res.GetValue(), Desired: out}}})
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, _ = r.client.CloseStoreSession(cctx, &masterpb.CloseStoreSessionRequest{Client: client})
+			cancel()
+			if err == nil && string(cres.GetValue()) == string(out) {
+				return n
+			}
+			// Someone wrote first: read again at the next tick.
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-tick.C:
+		}
+	}
 }
 
 func boolInt(b bool) int64 {

@@ -20,24 +20,16 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent/tcpstore"
 	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 
-// storePython is an interpreter with torch: Debian's torch 1.13, and torch
-// 2.x from the chroot `scripts/deps.sh torch2` builds when it is there.
+// storePython is an interpreter with torch (testenv.Torches): Debian's
+// torch 1.13, and torch 2.14 when `scripts/deps.sh torch2` has built it.
 type storePython struct {
 	name string
 	argv []string // the interpreter, before the script
 	dir  string   // where the interpreter sees agent/testdata
-}
-
-func torch2Root() string {
-	cache := os.Getenv("KFELASTIC_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "kfelastic")
-	}
-	return filepath.Join(cache, "torch2")
 }
 
 // storePythons lists the interpreters present; it skips the test when there
@@ -46,22 +38,9 @@ func storePythons(t *testing.T) []storePython {
 	t.Helper()
 	testdata, _ := filepath.Abs("testdata")
 	var ps []storePython
-	if exec.Command("/usr/bin/python3", "-c", "import torch").Run() == nil {
-		ps = append(ps, storePython{name: "torch1.13", argv: []string{"/usr/bin/python3"}, dir: testdata})
-	}
-	if root := torch2Root(); fileExists(filepath.Join(root, "usr/bin/python3")) {
-		// A mount namespace of its own gives the chroot a /proc, this
-		// machine's /etc/hosts (torch resolves the host's name) and this
-		// package's testdata, and they vanish with the process.
-		ps = append(ps, storePython{name: "torch2", dir: "/kfelastic", argv: []string{"unshare", "-m",
-			"--propagation", "private", "sh", "-c",
-			`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind /etc/hosts "$0/etc/hosts" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
-			root, testdata}})
-	} else {
-		t.Logf("no torch 2.x (scripts/deps.sh torch2 builds it into %s): 2.x is covered by recorded bytes only", root)
-	}
-	if len(ps) == 0 {
-		t.Skip("no torch: scripts/deps.sh apt installs it")
+	for _, tc := range testenv.Torches(t) {
+		// scripts/torch-python shows the project at its own path.
+		ps = append(ps, storePython{name: tc.Name(), argv: []string{tc.Python}, dir: testdata})
 	}
 	return ps
 }
@@ -544,11 +523,6 @@ func TestStoreRelayTorchRendezvous(t *testing.T) {
 					filepath.Join(py.dir, "train", "train_steps.py"), "--steps", "3", "--sleep", "0")
 				cmd.Args = slices.Delete(cmd.Args, len(py.argv), len(py.argv)+1) // no script: -m
 				cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-				if py.name != "torch1.13" {
-					// Debian's torch 2.x is built without libuv
-					// (testdata/nolibuv says more).
-					cmd.Env = append(cmd.Env, "USE_LIBUV=0", "PYTHONPATH="+filepath.Join(py.dir, "nolibuv"))
-				}
 				go func() {
 					var err error
 					outs[i], err = cmd.CombinedOutput()

@@ -127,7 +127,9 @@ type groupStart struct {
 	workers     int
 	// storePort is global rank 0's MASTER_PORT behind the store proxy; 0
 	// without the proxy.
-	storePort   int
+	storePort int
+	// torch2: the workers run torch 2.x (loop.torch2).
+	torch2      bool
 	out         *output
 	oomBaseline int64
 	oomKnown    bool
@@ -202,7 +204,7 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 			}
 			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
 				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
-				storePort: gs.storePort, mark: g.mark})
+				storePort: gs.storePort, mark: g.mark, torch2: gs.torch2})
 		}
 		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
 			w := spares[local]

@@ -22,9 +22,18 @@ import (
 // the real master in-process. Nothing is faked. Scenarios 8–10 (TensorFlow
 // PS jobs, on a stand-in) are in tfjob_test.go; 11 (--launcher command with
 // torch's own elastic_launch, the flytekit stand-in) is below, and 12's
-// blackout measurement belongs here too, next to TestKillMaster.
+// blackout measurement belongs here too, next to TestKillMaster. Scenarios
+// 1, 5, 7, 11 and 12 run once per torch: 1.13, and 2.14 (Python 3.14) when
+// scripts/deps.sh torch2 has built it (testenv.Torches).
 
+// python is Debian's, with torch 1.13: the scenarios that run on one torch.
 const python = "/usr/bin/python3"
+
+// forEachTorch runs f as a subtest per torch here, py its interpreter.
+func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
+	t.Helper()
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
+}
 
 var (
 	buildOnce sync.Once
@@ -78,12 +87,18 @@ type job struct {
 // command, binary, output and short timeouts filled in) and steps steps.
 func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 	t.Helper()
+	return runJobOn(t, python, opts, steps, chaos...)
+}
+
+// runJobOn is runJob with py running the example script.
+func runJobOn(t *testing.T, py string, opts Options, steps int, chaos ...string) *job {
+	t.Helper()
 	opts.Binary = kfelasticBinary(t)
 	opts.Out = t.TempDir()
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")
 	if opts.Command == nil {
-		opts.Command = []string{python, script, "--steps", strconv.Itoa(steps), "--sleep", "0.05", "--ckpt-every", "5",
+		opts.Command = []string{py, script, "--steps", strconv.Itoa(steps), "--sleep", "0.05", "--ckpt-every", "5",
 			"--ckpt-dir", filepath.Join(opts.Out, "ckpt")}
 	}
 	if opts.Job == "" {
@@ -182,7 +197,11 @@ func (j *job) resumed(pod string) {
 // index and the same rank starts, not counted against the budget, and
 // training continues from the checkpoint.
 func TestScenario1DeletePod(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 40, "delete-pod:1@step=8")
+	forEachTorch(t, scenario1DeletePod)
+}
+
+func scenario1DeletePod(t *testing.T, py string) {
+	j := runJobOn(t, py, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1}, 40, "delete-pod:1@step=8")
 	j.succeeded()
 	j.expect("deletion", j.view, `delete-pod: SIGTERM to job-worker-1`)
 	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-1 as rank 1 after Preempted \(relaunch, not counted\)`)
@@ -200,7 +219,11 @@ func TestScenario1DeletePod(t *testing.T) {
 // local group in place (restart_count=1); the pod does not fail and no pod
 // is relaunched.
 func TestScenario5KillWorker(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 2}, 40, "kill-worker:1/1@step=8")
+	forEachTorch(t, scenario5KillWorker)
+}
+
+func scenario5KillWorker(t *testing.T, py string) {
+	j := runJobOn(t, py, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 2}, 40, "kill-worker:1/1@step=8")
 	j.succeeded()
 	j.expect("kill", j.view, `kill-worker: kill -9 of job-worker-1's local rank 1 \(pid \d+\)`)
 	j.expect("in-place restart", j.podLog("job-worker-1"), `(?s)restart_count=1\n.*resumed from step [1-9]`)
@@ -228,7 +251,11 @@ func TestScenario6AddSlot(t *testing.T) {
 // and so does its replacement): the relaunch budget is spent, and training
 // restarts with 3 from its checkpoint.
 func TestScenario7FailPod(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, MaxRelaunches: 1}, 40, "fail-pod:3@step=8")
+	forEachTorch(t, scenario7FailPod)
+}
+
+func scenario7FailPod(t *testing.T, py string) {
+	j := runJobOn(t, py, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, MaxRelaunches: 1}, 40, "fail-pod:3@step=8")
 	j.succeeded()
 	j.expect("failure", j.view, `fail-pod: job-worker-3's machine fails`)
 	j.expect("replacement fails too", j.view, `job-worker-4 replaces job-worker-3 as rank 3 after NodeLost \(relaunch, counted\)(?s).*job-worker-4, rank 3's replacement, fails too`)
@@ -242,7 +269,11 @@ func TestScenario7FailPod(t *testing.T) {
 // Scenario 12 (in part): the master stops and restarts with its state:
 // training goes on in the same round, no pod restarts.
 func TestKillMaster(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1}, 60, "kill-master@step=8")
+	forEachTorch(t, killMaster)
+}
+
+func killMaster(t *testing.T, py string) {
+	j := runJobOn(t, py, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1}, 60, "kill-master@step=8")
 	j.succeeded()
 	m := j.expect("restart", j.view, `kill-master: master back on \S+ after (\S+)`)
 	t.Logf("master blackout: %s", m[1])
@@ -337,13 +368,17 @@ func TestScenario4CutNetwork(t *testing.T) {
 // resume from the checkpoint. Each agent runs its command once: torch
 // restarts the workers inside it.
 func TestScenario11DeleteWorker0Command(t *testing.T) {
+	forEachTorch(t, scenario11DeleteWorker0Command)
+}
+
+func scenario11DeleteWorker0Command(t *testing.T, py string) {
 	_, file, _, _ := runtime.Caller(0)
 	standIn := filepath.Join(filepath.Dir(file), "..", "testdata", "flytekit", "elastic_task.py")
 	// 120 steps of 50 ms: the survivors' workers fail when worker 0's go,
 	// and their torch agents wait in the rendezvous for the replacement.
-	cmd := []string{python, standIn, "--output-prefix", t.TempDir(), "--nnodes", "2:3", "--steps", "120", "--sleep", "0.05", "--ckpt", filepath.Join(t.TempDir(), "ckpt"),
+	cmd := []string{py, standIn, "--output-prefix", t.TempDir(), "--nnodes", "2:3", "--steps", "120", "--sleep", "0.05", "--ckpt", filepath.Join(t.TempDir(), "ckpt"),
 		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "job", "--rdzv-conf", "last_call_timeout=1"}
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Launcher: "command", Command: cmd}, 120, "delete-pod:0@step=10")
+	j := runJobOn(t, py, Options{MinNodes: 2, MaxNodes: 3, NProcPerNode: 1, Launcher: "command", Command: cmd}, 120, "delete-pod:0@step=10")
 	j.succeeded()
 	j.expect("deletion", j.view, `delete-pod: SIGTERM to job-worker-0`)
 	j.expect("replacement", j.view, `job-worker-3 replaces job-worker-0 as rank 0 after Preempted \(relaunch, not counted\)`)

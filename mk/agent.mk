@@ -1,7 +1,8 @@
 # The agent's benchmark: kill -9 → first step under kfelastic agent (fork server,
 # --fork-server=false, --store-proxy=false, --warm-spares) vs torchrun,
 # cold-start overhead over bare workers, agent RSS, the fork server's RSS/PSS
-# (bench/agent/main.go).
+# (bench/agent/main.go); on torch 1.13 and 2.14 (scripts/deps.sh torch2; its
+# half is skipped with a note without it), each beside its own torchrun.
 BENCHES += agent
 
 .PHONY: bench-agent

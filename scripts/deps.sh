@@ -2,7 +2,8 @@
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
 # fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|k8s|cluster|protoc|torch2]
-# (torch: Debian's python3-torch alone, for make demo; k8s: etcd, kube-apiserver,
+# (torch: Debian's python3-torch alone, for make demo; torch2: torch 2.14 in a
+# Debian sid root, run by scripts/torch-python 2.14; k8s: etcd, kube-apiserver,
 # CRDs, training operator, kwok; cluster: k8s and the one-node cluster)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
@@ -175,32 +176,36 @@ need_protoc() {
     GOBIN="$BIN" GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$rv"
 }
 
-# torch 2.x for the store relay's tests (agent/tcpstore, agent/storerelay):
-# Debian trixie's python3-torch (2.6) in a debootstrap chroot under
-# $CACHE/torch2; the tests run its python3 in a mount namespace of their own
-# (agent/storerelay_test.go). Part of `all`, beside the long builds: ≈4.5 min
-# cold and 1.3 GB; the tests that need it skip when it is absent.
+# torch 2.x for every torch-facing test, benchmark and user
+# (scripts/torch-python 2.14): Debian unstable's python3-torch (2.14.1,
+# Python 3.14, gloo) in a debootstrap root under $CACHE/torch-sid. It
+# replaces the trixie root ($CACHE/torch2, torch 2.6) that this built before:
+# 2.14 is the torch users train on and speaks the same store protocol as 2.6
+# (2.2+ numbering, handshake), so one 2.x root covers what two did, for half
+# the build. (An old $CACHE/torch2 is left alone; nothing reads it now.)
+# Part of `all`, beside the long builds: ≈5 min cold and ≈1.4 GB; the tests
+# that need it skip with a note when it is absent.
 need_torch2() {
-  local root=$CACHE/torch2
-  # The chroot is moved into place only once complete.
+  local root=$CACHE/torch-sid log=$CACHE/logs/torch-sid.log
+  # The root is moved into place only once complete.
   [ -d "$root/usr/lib/python3/dist-packages/torch" ] && return 0
   export DEBIAN_FRONTEND=noninteractive
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   # One chain: `all` calls this under ||, where set -e does not stop a
-  # failed step, and a half-made chroot must never be moved into place.
+  # failed step, and a half-made root must never be moved into place.
   {
     command -v debootstrap >/dev/null || {
-      $SUDO apt-get update -qq >"$CACHE/logs/torch2.log" 2>&1 &&
-        $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$CACHE/logs/torch2.log" 2>&1
+      $SUDO apt-get update -qq >"$log" 2>&1 &&
+        $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$log" 2>&1
     }
   } &&
-    log "debootstrap trixie with python3-torch into $root (≈4.5 min, 1.3 GB)" &&
-    rm -rf "$root.tmp" &&
-    $SUDO debootstrap --variant=minbase trixie "$root.tmp" http://deb.debian.org/debian >>"$CACHE/logs/torch2.log" 2>&1 &&
-    $SUDO chroot "$root.tmp" apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/torch2.log" 2>&1 &&
-    $SUDO chroot "$root.tmp" apt-get clean >>"$CACHE/logs/torch2.log" 2>&1 &&
-    rm -rf "$root" &&
-    mv "$root.tmp" "$root"
+    log "debootstrap sid with python3-torch into $root (≈5 min, 1.4 GB)" &&
+    $SUDO rm -rf "$root.tmp" &&
+    $SUDO debootstrap --variant=minbase sid "$root.tmp" http://deb.debian.org/debian >>"$log" 2>&1 &&
+    $SUDO chroot "$root.tmp" apt-get install -y -qq --no-install-recommends python3-torch >>"$log" 2>&1 &&
+    $SUDO chroot "$root.tmp" apt-get clean >>"$log" 2>&1 &&
+    $SUDO rm -rf "$root" &&
+    $SUDO mv "$root.tmp" "$root"
 }
 
 what=${1:-all}
@@ -218,9 +223,9 @@ case $what in
     need_minio & p1=$!
     need_k8s & p2=$!
     need_operator & p3=$!
-    # torch 2.x for the store relay's tests; without it those tests skip
-    # with a note, so a failed debootstrap does not fail the run.
-    { need_torch2 || log "no torch 2.x chroot (see $CACHE/logs/torch2.log): its tests will skip"; } & p4=$!
+    # torch 2.14 for the 2.x side of the torch tests; without it those
+    # tests skip with a note, so a failed debootstrap does not fail the run.
+    { need_torch2 || log "no torch 2.14 root (see $CACHE/logs/torch-sid.log): its tests will skip"; } & p4=$!
     need_crds
     wait $p1; wait $p2; wait $p3; wait $p4
     # After the API server: the node's binaries share its module cache. A

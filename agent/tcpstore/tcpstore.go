@@ -20,15 +20,22 @@
 //   - torch 2.2 and later (numbering Torch22): the VALIDATE handshake with
 //     magic 0x3C85F7CE first, then SET 1 … CANCEL_WAIT 12, PING 13,
 //     QUEUE_PUSH 14, QUEUE_POP 15, QUEUE_LEN 16, LIST_KEYS 17 (2.11).
-//     Verified with a real torch 2.6 client (Debian trixie's, in the chroot
-//     `scripts/deps.sh torch2` builds; its tests skip when it is absent):
-//     it sends VALIDATE, then PING, on its one connection; the relay's
-//     tests run every operation of its Python API through the relay (a
-//     timed-out wait included) and torch elastic's rendezvous, which uses
-//     MULTI_GET/MULTI_SET; and from bytes (one
-//     stream captured from that client, the others derived from torch's
-//     TCPStore.cpp client code) always. QUEUE_* and LIST_KEYS are decoded
-//     from the table only: no client here sends them.
+//     Verified with a real torch 2.6 client (Debian trixie's) and, since,
+//     torch 2.14.1 (Debian sid's, in the root `scripts/deps.sh torch2`
+//     builds; its tests skip when it is absent): it sends VALIDATE, then
+//     PING, on its one connection (2.14's constructor then ADDs "init/"
+//     when given a world size); the relay's tests run every operation of
+//     its Python API through the relay (a timed-out wait included) and
+//     torch elastic's rendezvous, which uses MULTI_GET/MULTI_SET; and from
+//     bytes (one stream captured from the 2.6 client, the others derived
+//     from torch's TCPStore.cpp client code) always. 2.14's classic client
+//     was captured command by command against a logging server: SET 1,
+//     COMPARE_SET 2, GET 3 (after WAIT 6), ADD 4, CHECK 5, WAIT 6,
+//     GETNUMKEYS 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10 (after WAIT 6),
+//     MULTI_SET 11, PING 13: the 2.2+ numbering, unchanged. It sends no
+//     QUEUE_* (refused in the client: "queues not implemented on legacy
+//     TCPStore backend") and its list_keys sent nothing; QUEUE_* and
+//     LIST_KEYS are decoded from the table only.
 //
 // # Telling the numberings apart
 //

@@ -12,8 +12,8 @@
 //     through a relay and against torch's own store server.
 //
 // Run it with `make bench-store` (needs bin/kfelastic and a python with
-// torch; -python picks it; -torch2 DIR runs the python3 of the torch 2.x
-// chroot that `scripts/deps.sh torch2` builds).
+// torch; -python picks it: scripts/torch2.14/python3 runs torch 2.14, from
+// the root `scripts/deps.sh torch2` builds).
 package main
 
 import (
@@ -42,24 +42,10 @@ var (
 	sizes     = flag.String("n", "2,4,8", "torch agent counts")
 	runs      = flag.Int("runs", 3, "rendezvous per size and side (the median is printed)")
 	ops       = flag.Int("ops", 2000, "operations per kind for the latency")
-	torch2    = flag.String("torch2", "", "a torch 2.x chroot (scripts/deps.sh torch2) whose python3 to run instead of -python")
 )
 
-// pythonCmd runs python with args: -python, or the chroot's python3 in a
-// mount namespace of its own with /proc, this machine's /etc/hosts, and
-// agent/testdata/nolibuv on PYTHONPATH (Debian's torch 2.x has no libuv;
-// that folder's sitecustomize.py says more).
-func pythonCmd(args ...string) *exec.Cmd {
-	if *torch2 == "" {
-		return exec.Command(*python, args...)
-	}
-	testdata, _ := filepath.Abs("agent/testdata")
-	cmd := exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c",
-		`mkdir -p "$0/kfelastic" && mount -t proc proc "$0/proc" && mount --bind /etc/hosts "$0/etc/hosts" && mount --bind "$1" "$0/kfelastic" && shift && exec chroot "$0" python3 "$@"`,
-		*torch2, testdata}, args...)...)
-	cmd.Env = append(os.Environ(), "USE_LIBUV=0", "PYTHONPATH=/kfelastic/nolibuv")
-	return cmd
-}
+// pythonCmd runs -python with args.
+func pythonCmd(args ...string) *exec.Cmd { return exec.Command(*python, args...) }
 
 const token = "bench-token"
 
@@ -98,9 +84,6 @@ func run() error {
 	}
 
 	who := *python
-	if *torch2 != "" {
-		who = "python3 of " + *torch2
-	}
 	fmt.Printf("torch c10d rendezvous (%s), median of %d, from every agent starting to the last one ranked:\n", who, *runs)
 	fmt.Printf("%-8s %18s %18s %14s\n", "agents", "torch's TCPStore", "relay + master", "torch ÷ ours")
 	for _, f := range strings.Split(*sizes, ",") {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -22,8 +21,9 @@ import (
 
 // Real processes throughout: `kfelastic master`, `kfelastic agent
 // --launcher command` per pod, and in each pod the flytekit stand-in
-// (testdata/flytekit/elastic_task.py), torch 1.13's own elastic_launch with
-// rdzv_backend c10d forking gloo workers. Pods are process groups on this
+// (testdata/flytekit/elastic_task.py), torch's own elastic_launch with
+// rdzv_backend c10d starting gloo workers: torch 1.13 and, when built, 2.14
+// (testenv.Torches; each test runs once per torch). Pods are process groups on this
 // machine; a replacement pod is what the training operator makes: the same
 // pod name and node rank, a new process.
 
@@ -31,6 +31,7 @@ import (
 type commandJob struct {
 	t         *testing.T
 	bin, dir  string
+	python    string // the pods' interpreter (its torch)
 	addr      string
 	tokenFile string
 	nodes     int
@@ -42,11 +43,11 @@ type commandJob struct {
 	master *proc
 }
 
-func newCommandJob(t *testing.T, nodes, steps int, masterFlags ...string) *commandJob {
+func newCommandJob(t *testing.T, py string, nodes, steps int, masterFlags ...string) *commandJob {
 	t.Helper()
 	bin := torchBinary(t)
 	dir := t.TempDir()
-	j := &commandJob{t: t, bin: bin, dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", freePortForTest(t)),
+	j := &commandJob{t: t, bin: bin, dir: dir, python: py, addr: fmt.Sprintf("127.0.0.1:%d", freePortForTest(t)),
 		tokenFile: filepath.Join(dir, "token"), nodes: nodes, nnodes: fmt.Sprint(nodes), ckpt: filepath.Join(dir, "ckpt"), steps: steps, flags: masterFlags}
 	if err := os.WriteFile(j.tokenFile, []byte("job-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func (j *commandJob) pod(rank int) *proc {
 		"PET_RDZV_ID=cmdjob", fmt.Sprintf("PET_NODE_RANK=%d", rank), "PET_MAX_RESTARTS=3"}
 	return startProc(j.t, env, j.bin, "agent", "--launcher", "command", "--rdzv-backend", "c10d",
 		"--token-file", j.tokenFile, "--error-prefix", "file://"+filepath.Join(j.dir, "out"),
-		"--", torchPython, script, "--output-prefix", filepath.Join(j.dir, "out"), "--nnodes", j.nnodes,
+		"--", j.python, script, "--output-prefix", filepath.Join(j.dir, "out"), "--nnodes", j.nnodes,
 		"--steps", fmt.Sprint(j.steps), "--sleep", "0.05", "--ckpt", j.ckpt,
 		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "cmdjob", "--rdzv-conf", "last_call_timeout=1")
 }
@@ -104,13 +105,17 @@ var lastStep = func(steps int) *regexp.Regexp {
 // through the agents' relays in the master, every pod trains to the end,
 // and every agent ran one child.
 func TestCommandLauncherRealTorch(t *testing.T) {
+	forEachTorch(t, commandLauncherRealTorch)
+}
+
+func commandLauncherRealTorch(t *testing.T, py string) {
 	for _, nodes := range []int{2, 3} {
 		t.Run(fmt.Sprintf("%d-pods", nodes), func(t *testing.T) {
 			var check []string
 			if nodes == 2 {
 				check = []string{"--network-check"}
 			}
-			j := newCommandJob(t, nodes, 30, check...)
+			j := newCommandJob(t, py, nodes, 30, check...)
 			j.startMaster()
 			var pods []*proc
 			for r := range nodes {
@@ -152,7 +157,11 @@ func TestCommandLauncherRealTorch(t *testing.T) {
 // its budget on a node whose worker saw its peer go before its agent saw the
 // new node: gloo's "Connection reset by peer" is a worker failure to it.)
 func TestCommandScaleUp(t *testing.T) {
-	j := newCommandJob(t, 3, 160)
+	forEachTorch(t, commandScaleUp)
+}
+
+func commandScaleUp(t *testing.T, py string) {
+	j := newCommandJob(t, py, 3, 160)
 	j.nnodes = "2:3"
 	j.startMaster()
 	p0, p1 := j.pod(0), j.pod(1)
@@ -184,7 +193,11 @@ func TestCommandScaleUp(t *testing.T) {
 // agents re-rendezvous with the replacement and training finishes from the
 // checkpoint.
 func TestCommandScenario11WorkerZeroLost(t *testing.T) {
-	j := newCommandJob(t, 3, 160)
+	forEachTorch(t, commandScenario11WorkerZeroLost)
+}
+
+func commandScenario11WorkerZeroLost(t *testing.T, py string) {
+	j := newCommandJob(t, py, 3, 160)
 	j.startMaster()
 	p0, p1, p2 := j.pod(0), j.pod(1), j.pod(2)
 	step := regexp.MustCompile(`(?m)^\[default0\]:step = 20$`)
@@ -227,19 +240,17 @@ func TestCommandScenario11WorkerZeroLost(t *testing.T) {
 // store: the other pods cannot re-rendezvous (torch's store client never
 // reconnects) and fail, replacement or not.
 func TestUpstreamLayoutWorkerZeroLostFails(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real torch workers")
-	}
-	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (%v)", torchPython, err)
-	}
+	forEachTorch(t, upstreamLayoutWorkerZeroLostFails)
+}
+
+func upstreamLayoutWorkerZeroLostFails(t *testing.T, py string) {
 	dir := t.TempDir()
 	port := freePortForTest(t)
 	script, _ := filepath.Abs("../../testdata/flytekit/elastic_task.py")
 	pod := func() *proc {
 		env := []string{"OMP_NUM_THREADS=1", "PET_NNODES=3", "PET_NPROC_PER_NODE=1", "PYTHONUNBUFFERED=1",
 			fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", port)}
-		return startProc(t, env, torchPython, script, "--output-prefix", filepath.Join(dir, "out"), "--nnodes", "3", "--steps", "160", "--sleep", "0.05",
+		return startProc(t, env, py, script, "--output-prefix", filepath.Join(dir, "out"), "--nnodes", "3", "--steps", "160", "--sleep", "0.05",
 			"--ckpt", filepath.Join(dir, "ckpt"), "--max-restarts", "3", "--monitor-interval", "1", "--run-id", "upstream")
 	}
 	p0 := pod()
@@ -291,7 +302,11 @@ func lastLines(s string, n int) string {
 // key it acknowledged. The master stays down 3 s; measured: restart → the
 // master answers, and each agent's outage (as its heartbeats saw it).
 func TestCommandScenario12MasterRestart(t *testing.T) {
-	j := newCommandJob(t, 2, 200)
+	forEachTorch(t, commandScenario12MasterRestart)
+}
+
+func commandScenario12MasterRestart(t *testing.T, py string) {
+	j := newCommandJob(t, py, 2, 200)
 	j.startMaster()
 	pods := []*proc{j.pod(0), j.pod(1)}
 	step := regexp.MustCompile(`(?m)^\[default0\]:step = 30$`)

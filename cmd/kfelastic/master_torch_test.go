@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 // buildBinary builds this command once per test binary run.
@@ -139,6 +141,16 @@ func TestMasterScaleUpRealTorch(t *testing.T) {
 
 // torchBinary skips the test with -short, fails it without torch, and
 // returns the built kfelastic binary.
+// forEachTorch runs f as a subtest per torch here (torch1.13, torch2.14;
+// testenv.Torches), py its interpreter; skipped with -short.
+func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real master, agents and torch workers")
+	}
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
+}
+
 func torchBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {

@@ -1,0 +1,29 @@
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// ChildrenOf lists a process's children (/proc/*/stat): what a launcher
+// started in sessions of their own (torch 2.x's torchrun does so with each
+// worker), which a signal to its process group misses.
+func ChildrenOf(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var kids []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			kids = append(kids, k)
+		}
+	}
+	return kids
+}

@@ -1,0 +1,98 @@
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// Torch is a Python with torch that real workers run on: Debian's torch 1.13
+// (/usr/bin/python3) or torch 2.14 in the Debian sid root that
+// `scripts/deps.sh torch2` builds, run by scripts/torch2.14/python3 (the
+// project, /tmp and the current folder visible at their own paths; see
+// scripts/torch-python).
+type Torch struct {
+	// Version is "1.13" or "2.14".
+	Version string
+	// Python is the interpreter, by a name launchers know as a python.
+	Python string
+}
+
+// Name is the subtest name for t: "torch1.13", "torch2.14".
+func (t Torch) Name() string { return "torch" + t.Version }
+
+// TorchVersions are the torch versions every torch-facing test runs on.
+var TorchVersions = []string{"1.13", "2.14"}
+
+// ProjectRoot is the module's folder.
+func ProjectRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Cache is $KFELASTIC_CACHE, else ~/.cache/kfelastic.
+func Cache() string {
+	if c := os.Getenv("KFELASTIC_CACHE"); c != "" {
+		return c
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "kfelastic")
+}
+
+// TorchSidRoot is the root file system holding torch 2.14.
+func TorchSidRoot() string { return filepath.Join(Cache(), "torch-sid") }
+
+// TorchFor is the torch of version v and whether it is here. A torch that
+// is not here has a note in why.
+func TorchFor(v string) (tc Torch, why string) {
+	switch v {
+	case "1.13":
+		tc = Torch{Version: v, Python: "/usr/bin/python3"}
+		if exec.Command(tc.Python, "-c", "import torch.distributed").Run() != nil {
+			return tc, "no torch 1.13: scripts/deps.sh torch installs Debian's python3-torch"
+		}
+	case "2.14":
+		tc = Torch{Version: v, Python: filepath.Join(ProjectRoot(), "scripts", "torch2.14", "python3")}
+		if _, err := os.Stat(filepath.Join(TorchSidRoot(), "usr/lib/python3/dist-packages/torch")); err != nil {
+			return tc, "no torch 2.14 (scripts/deps.sh torch2 builds it into " + TorchSidRoot() + ")"
+		}
+	default:
+		return tc, "no torch " + v + " in this project"
+	}
+	return tc, ""
+}
+
+// Torches are the torches present, in TorchVersions' order, or those that
+// $KFELASTIC_TORCH names (comma-separated, e.g. 2.14). An absent one is
+// noted in the test's log; with none, the test is skipped.
+func Torches(t testing.TB) []Torch {
+	t.Helper()
+	want := TorchVersions
+	if env := os.Getenv("KFELASTIC_TORCH"); env != "" {
+		want = strings.Split(env, ",")
+	}
+	var ts []Torch
+	for _, v := range want {
+		tc, why := TorchFor(strings.TrimSpace(v))
+		if why != "" {
+			t.Logf("%s: its tests skip", why)
+			continue
+		}
+		ts = append(ts, tc)
+	}
+	if len(ts) == 0 {
+		t.Skip("no torch here")
+	}
+	return ts
+}
+
+// ForEachTorch runs f as a subtest per torch present (Torches).
+func ForEachTorch(t *testing.T, f func(t *testing.T, tc Torch)) {
+	t.Helper()
+	for _, tc := range Torches(t) {
+		t.Run(tc.Name(), func(t *testing.T) { f(t, tc) })
+	}
+}
