@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gocloud.dev/blob"
@@ -58,13 +59,15 @@ type Options struct {
 // commit), and wakes the calls that wait (long polls) when their answer
 // changes.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	job     *Job
-	store   *store.Store
-	durable *durableLog
-	bucket  *blob.Bucket
-	metrics *metrics
+	// succeeded: Run ended because the job succeeded.
+	succeeded atomic.Bool
+	opts      Options
+	log       *slog.Logger
+	job       *Job
+	store     *store.Store
+	durable   *durableLog
+	bucket    *blob.Bucket
+	metrics   *metrics
 
 	inbox chan *call
 	done  chan struct{} // closed when the loop ends
@@ -203,6 +206,10 @@ func (s *Server) closeBucket() {
 // Job returns the server's job configuration (defaults filled in).
 func (s *Server) Job() Config { return s.job.Config() }
 
+// Succeeded reports whether Run ended because the job succeeded
+// (Options.ExitOnSuccess).
+func (s *Server) Succeeded() bool { return s.succeeded.Load() }
+
 // Run is the loop; it returns when ctx ends (nil) or the state cannot be
 // written any more (ErrFenced: another master took over).
 func (s *Server) Run(ctx context.Context) error {
@@ -285,6 +292,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		if s.opts.ExitOnSuccess && s.job.Succeeded() {
 			s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
+			s.succeeded.Store(true)
 			s.fail(errors.New("job succeeded"))
 			return nil
 		}

@@ -234,7 +234,17 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 		"node_unit", cfg.NodeUnit, "waiting_timeout", cfg.WaitingTimeout, "heartbeat_interval", opts.HeartbeatInterval,
 		"heartbeat_timeout", cfg.HeartbeatTimeout, "network_check", cfg.NetworkCheck, "exclude_straggler", cfg.ExcludeStraggler,
 		"state", opts.StateURL, "metrics", f.metricsListen)
-	return s.Serve(ctx, lis)
+	if err := s.Serve(ctx, lis); err != nil {
+		return err
+	}
+	if opts.ExitOnSuccess && !s.Succeeded() {
+		// Stopped (SIGTERM: the pod deleted, the node drained) with the
+		// job unfinished: exit 0 would read as the Master replica's success,
+		// and the training operator would mark the running job Succeeded
+		// instead of replacing the master. 143, as a shell reports SIGTERM.
+		return exitStatus(143)
+	}
+	return nil
 }
 
 // podWatcher is an owner that also reports pods that died without their

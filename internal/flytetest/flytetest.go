@@ -58,9 +58,10 @@ func (t Task) Context(ctx context.Context) *Context {
 	paths := ioutils.NewCheckpointRemoteFilePaths(ctx, t.Store, t.Prefix, ioutils.NewRawOutputPaths(ctx, t.Prefix+"/raw"), "")
 	in := ioutils.NewRemoteFileInputReader(ctx, t.Store, ioutils.NewInputFilePaths(ctx, t.Store, t.Prefix+"/inputs"))
 	return &Context{
-		task:  t,
-		in:    in,
-		out:   ioutils.NewRemoteFileOutputWriter(ctx, t.Store, paths),
+		task: t,
+		in:   in,
+		// As propeller gives plugins: Put keeps the reader, read later.
+		out:   ioutils.NewBufferedOutputWriter(ctx, paths),
 		state: &State{},
 	}
 }
