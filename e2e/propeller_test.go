@@ -26,7 +26,6 @@ import (
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
-
 // TestPropellerConfigValidates: propeller's own config loader accepts the
 // configuration StartPropeller writes, strictly (every section known), for
 // our plugins and for upstream's.
