@@ -311,13 +311,8 @@ func Run(ctx context.Context, cfg Config) error {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
 	}
 	// Where this node's rank-0 worker hosts the store if it becomes group
-	// rank 0: --master-addr, else the host's FQDN as torchrun does. Under
-	// the kfelastic master, never --master-addr: the training operator sets
-	// PET_MASTER_ADDR on every pod to its Master replica, which is the
-	// kfelastic master itself, not this node.
-	if _, viaMaster := cfg.Rendezvous.(*Master); !viaMaster {
-		l.addr = cfg.MasterAddr
-	}
+	// rank 0: --master-addr, else the host's FQDN as torchrun does.
+	l.addr = cfg.MasterAddr
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}

@@ -204,7 +204,7 @@ func applyNodeRankEnv(fl *pflag.FlagSet) error {
 func applyPETEnv(fl *pflag.FlagSet) error {
 	var err error
 	fl.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || err != nil {
+		if f.Changed || err != nil || staticOnlyPET[f.Name] {
 			return
 		}
 		name := "PET_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -214,8 +214,29 @@ func applyPETEnv(fl *pflag.FlagSet) error {
 			}
 		}
 	})
-	return err
+	if err != nil || fl.Lookup("rdzv-backend").Value.String() != "static" {
+		return err
+	}
+	for name := range staticOnlyPET {
+		if fl.Changed(name) {
+			continue
+		}
+		env := "PET_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if v := os.Getenv(env); v != "" {
+			if e := fl.Set(name, v); e != nil {
+				return fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+		}
+	}
+	return nil
 }
+
+// staticOnlyPET are the flags read from PET_* only with the static backend.
+// The training operator sets PET_MASTER_ADDR/PORT on every pod of a job
+// with a Master replica to that replica, which in an elastic job is the
+// kfelastic master: taken as --master-addr, the agent would advertise the
+// master's address as its own store's, and the workers would dial it.
+var staticOnlyPET = map[string]bool{"master-addr": true, "master-port": true}
 
 func (f *agentFlags) config(command []string) (agent.Config, error) {
 	cfg := agent.Config{

@@ -275,3 +275,18 @@ func TestAgentHelpStatesRanges(t *testing.T) {
 		}
 	}
 }
+
+// The operator's PET_MASTER_ADDR/PORT name its Master replica (the
+// kfelastic master in an elastic job): only the static backend reads them.
+func TestMasterAddrOnlyForStatic(t *testing.T) {
+	env := map[string]string{"PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", "PET_RDZV_BACKEND": "c10d"}
+	cfg, err := parseAgent(t, env, "--nnodes", "2:3", "--", "true")
+	if err != nil || cfg.MasterAddr != "" || cfg.MasterPort != 0 {
+		t.Errorf("c10d: master %q:%d, %v; want neither", cfg.MasterAddr, cfg.MasterPort, err)
+	}
+	env["PET_RDZV_BACKEND"] = "static"
+	cfg, err = parseAgent(t, env, "--nnodes", "2", "--node-rank", "0", "--", "true")
+	if err != nil || cfg.MasterAddr != "job-master-0" || cfg.MasterPort != 23456 {
+		t.Errorf("static: master %q:%d, %v; want job-master-0:23456", cfg.MasterAddr, cfg.MasterPort, err)
+	}
+}
