@@ -87,16 +87,7 @@ func TestE3DeletedWorkerComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The replacement has the same name and a new UID.
-	for {
-		p := j.podOrNil("e3-worker-1")
-		if p != nil && p.UID != victim.UID && p.Status.Phase == corev1.PodRunning {
-			break
-		}
-		if time.Since(fault) > 3*time.Minute {
-			t.Fatal("worker-1 was not recreated")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	j.waitRecreated(victim, 3*time.Minute)
 	before := strings.Count(j.logs("e3-worker-0"), "step = ")
 	resumed := j.waitNewSteps("e3-worker-0", before+1, 3*time.Minute)
 	t.Logf("E3: pod deleted → first training step after recovery: %.1fs", resumed.Sub(fault).Seconds())
@@ -126,17 +117,8 @@ func TestE5MasterPodDeleted(t *testing.T) {
 	if err := e.kube.Delete(t.Context(), &master); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		p := j.podOrNil("e5-master-0")
-		if p != nil && p.UID != master.UID && p.Status.Phase == corev1.PodRunning {
-			break
-		}
-		if time.Since(fault) > 3*time.Minute {
-			t.Fatal("the master pod was not recreated")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Logf("E5: master pod deleted → replacement running: %.1fs", time.Since(fault).Seconds())
+	running := j.waitRecreated(master, 3*time.Minute)
+	t.Logf("E5: master pod deleted → replacement running: %.1fs", running.Sub(fault).Seconds())
 	info := j.waitTerminal(6 * time.Minute)
 	if info.Phase() != pluginsCore.PhaseSuccess {
 		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
@@ -276,16 +258,7 @@ func TestE7TFWorkerDeleted(t *testing.T) {
 	if err := e.kube.Delete(t.Context(), &victim); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		p := j.podOrNil("e7-worker-1")
-		if p != nil && p.UID != victim.UID && p.Status.Phase == corev1.PodRunning {
-			break
-		}
-		if time.Since(fault) > 3*time.Minute {
-			t.Fatal("worker-1 was not recreated")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	j.waitRecreated(victim, 3*time.Minute)
 	resumed := j.waitNewSteps("e7-worker-1", 1, 3*time.Minute)
 	t.Logf("E7: TF worker pod deleted → its first step after recovery: %.1fs", resumed.Sub(fault).Seconds())
 	info := j.waitTerminal(6 * time.Minute)

@@ -346,3 +346,20 @@ func addEnv(c map[string]*structpb.Value, name, value string) {
 	s, _ := structpb.NewStruct(map[string]any{"name": name, "value": value})
 	env.Values = append(env.Values, structpb.NewStructValue(s))
 }
+
+// waitRecreated waits until the operator has replaced the deleted pod old:
+// a pod of the same name, another UID, Running; it returns when it was.
+func (j *job) waitRecreated(old corev1.Pod, limit time.Duration) time.Time {
+	j.e.t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		p := j.podOrNil(old.Name)
+		if p != nil && p.UID != old.UID && p.Status.Phase == corev1.PodRunning {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			j.e.t.Fatalf("%s was not recreated within %v", old.Name, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
