@@ -1166,42 +1166,56 @@ func packageDir() string {
 	return filepath.Dir(file)
 }
 
-// layerOfFiles writes a layer holding each src file at its name (mode
-// 0755) and returns it.
-func layerOfFiles(path string, files map[string]string) (ociBlob, error) {
+// writeLayer writes an uncompressed layer tar at path with fill and returns
+// it, digested.
+func writeLayer(path string, fill func(*tar.Writer) error) (ociBlob, error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return ociBlob{}, err
 	}
 	tw := tar.NewWriter(f)
+	err = fill(tw)
+	if err == nil {
+		err = tw.Close()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return ociBlob{}, err
+	}
+	return layerFile(path)
+}
+
+// putFile writes one regular file of a layer (mode 0755, epoch time).
+func putFile(tw *tar.Writer, name string, data []byte) error {
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
+		return err
+	}
+	_, err := tw.Write(data)
+	return err
+}
+
+// layerOfFiles writes a layer holding each src file at its name (mode
+// 0755) and returns it.
+func layerOfFiles(path string, files map[string]string) (ociBlob, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		b, err := os.ReadFile(files[n])
-		if err != nil {
-			f.Close()
-			return ociBlob{}, err
+	return writeLayer(path, func(tw *tar.Writer) error {
+		for _, n := range names {
+			b, err := os.ReadFile(files[n])
+			if err != nil {
+				return err
+			}
+			if err := putFile(tw, n, b); err != nil {
+				return err
+			}
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: n, Mode: 0o755, Size: int64(len(b)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
-			f.Close()
-			return ociBlob{}, err
-		}
-		if _, err := tw.Write(b); err != nil {
-			f.Close()
-			return ociBlob{}, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		f.Close()
-		return ociBlob{}, err
-	}
-	if err := f.Close(); err != nil {
-		return ociBlob{}, err
-	}
-	return layerFile(path)
+		return nil
+	})
 }
 
 // busyboxLayer is Debian's static busybox at /usr/local/bin/busybox and an
@@ -1215,32 +1229,12 @@ func busyboxLayer(path string) (ociBlob, error) {
 		return ociBlob{}, err
 	}
 	nslookup := "#!/bin/sh\n/usr/local/bin/busybox nslookup \"$1\" | grep -q '^Name:'\n"
-	f, err := os.Create(path)
-	if err != nil {
-		return ociBlob{}, err
-	}
-	tw := tar.NewWriter(f)
-	for _, e := range []struct {
-		name string
-		data []byte
-	}{{"usr/local/bin/busybox", b}, {"usr/local/bin/nslookup", []byte(nslookup)}} {
-		if err == nil {
-			err = tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o755, Size: int64(len(e.data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
+	return writeLayer(path, func(tw *tar.Writer) error {
+		if err := putFile(tw, "usr/local/bin/busybox", b); err != nil {
+			return err
 		}
-		if err == nil {
-			_, err = tw.Write(e.data)
-		}
-	}
-	if err == nil {
-		err = tw.Close()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return ociBlob{}, err
-	}
-	return layerFile(path)
+		return putFile(tw, "usr/local/bin/nslookup", []byte(nslookup))
+	})
 }
 
 // rootLayer is the worker root file system as one layer tar at path,
@@ -1310,36 +1304,15 @@ exec python3 /opt/kfelastic/testdata/flytekit/elastic_task.py "$@"
 // pyflyte-execute in /opt/kfelastic/bin (on the image's PATH).
 func scriptsLayer(path string) (ociBlob, error) {
 	repo := filepath.Dir(filepath.Dir(packageDir()))
-	f, err := os.Create(path)
-	if err != nil {
-		return ociBlob{}, err
-	}
-	tw := tar.NewWriter(f)
-	for _, d := range []string{"examples", "testdata"} {
-		if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}); err != nil {
-			f.Close()
-			return ociBlob{}, err
+	return writeLayer(path, func(tw *tar.Writer) error {
+		for _, d := range []string{"examples", "testdata"} {
+			if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}); err != nil {
+				return err
+			}
 		}
-	}
-	for _, h := range []*tar.Header{
-		{Name: "opt/kfelastic/bin/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)},
-		{Name: "opt/kfelastic/bin/pyflyte-execute", Mode: 0o755, Size: int64(len(pyflyteExecute)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)},
-	} {
-		if err := tw.WriteHeader(h); err != nil {
-			f.Close()
-			return ociBlob{}, err
+		if err := tw.WriteHeader(&tar.Header{Name: "opt/kfelastic/bin/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)}); err != nil {
+			return err
 		}
-	}
-	if _, err := io.WriteString(tw, pyflyteExecute); err != nil {
-		f.Close()
-		return ociBlob{}, err
-	}
-	if err := tw.Close(); err != nil {
-		f.Close()
-		return ociBlob{}, err
-	}
-	if err := f.Close(); err != nil {
-		return ociBlob{}, err
-	}
-	return layerFile(path)
+		return putFile(tw, "opt/kfelastic/bin/pyflyte-execute", []byte(pyflyteExecute))
+	})
 }
