@@ -299,6 +299,7 @@ func Run(ctx context.Context, cfg Config) error {
 	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
 		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
 	l.spareTimer.Stop()
+	l.oom = startOOMClock(work, oomCounterPath(), oomClockInterval)
 	// The workers' torch decides which of torchrun's variables they get
 	// (WorkerEnv); asked of their interpreter beside the rendezvous.
 	l.torchProbe = make(chan string, 1)
@@ -355,6 +356,8 @@ type loop struct {
 	// evlog appends the pod's events (group started, worker exited,
 	// restart, pod failed) next to its error documents.
 	evlog *eventLog
+	// oom dates the pod's OOM kills (oomClock); nil where none can be read.
+	oom *oomClock
 
 	policy    *Policy
 	group     *group
@@ -673,6 +676,7 @@ func (l *loop) start(a StartGroup) {
 		}
 	}
 	gs.oomBaseline, gs.oomKnown = oomKills()
+	gs.oom = l.oom
 	if l.group != nil {
 		l.group.stopProxy() // frees the port if the new round reuses it
 	}
@@ -730,6 +734,7 @@ func (l *loop) startCommand(a StartGroup) {
 		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
 		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr, loopback: l.relayAddr != "" && !hostnameResolves()}}
 	gs.oomBaseline, gs.oomKnown = oomKills()
+	gs.oom = l.oom
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
 	var notStarted []WorkerExited

@@ -133,6 +133,9 @@ type groupStart struct {
 	out         *output
 	oomBaseline int64
 	oomKnown    bool
+	// oom dates the OOM kills that the count's rise above oomBaseline
+	// shows (nil where the count cannot be read).
+	oom *oomClock
 	// send delivers an event to the loop; it returns false once the loop
 	// is gone.
 	send func(Event) bool
@@ -420,6 +423,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 		if (e.Signal == syscall.SIGKILL || gs.launch != nil) && gs.oomKnown {
 			if n, ok := oomKills(); ok && n > gs.oomBaseline {
 				e.OOM = true
+				e.OOMSeenAt, _ = gs.oom.firstAbove(gs.oomBaseline)
 			}
 		}
 	}

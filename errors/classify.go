@@ -37,6 +37,10 @@ type Exit struct {
 	// OOM is evidence of the kernel OOM killer (cgroup oom_kill count rose,
 	// or the pod status says OOMKilled).
 	OOM bool
+	// OOMSeenAt is when the supervisor first saw the cgroup's OOM-kill
+	// count rise, if it watched it: the kill was no later, and the reaping
+	// (ObservedAt) can come much later in a pod short of memory.
+	OOMSeenAt time.Time
 	// Preempted means the SIGTERM came from outside (eviction, node drain,
 	// preemption), not from the supervisor's own stop.
 	Preempted bool
@@ -66,6 +70,9 @@ func classify(e Exit) Failure {
 	at := e.ObservedAt
 	switch {
 	case e.OOM:
+		if !e.OOMSeenAt.IsZero() && e.OOMSeenAt.Before(at) && e.plausible(e.OOMSeenAt) {
+			at = e.OOMSeenAt
+		}
 		return SystemFailure(CodeOOMKilled, fmt.Sprintf("worker %s was killed by the OOM killer", e.Worker), e.Worker, at)
 	case e.Preempted:
 		return SystemFailure(CodePreempted, fmt.Sprintf("worker %s was terminated from outside (preemption, eviction or node drain)", e.Worker), e.Worker, at)

@@ -35,6 +35,8 @@ func TestClassify(t *testing.T) {
 		{"flytekit recoverable", kferrors.Exit{ExitCode: 1, TorchError: torchErr, RecoverableMarker: true, ObservedAt: t0}, kferrors.CodeRecoverable, true, core.ExecutionError_USER, t0.Add(-time.Second)},
 		{"plain non-zero exit", kferrors.Exit{ExitCode: 3, ObservedAt: t0}, kferrors.CodeNonZeroExit, false, core.ExecutionError_USER, t0},
 		{"OOM wins over error file", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, TorchError: torchErr, ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
+		{"OOM dated when its count rose", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-600 * time.Millisecond), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0.Add(-600 * time.Millisecond)},
+		{"OOM count seen before the worker started", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-time.Hour), StartedAt: t0.Add(-time.Minute), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
 		{"preempted", kferrors.Exit{Signal: syscall.SIGTERM, Preempted: true, ObservedAt: t0}, kferrors.CodePreempted, true, core.ExecutionError_SYSTEM, t0},
 		{"kill -9", kferrors.Exit{Signal: syscall.SIGKILL, ObservedAt: t0}, "SignalSIGKILL", true, core.ExecutionError_SYSTEM, t0},
 		{"segfault", kferrors.Exit{Signal: syscall.SIGSEGV, ObservedAt: t0}, "SignalSIGSEGV", true, core.ExecutionError_SYSTEM, t0},
