@@ -511,7 +511,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		}
 		return acts
 	}
-	root := RootCause(p.failures)
+	root := podRootCause(p.failures)
 	if NodeLevel(root) || p.unstartable || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
 		return p.finish(root)
 	}
@@ -553,6 +553,27 @@ func RootCause(failures []kferrors.Failure) kferrors.Failure {
 		}
 	}
 	return best
+}
+
+// podRootCause is the cause of one failed group of this pod: an OOM kill
+// if the pod had one, else RootCause. The OOM killer's victim is reaped
+// late in a pod short of memory (its sibling's "Connection closed by peer"
+// was written 4–90 ms before the kill was seen on the one-node cluster), so
+// by time alone the sibling's consequence wins, the pod restarts its
+// workers into the same kill until its budget is spent, and then fails as
+// a user error that the master does not relaunch. The pod's memory is what
+// failed: that is what it reports.
+func podRootCause(failures []kferrors.Failure) kferrors.Failure {
+	var ooms []kferrors.Failure
+	for _, f := range failures {
+		if f.Code == kferrors.CodeOOMKilled {
+			ooms = append(ooms, f)
+		}
+	}
+	if len(ooms) > 0 {
+		return RootCause(ooms)
+	}
+	return RootCause(failures)
 }
 
 func earlier(a, b kferrors.Failure) bool {
