@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 // Real processes throughout: `kfelastic master`, `kfelastic agent
@@ -396,4 +398,52 @@ func commandScenario12MasterRestart(t *testing.T, py string) {
 	}
 	t.Logf("master down %v, serving %v after its restart; agents' blackout (heartbeats failing → passing again) up to %v; pod 0 trained %d steps meanwhile; store keys %d → %d",
 		down, serving.Round(time.Millisecond), blackout, during, before, after)
+}
+
+// flytekit's pyflyte-execute writes its document under --output-prefix,
+// which on a cluster is the task's s3:// prefix: the stand-in does it with
+// one signed PUT (flytekit's FLYTE_AWS_* env), and the reader finds a
+// flytekit-shaped document there (pod name as worker, USER:RuntimeError,
+// whole seconds).
+func TestStandinWritesItsDocumentToS3(t *testing.T) {
+	s := testenv.MinIO(t)
+	tc, why := testenv.TorchFor("1.13")
+	if why != "" {
+		t.Skip(why)
+	}
+	prefix := s.MinIOProcess.URL(s.Bucket, "metadata/standin")
+	dir, _ := filepath.Abs("../../testdata/flytekit")
+	code := `import sys, time
+sys.path.insert(0, sys.argv[1])
+import elastic_task as e
+try:
+    try:
+        try:
+            raise ValueError("loss is NaN")
+        except Exception as x:  # the launcher: torch's failure, its whole second
+            raise e.FlyteUserRuntimeException(x, timestamp=1795651544) from x
+    except Exception as x:  # dispatch_execute: what the task raised
+        raise e.FlyteUserRuntimeException(x) from x
+except e.FlyteUserRuntimeException as x:
+    print(e.write_document(sys.argv[2], x))
+`
+	cmd := exec.Command(tc.Python, "-c", code, dir, "s3://"+s.Bucket+"/metadata/standin")
+	cmd.Env = append(os.Environ(), "FLYTE_AWS_ENDPOINT="+s.Endpoint, "FLYTE_AWS_ACCESS_KEY_ID="+testenv.MinIOAccessKey,
+		"FLYTE_AWS_SECRET_ACCESS_KEY="+testenv.MinIOSecretKey, "_F_DES=Earliest", "_F_WN=job-worker-0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("stand-in: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`^error-[0-9a-f]{32}\.pb\n$`).Match(out) {
+		t.Errorf("document name %q, want error-<32 hex>.pb", out)
+	}
+	got, err := runErrorsCmd(t, 20*time.Second, prefix)
+	if err != nil {
+		t.Fatalf("errors: %v\n%s", err, got)
+	}
+	for _, want := range []string{"2026-11-26T00:05:44.000000000Z  job-worker-0", "USER:RuntimeError", "ValueError: loss is NaN"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in\n%s", want, got)
+		}
+	}
 }

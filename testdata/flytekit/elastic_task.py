@@ -50,8 +50,12 @@ What it does as flytekit does:
   flytekit writes outputs.pb).
 
 The error document is a serialized flyteidl.core.ErrorDocument, encoded by
-hand (no protobuf package here). --output-prefix takes a local folder or a
-file:// URL.
+hand (no protobuf package here). --output-prefix takes a local folder, a
+file:// URL, or an s3:// URL, which gets the document by one S3 PUT signed
+with AWS Signature V4 (stdlib only; flytekit uses fsspec's s3fs), with
+flytekit's FLYTE_AWS_ENDPOINT / FLYTE_AWS_ACCESS_KEY_ID /
+FLYTE_AWS_SECRET_ACCESS_KEY (falling back to the AWS_* names) and
+path-style addressing, as against MinIO.
 
 The task function is a small data-parallel gloo loop: it prints
 "restart R rank N world W start S" once its process group is ready, then
@@ -67,13 +71,18 @@ Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise;
 """
 import argparse
 import builtins
+import datetime
 import faulthandler
+import hashlib
+import hmac
 import os
 import signal
 import sys
 import textwrap
 import time
 import traceback
+import urllib.parse
+import urllib.request
 import uuid
 
 import torch
@@ -207,6 +216,9 @@ def write_document(prefix, e):
     nanos = int((ts - seconds) * 1_000_000_000)
     data = error_document(e.error_code, traceback_str(e), isinstance(e.value, FlyteRecoverableException), True,
                           seconds, nanos, worker)
+    if prefix.startswith("s3://"):
+        s3_put(prefix.rstrip("/") + "/" + name, data)
+        return name
     folder = prefix[len("file://"):] if prefix.startswith("file://") else prefix
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, "." + name + ".tmp")
@@ -214,6 +226,36 @@ def write_document(prefix, e):
         f.write(data)
     os.replace(tmp, os.path.join(folder, name))
     return name
+
+
+def s3_put(url, data):
+    """One PUT of data to s3://bucket/key, path-style, signed with SigV4."""
+    env = lambda *names, default="": next((os.environ[n] for n in names if os.environ.get(n)), default)
+    endpoint = env("FLYTE_AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    if not endpoint:
+        raise RuntimeError(f"no S3 endpoint (FLYTE_AWS_ENDPOINT) to write {url}")
+    access = env("FLYTE_AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID")
+    secret = env("FLYTE_AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY")
+    region = env("AWS_REGION", "AWS_DEFAULT_REGION", default="us-east-1")
+    bucket, _, key = url[len("s3://"):].partition("/")
+    ep = urllib.parse.urlsplit(endpoint)
+    path = "/" + bucket + "/" + urllib.parse.quote(key, safe="/-_.~")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    payload = hashlib.sha256(data).hexdigest()
+    headers = {"host": ep.netloc, "x-amz-content-sha256": payload, "x-amz-date": amz_date}
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(["PUT", path, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed, payload])
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + secret).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    sig = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = f"AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders={signed}, Signature={sig}"
+    req = urllib.request.Request(f"{ep.scheme}://{ep.netloc}{path}", data=data, method="PUT", headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
 
 
 # ---- the task ----
