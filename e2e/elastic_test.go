@@ -9,7 +9,6 @@ import (
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
-	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -137,17 +136,16 @@ func TestE5MasterPodDeleted(t *testing.T) {
 // the memory through its own service account; training resumes from the
 // checkpoint and the task succeeds.
 func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
-	t.Skip("not passing yet on the cluster: the kernel OOM-kills the worker and the kubelet reports OOMKilled, " +
-		"but the pod's sibling worker's gloo 'Connection closed by peer' becomes the root cause (USER, permanent), " +
-		"so the master does not relaunch with more memory")
 	e := newEnv(t, "e6")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "60", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5", "--alloc-at", "15:1800:2")
-		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "1Gi"}, "limits": map[string]any{"memory": "1536Mi"}})
-		c["resources"] = structpb.NewStructValue(res)
 	})
-	j := e.launch("e6", tmpl)
+	// The task's resources, as @task(requests=…, limits=…) gives them.
+	j := e.launch("e6", tmpl, withResources(corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1536Mi")},
+	}))
 	j.waitStep("e6-worker-1", 10, 5*time.Minute)
 	var fault time.Time
 	var oom corev1.Pod
@@ -166,7 +164,10 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("E6: %s OOMKilled at %s", oom.Name, fault.Format(time.RFC3339))
+	before := strings.Count(j.logs("e6-worker-0"), "step = ")
+	resumed := j.waitNewSteps("e6-worker-0", before+1, 4*time.Minute)
+	t.Logf("E6: %s OOMKilled at %s → first training step after recovery: %.1fs (the kubelet's finish time is whole seconds)",
+		oom.Name, fault.Format(time.RFC3339), resumed.Sub(fault).Seconds())
 	info := j.waitTerminal(8 * time.Minute)
 	if info.Phase() != pluginsCore.PhaseSuccess {
 		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
@@ -225,8 +226,6 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 // store, the replacement joins, and the task succeeds. Upstream loses such
 // a job: worker 0's pod hosts torch's c10d store.
 func TestE4FlytekitWorker0Deleted(t *testing.T) {
-	t.Skip("not passing yet on the cluster: the flytekit stand-in now requires --output-prefix (flytekit's own), " +
-		"which the image's pyflyte-execute does not pass on, and it writes documents to a local folder, not the task's s3:// prefix")
 	e := newEnv(t, "e4")
 	j := e.launch("e4", e.template("flytekit-2-3", nil))
 	j.waitStep("e4-worker-1", 20, 5*time.Minute)

@@ -101,8 +101,8 @@ func newEnv(t *testing.T, ns string) *env {
 }
 
 // template loads testdata/e2e/NAME.json (a task template as flytekit
-// registers it) with the cluster's worker image and the checkpoint folder
-// filled in.
+// registers it) with the cluster's worker image, the checkpoint folder and
+// the S3 endpoint (flytekit's FLYTE_AWS_ENDPOINT) filled in.
 func (e *env) template(name string, edit func(*core.TaskTemplate)) *core.TaskTemplate {
 	e.t.Helper()
 	data, err := os.ReadFile(filepath.Join("..", "testdata", "e2e", name+".json"))
@@ -118,7 +118,8 @@ func (e *env) template(name string, edit func(*core.TaskTemplate)) *core.TaskTem
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	s := strings.NewReplacer("{{worker-image}}", e.cluster.WorkerImage, "{{ckpt-dir}}", e.ckpt).Replace(string(b))
+	s := strings.NewReplacer("{{worker-image}}", e.cluster.WorkerImage, "{{ckpt-dir}}", e.ckpt,
+		"{{s3-endpoint}}", e.minio.Endpoint).Replace(string(b))
 	if err := pod.UnmarshalJSON([]byte(s)); err != nil {
 		e.t.Fatal(err)
 	}
@@ -153,13 +154,20 @@ type job struct {
 // launch builds the task's job with the plugin, as propeller's k8s plugin
 // manager does (BuildResource: the master's objects, then the job), and
 // creates it with the execution's owner reference.
-func (e *env) launch(name string, tmpl *core.TaskTemplate) *job {
+func (e *env) launch(name string, tmpl *core.TaskTemplate, opts ...func(*flytetest.Task)) *job {
 	e.t.Helper()
-	return e.launchAs("pytorch", name, tmpl)
+	return e.launchAs("pytorch", name, tmpl, opts...)
+}
+
+// withResources is the task node's resources as propeller passes them to
+// the plugin (the task's requests and limits, which flytek8s applies to
+// the primary container over the pod template's own).
+func withResources(res corev1.ResourceRequirements) func(*flytetest.Task) {
+	return func(t *flytetest.Task) { t.Resources = &res }
 }
 
 // launchAs is launch for the plugin of taskType (pytorch, tensorflow).
-func (e *env) launchAs(taskType, name string, tmpl *core.TaskTemplate) *job {
+func (e *env) launchAs(taskType, name string, tmpl *core.TaskTemplate, opts ...func(*flytetest.Task)) *job {
 	e.t.Helper()
 	ctx := e.t.Context()
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-workflow", Namespace: e.ns}}
@@ -167,10 +175,14 @@ func (e *env) launchAs(taskType, name string, tmpl *core.TaskTemplate) *job {
 		e.t.Fatal(err)
 	}
 	p := plugin.New(taskType, e.pluginConfig(), e.kube)
-	tctx := flytetest.Task{Template: tmpl, Name: name, Namespace: e.ns,
+	task := flytetest.Task{Template: tmpl, Name: name, Namespace: e.ns,
 		Owner:  metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true)},
 		Labels: map[string]string{"execution-id": name},
-		Prefix: storage.DataReference(fmt.Sprintf("s3://%s/metadata/%s", e.minio.Bucket, name)), Store: e.store}.Context(ctx)
+		Prefix: storage.DataReference(fmt.Sprintf("s3://%s/metadata/%s", e.minio.Bucket, name)), Store: e.store}
+	for _, o := range opts {
+		o(&task)
+	}
+	tctx := task.Context(ctx)
 	obj, err := p.BuildResource(ctx, tctx)
 	if err != nil {
 		e.t.Fatal(err)

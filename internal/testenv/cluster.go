@@ -1291,12 +1291,17 @@ func rootLayer(ctx context.Context, path string) (ociBlob, error) {
 // pyflyteExecute is the worker image's pyflyte-execute: the flytekit
 // stand-in (testdata/flytekit/elastic_task.py) in place of flytekit's
 // entrypoint, so that the plugin wraps it with the command launcher as it
-// does every flytekit task. flytekit's own arguments are ignored; the
+// does every flytekit task. Of flytekit's own arguments only
+// --output-prefix (where its error document goes) is passed on; the
 // stand-in's follow "--standin".
 const pyflyteExecute = `#!/bin/sh
-while [ $# -gt 0 ] && [ "$1" != --standin ]; do shift; done
+prefix=
+while [ $# -gt 0 ] && [ "$1" != --standin ]; do
+	[ "$1" = --output-prefix ] && [ $# -gt 1 ] && prefix=$2
+	shift
+done
 [ $# -gt 0 ] && shift
-exec python3 /opt/kfelastic/testdata/flytekit/elastic_task.py "$@"
+exec python3 /opt/kfelastic/testdata/flytekit/elastic_task.py --output-prefix "$prefix" "$@"
 `
 
 // scriptsLayer holds the repository's examples/ and testdata/ (training
