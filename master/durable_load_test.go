@@ -2,6 +2,7 @@ package master
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -164,5 +165,43 @@ func BenchmarkDurableAppend(b *testing.B) {
 		if err := d.append(b.Context(), rec); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A batch is written without a temporary name where the file system makes
+// unnamed files (O_TMPFILE): the folder holds the log and nothing else,
+// 0600; writing the same name again fails as a fence (fs.ErrExist) and
+// leaves the first; a folder that does not exist yet is created (the named
+// temporary file's way).
+func TestWriteNewFileUnnamed(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "00000000000000000001.pb")
+	if err := linkUnnamedFile(p, []byte("first")); errors.Is(err, errNoUnnamedFile) {
+		t.Skipf("%s has no O_TMPFILE", dir)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeNewFile(p, []byte("second")); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("second write of the same name: %v, want fs.ErrExist", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 || entries[0].Name() != filepath.Base(p) {
+		t.Errorf("folder holds %v (%v), want only %s", entries, err, filepath.Base(p))
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "first" {
+		t.Errorf("%s = %q %v", p, b, err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v %v, want 0600", p, fi.Mode(), err)
+	}
+	q := filepath.Join(dir, "new", "00000000000000000001.pb")
+	if err := writeNewFile(q, []byte("x")); err != nil {
+		t.Fatalf("into a folder not there yet: %v", err)
+	}
+	if b, err := os.ReadFile(q); err != nil || string(b) != "x" {
+		t.Errorf("%s = %q %v", q, b, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "new", ".tmp-*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
 	}
 }

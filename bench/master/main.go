@@ -592,6 +592,24 @@ func storeBench(dir, tokenFile string) error {
 		if err != nil {
 			return err
 		}
+		var profiled chan struct{}
+		if p := os.Getenv("KFELASTIC_CPUPROFILE_OUT"); p != "" {
+			// The master's CPU profile of the drive (its first seconds), to
+			// see where a store operation's time goes.
+			profiled = make(chan struct{})
+			go func() {
+				defer close(profiled)
+				res, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=5", m.metrics))
+				if err != nil {
+					return
+				}
+				defer res.Body.Close()
+				if f, err := os.Create(p + "." + state); err == nil {
+					io.Copy(f, res.Body)
+					f.Close()
+				}
+			}()
+		}
 		r, err := drive(func(i int) (storeClient, error) {
 			conn, err := dial(m.addr)
 			if err != nil {
@@ -599,6 +617,9 @@ func storeBench(dir, tokenFile string) error {
 			}
 			return &grpcStore{conn: conn, c: masterpb.NewMasterClient(conn), client: fmt.Sprintf("bench-%d", i)}, nil
 		})
+		if profiled != nil {
+			<-profiled
+		}
 		m.stop()
 		if err != nil {
 			return fmt.Errorf("kfelastic store (%s): %w", state, err)
