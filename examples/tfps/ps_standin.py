@@ -109,7 +109,9 @@ def serve_ps(task_index, cluster, dim):
         allow_reuse_address = True
         daemon_threads = True
 
-    srv = Server(("127.0.0.1" if host == "localhost" else host, int(port)), Handler)
+    # TF's gRPC server listens on 0.0.0.0:<its port>, not on its own name:
+    # on Kubernetes that name resolves only once the pod is ready.
+    srv = Server(("127.0.0.1" if host == "localhost" else "0.0.0.0", int(port)), Handler)
     log(f"ps {task_index}: serving {dim} parameters' shard on {host}:{port} (incarnation {ps.incarnation})")
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     while True:

@@ -546,16 +546,27 @@ func (c *Cluster) ctr(ctx context.Context, stdin io.Reader, args ...string) (str
 }
 
 func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
+	// CoreDNS answers the cluster's names; every other name is NXDOMAIN, as
+	// an upstream resolver would answer TFJob's "<pod>.<ns>.svc." (with no
+	// next plugin CoreDNS says SERVFAIL, and glibc gives up with EAI_AGAIN
+	// instead of trying the next candidate). Two server blocks, because
+	// CoreDNS orders plugins by its build, not by the Corefile: template
+	// would answer before kubernetes in one block.
 	corefile := filepath.Join(c.run, "Corefile")
-	if err := os.WriteFile(corefile, []byte(fmt.Sprintf(`.:53 {
-    bind %s
+	if err := os.WriteFile(corefile, []byte(fmt.Sprintf(`%[2]s:53 in-addr.arpa:53 ip6.arpa:53 {
+    bind %[1]s
     errors
-    kubernetes %s in-addr.arpa ip6.arpa {
-        kubeconfig %s kfelastic
+    kubernetes %[2]s in-addr.arpa ip6.arpa {
+        kubeconfig %[3]s kfelastic
         pods insecure
-        fallthrough in-addr.arpa ip6.arpa
     }
     cache 5
+}
+.:53 {
+    bind %[1]s
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
 }
 `, ClusterNodeIP, clusterDomain, c.Kubeconfig)), 0o644); err != nil {
 		return err
