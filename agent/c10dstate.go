@@ -30,10 +30,11 @@ import (
 // then a dead node's, and the relay ages it: each torch agent finds that
 // node dead at its next read (torch's _sanitize) and removes it, and the
 // round forms without it. A scale-up ages nothing: every node before the
-// cutoff is alive and beats. (Were a dead node already removed by torch's
-// own keep-alive, a live node not yet beaten since the cutoff could be aged
-// with D: torch drops it as if its keep-alive had lapsed, and it joins
-// again at its next rendezvous.)
+// cutoff is alive and beats. (Were a dead node not in the state, removed
+// by torch's own keep-alive or never joined, a live node not yet beaten
+// since the cutoff could be aged with D: torch drops it as if its
+// keep-alive had lapsed, its workers train on, and it joins again at its
+// next rendezvous.)
 // agedC10dState does the byte work: it walks the pickle's opcodes and
 // rewrites datetime payloads in place (same length: no frame changes), and
 // gives up, changing nothing, on any opcode it does not know.
