@@ -518,7 +518,7 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
 		if l.relay != nil && !l.outdatedAt.IsZero() {
-			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize)
+			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize, a.Round.Departed)
 		}
 		l.outdatedAt = time.Time{}
 		l.watch(a.Round)
@@ -821,13 +821,14 @@ func (l *loop) current(we WorkerExited) bool {
 const forgetLostLimit = 20 * time.Second
 
 // forgetLost has the relay age the heartbeats of the c10d nodes that were
-// lost when the master outdated the command's round (c10dstate.go).
-func (l *loop) forgetLost(cutoff time.Time, live int) {
+// lost when the master outdated the command's round (c10dstate.go): live
+// nodes are in the master's new round, lost of the round before are not.
+func (l *loop) forgetLost(cutoff time.Time, live, lost int) {
 	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)
 	defer cancel()
-	if n := l.relay.ForgetLost(ctx, cutoff, live); n > 0 {
+	if n := l.relay.ForgetLost(ctx, cutoff, live, lost); n > 0 {
 		l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
-			"after", time.Since(cutoff).Round(time.Millisecond))
+			"lost", lost, "after", time.Since(cutoff).Round(time.Millisecond))
 	}
 }
 

@@ -19,14 +19,22 @@ import (
 //
 // The master knows at once that a pod is gone. When it outdates a round in
 // command mode, each agent notes when it learnt of it (the cutoff); once the
-// master's next round has formed with N pods, its relay watches the stored
-// state until N nodes have written a heartbeat after the cutoff (the
-// survivors do at once: they re-rendezvous, their peer being gone; a
-// replacement as it joins; a live node at least every keep-alive
-// interval). Every heartbeat still before the cutoff is then a dead node's,
-// and the relay ages it: each torch agent finds that node dead at its next
-// read (torch's _sanitize) and removes it, and the round forms without it.
-// A scale-up ages nothing: every node before the cutoff is alive and beats.
+// master's next round has formed with N pods, D of the round before gone
+// from it (Round.Departed: by pod and incarnation), its relay watches the
+// stored state until no more than D heartbeats are still before the cutoff
+// (the survivors beat at once: they re-rendezvous, their peer being gone; a
+// live node at least every keep-alive interval; a dead one never), or,
+// without D, until N nodes have written a heartbeat after it (a
+// replacement's only once its torch has started: 2–3 s on 2.14 here, its
+// pod's start on a cluster). Every heartbeat still before the cutoff is
+// then a dead node's, and the relay ages it: each torch agent finds that
+// node dead at its next read (torch's _sanitize) and removes it, and the
+// round forms without it. A scale-up ages nothing: every node before the
+// cutoff is alive and beats. (Were a dead node not in the state, removed
+// by torch's own keep-alive or never joined, a live node not yet beaten
+// since the cutoff could be aged with D: torch drops it as if its
+// keep-alive had lapsed, its workers train on, and it joins again at its
+// next rendezvous.)
 // agedC10dState does the byte work: it walks the pickle's opcodes and
 // rewrites datetime payloads in place (same length: no frame changes), and
 // gives up, changing nothing, on any opcode it does not know.

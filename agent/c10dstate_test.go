@@ -1,10 +1,15 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // States pickled by torch 1.13 (Python 3.11, protocol 4) and torch 2.14
@@ -46,5 +51,83 @@ func TestAgedC10dState(t *testing.T) {
 		if _, _, ok := agedC10dState([]byte(bad), cutoff, aged); ok {
 			t.Errorf("%q: read as a state", bad)
 		}
+	}
+}
+
+// A relay forgets a lost c10d node as soon as the survivors have beaten
+// after the cutoff and only as many nodes as the master counted lost are
+// still before it: it does not wait for a replacement's torch to beat (it
+// imports torch first: 2–3 s on 2.14 here, more on a cluster), nor for the
+// keep-alive grace. Without the count it waits for every live node, as
+// before. The state is torch 2.14's recorded one (two participants), its
+// heartbeats moved to now: a dead node's before the cutoff and a survivor's
+// before it, then after it (it re-rendezvoused).
+func TestForgetLostAtSurvivorsBeat(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "forget", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	in, err := os.ReadFile("testdata/c10d/state-torch2.14.b64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in = in[:len(in)-1]
+	now := time.Now()
+	cutoff := now.Add(-time.Second)
+	// Recorded heartbeats: 2026-11-25 22:00:00.123456 and 22:00:10.654321.
+	first, second := time.Date(2026, 11, 25, 22, 0, 5, 0, time.UTC), time.Date(2026, 11, 25, 22, 0, 11, 0, time.UTC)
+	stale, _, _ := agedC10dState(in, second, now.Add(-2*time.Second)) // both before the cutoff
+	deadOnly, _, _ := agedC10dState(in, first, now.Add(-2*time.Second))
+	deadOnly, _, _ = agedC10dState(deadOnly, second, now) // the survivor beat again
+	const key = "/torch.rendezvous.forget"
+	store := func(v []byte) {
+		t.Helper()
+		if _, err := r.client.Store(t.Context(), &masterpb.StoreRequest{Client: "test", Seq: uint64(time.Now().UnixNano()),
+			Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: key, Value: v}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() string {
+		t.Helper()
+		res, err := r.client.Store(t.Context(), &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: key}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(res.GetValue())
+	}
+	r.mu.Lock()
+	r.rdzvKeys = map[string]bool{key: true} // as torch's compare_set through the relay marks it
+	r.mu.Unlock()
+
+	// The count: live 3 (a replacement that has not beaten), 1 lost.
+	store(stale)
+	done := make(chan int, 1)
+	go func() { done <- r.ForgetLost(t.Context(), cutoff, 3, 1) }()
+	select {
+	case n := <-done:
+		t.Fatalf("forgot %d while both nodes were before the cutoff", n)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if stored() != string(stale) {
+		t.Fatal("the state changed while both nodes were before the cutoff")
+	}
+	store(deadOnly)
+	select {
+	case n := <-done:
+		want, _, _ := agedC10dState(deadOnly, cutoff, agedHeartbeat)
+		if n != 1 || stored() != string(want) {
+			t.Errorf("forgot %d nodes, state aged as expected: %t; want the dead one", n, stored() == string(want))
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the dead node was not forgotten once the survivor beat")
+	}
+
+	// Without the count the replacement must beat too (or the grace pass).
+	now = time.Now()
+	deadOnly, _, _ = agedC10dState(in, first, now.Add(-2*time.Second))
+	deadOnly, _, _ = agedC10dState(deadOnly, second, now)
+	store(deadOnly)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if n := r.ForgetLost(ctx, now.Add(-time.Second), 3, 0); n != 0 || stored() != string(deadOnly) {
+		t.Errorf("without the master's count: forgot %d before every live node beat", n)
 	}
 }

@@ -25,7 +25,7 @@ func ExamplePolicy() {
 	fmt.Println("restart count:", p.RestartCount())
 	// Output:
 	// agent.JoinRound {Restart: RestartCount:0}
-	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 WorldSize:2 FirstGlobalRank:0 MasterAddr: MasterPort:0}}
+	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 WorldSize:2 FirstGlobalRank:0 MasterAddr: MasterPort:0 Departed:0}}
 	// agent.SignalGroup {Attempt:1 Signal:terminated}
 	// agent.JoinRound {Restart:failure RestartCount:1}
 	// restart count: 1

@@ -288,7 +288,8 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			m.mu.Unlock()
 			return Round{Number: int(r.GetNumber()), RunID: r.GetRunId(), GroupRank: int(r.GetGroupRank()),
 				GroupWorldSize: int(r.GetGroupWorldSize()), WorldSize: int(r.GetWorldSize()),
-				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort())}, nil
+				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort()),
+				Departed: int(r.GetDeparted())}, nil
 		case *masterpb.JoinResponse_Check:
 			if err := m.runCheck(ctx, pb, o.Check); err != nil {
 				return Round{}, err

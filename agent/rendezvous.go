@@ -36,6 +36,11 @@ type Round struct {
 	FirstGlobalRank int
 	MasterAddr      string
 	MasterPort      int
+	// Departed is how many members of the master's round before this one
+	// are not in it (0 also when the master does not know): under
+	// --launcher command, torch's c10d nodes of that round that are dead
+	// (forgetLost).
+	Departed int
 }
 
 // Rendezvous is how agents agree on rounds. The master (DESIGN.md §5)

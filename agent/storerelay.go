@@ -310,11 +310,14 @@ var agedHeartbeat = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 const c10dKeepAliveGrace = 6 * time.Second
 
 // ForgetLost watches the c10d states torch's agent keeps through this relay
-// until live nodes have written a heartbeat at or after cutoff (or
-// c10dKeepAliveGrace has passed since it), then ages the heartbeats still
-// before it (c10dstate.go says why), and returns how many; 0 when there
-// were none, or ctx ended first.
-func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live int) int {
+// until the heartbeats still before cutoff can only be the lost nodes',
+// then ages them (c10dstate.go says why), and returns how many; 0 when
+// there were none, or ctx ended first. They can once no more than lost
+// remain before it (lost: the nodes of the outdated round that are not in
+// the new one, as the master counted them; 0 when none were, or it did not
+// say), once live nodes have written a heartbeat at or after it, or once
+// c10dKeepAliveGrace has passed since it.
+func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int) int {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -336,7 +339,7 @@ func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live int)
 			if before == 0 {
 				return 0 // every node beat since: none was lost
 			}
-			if after < live && time.Since(cutoff) < c10dKeepAliveGrace {
+			if !lostOnly(before, after, live, lost) && time.Since(cutoff) < c10dKeepAliveGrace {
 				continue
 			}
 			out, n, ok := agedC10dState(res.GetValue(), cutoff, agedHeartbeat)
@@ -363,6 +366,21 @@ func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live int)
 		case <-tick.C:
 		}
 	}
+}
+
+// lostOnly reports whether a c10d state's heartbeats before the cutoff
+// (before > 0) can only be lost nodes' now: every node alive at the cutoff
+// beats again within torch's keep-alive interval, at once when it
+// re-rendezvouses, and a lost one never does. So once no more than the
+// master's count of lost nodes remain before the cutoff, those are they: the
+// survivors need not wait for a replacement, which joins later, to be
+// counted among the live (that wait cost the time a new pod takes to start
+// torch). Without the count (0), once live nodes beat after it.
+func lostOnly(before, after, live, lost int) bool {
+	if lost > 0 && before <= lost {
+		return true
+	}
+	return after >= live
 }
 
 func boolInt(b bool) int64 {

@@ -174,7 +174,13 @@ type Round struct {
 	MasterAddr      string
 	MasterPort      int
 	CompletedAt     time.Time
+	// Departed is how many members of the round before are not members of
+	// this one (by pod and incarnation: a replaced or restarted pod's
+	// torch is a new one); 0 also when the round before is not known by
+	// its pods (a master restarted since: pods are not part of its state).
+	Departed int
 
+	pods  []string    // group rank → pod/incarnation, at completion (not durable)
 	index map[int]int // rank → group rank
 	first []int       // group rank → first global rank
 	world int
@@ -201,6 +207,8 @@ type Assignment struct {
 	LocalWorldSize  int
 	MasterAddr      string
 	MasterPort      int
+	// Departed is the round's: members of the round before that are gone.
+	Departed int
 }
 
 func (r *Round) assignment(rank int) (Assignment, bool) {
@@ -209,7 +217,8 @@ func (r *Round) assignment(rank int) (Assignment, bool) {
 		return Assignment{}, false
 	}
 	return Assignment{Number: r.Number, GroupRank: g, GroupWorldSize: len(r.Ranks), WorldSize: r.world,
-		FirstGlobalRank: r.first[g], LocalWorldSize: r.LocalWorldSizes[g], MasterAddr: r.MasterAddr, MasterPort: r.MasterPort}, true
+		FirstGlobalRank: r.first[g], LocalWorldSize: r.LocalWorldSizes[g], MasterAddr: r.MasterAddr, MasterPort: r.MasterPort,
+		Departed: r.Departed}, true
 }
 
 // JoinAnswer is the answer to a Join: exactly one of Round, Check, Excluded,
@@ -867,8 +876,16 @@ func (j *Job) complete(members []*Node, now time.Time) {
 	for _, rec := range members {
 		r.Ranks = append(r.Ranks, rec.Rank)
 		r.LocalWorldSizes = append(r.LocalWorldSizes, rec.LocalWorldSize)
+		r.pods = append(r.pods, rec.Pod+"/"+rec.Incarnation)
 	}
 	r.MasterAddr, r.MasterPort = members[0].Addr, members[0].Port
+	if prev := j.latest; prev != nil && len(prev.pods) == len(prev.Ranks) {
+		for _, p := range prev.pods {
+			if !slices.Contains(r.pods, p) {
+				r.Departed++
+			}
+		}
+	}
 	r.build()
 	for _, rec := range members {
 		j.update(rec, func(rec *Node) {
@@ -886,7 +903,7 @@ func (j *Job) complete(members []*Node, now time.Time) {
 	for _, rec := range members[:min(len(members), 16)] {
 		pods = append(pods, rec.Pod)
 	}
-	j.logf("info", "rendezvous round completed", "round", number, "group_world_size", len(members),
+	j.logf("info", "rendezvous round completed", "round", number, "group_world_size", len(members), "departed", r.Departed,
 		"world_size", r.world, "master_addr", r.MasterAddr, "master_port", r.MasterPort, "pods", pods,
 		"still_waiting", j.nWaiting)
 }

@@ -342,6 +342,9 @@ func (s *scenario) ready(b *strings.Builder) {
 				pods[i] = nd.Pod
 			}
 			fmt.Fprintf(b, "\nround %d completed: %s", n, strings.Join(pods, " "))
+			if lr.Departed > 0 {
+				fmt.Fprintf(b, " (departed %d)", lr.Departed)
+			}
 		}
 	}
 	for _, d := range r.Decided {

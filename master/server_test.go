@@ -565,3 +565,36 @@ func TestRelaunchEventWritten(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A round tells its members how many members of the round before are gone
+// from it: a pod's restarted container (a new incarnation) is a new member,
+// its old one departed, whose torch c10d node a command-mode agent's relay
+// can then forget at once (agent/c10dstate.go).
+func TestRoundSaysDeparted(t *testing.T) {
+	addr, _ := startServer(t, master.Config{JobID: "departed", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond}, "")
+	c := dial(t, addr, token)
+	ctx := t.Context()
+	rounds := make([]*masterpb.Round, 2)
+	var g errgroup.Group
+	for i := range 2 {
+		g.Go(func() (err error) { rounds[i], err = join(ctx, c, node(i), 0); return err })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if rounds[0].GetDeparted() != 0 {
+		t.Errorf("first round: departed %d", rounds[0].GetDeparted())
+	}
+	restarted := node(1)
+	restarted.Incarnation = "2"
+	g.Go(func() (err error) { rounds[0], err = join(ctx, c, node(0), 1); return err })
+	g.Go(func() (err error) { rounds[1], err = join(ctx, c, restarted, 0); return err })
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rounds {
+		if r.GetNumber() != 2 || r.GetDeparted() != 1 {
+			t.Errorf("member %d: round %d, departed %d; want round 2, 1 departed", i, r.GetNumber(), r.GetDeparted())
+		}
+	}
+}

@@ -431,8 +431,14 @@ type Round struct {
 	LocalWorldSize  int32                  `protobuf:"varint,7,opt,name=local_world_size,json=localWorldSize,proto3" json:"local_world_size,omitempty"`
 	MasterAddr      string                 `protobuf:"bytes,8,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
 	MasterPort      int32                  `protobuf:"varint,9,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// departed is how many members of the round before this one are not
+	// members of this one (their pods gone, replaced, left or excluded); 0
+	// when there was none, or the master does not know (it restarted since).
+	// Under --launcher command an agent's relay then knows how many of torch's
+	// c10d nodes of that round are dead (agent/c10dstate.go).
+	Departed      int32 `protobuf:"varint,10,opt,name=departed,proto3" json:"departed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Round) Reset() {
@@ -524,6 +530,13 @@ func (x *Round) GetMasterAddr() string {
 func (x *Round) GetMasterPort() int32 {
 	if x != nil {
 		return x.MasterPort
+	}
+	return 0
+}
+
+func (x *Round) GetDeparted() int32 {
+	if x != nil {
+		return x.Departed
 	}
 	return 0
 }
@@ -3186,7 +3199,7 @@ const file_master_proto_rawDesc = "" +
 	"\bexcluded\x18\x03 \x01(\v2\x1e.kfelastic.master.v1.ExclusionH\x00R\bexcluded\x128\n" +
 	"\apending\x18\x04 \x01(\v2\x1c.kfelastic.master.v1.PendingH\x00R\apending\x12\x12\n" +
 	"\x04rank\x18\x05 \x01(\x05R\x04rankB\t\n" +
-	"\aoutcome\"\xb6\x02\n" +
+	"\aoutcome\"\xd2\x02\n" +
 	"\x05Round\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x03R\x06number\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -3200,7 +3213,9 @@ const file_master_proto_rawDesc = "" +
 	"\vmaster_addr\x18\b \x01(\tR\n" +
 	"masterAddr\x12\x1f\n" +
 	"\vmaster_port\x18\t \x01(\x05R\n" +
-	"masterPort\"\xec\x01\n" +
+	"masterPort\x12\x1a\n" +
+	"\bdeparted\x18\n" +
+	" \x01(\x05R\bdeparted\"\xec\x01\n" +
 	"\tCheckTask\x12\x14\n" +
 	"\x05check\x18\x01 \x01(\x03R\x05check\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x05R\x05round\x12\x14\n" +
