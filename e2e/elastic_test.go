@@ -243,22 +243,23 @@ func TestE4FlytekitWorker0Deleted(t *testing.T) {
 	}
 }
 
-// E7: a TFJob (chief, one ps, two workers; the parameter-server stand-in):
-// a worker's pod is deleted, the operator recreates it under its name, and
-// training goes on to the last step.
+// E7: a TFJob of parameter-server training (one ps, three workers, worker 0
+// the chief, as TF1 without a chief task; the parameter-server stand-in): a
+// worker's pod is deleted, the operator recreates it under its name (the
+// plugin set enableDynamicWorker: without it the operator fails the job at
+// the deletion), and training goes on to the last step.
 func TestE7TFWorkerDeleted(t *testing.T) {
-	t.Skip("not passing yet on the cluster: the TF stand-in's chief cannot resolve e7-ps-0.e7.svc " +
-		"(EAI_AGAIN from the cluster DNS for the non-cluster search candidates)")
 	e := newEnv(t, "e7")
 	j := e.launchAs("tensorflow", "e7", e.template("tf-ps", nil))
-	j.waitStep("e7-chief-0", 30, 5*time.Minute)
+	j.waitStep("e7-worker-0", 30, 5*time.Minute)
 	victim := j.pod("e7-worker-1")
+	before := strings.Count(j.logs("e7-worker-1"), "step = ")
 	fault := time.Now()
 	if err := e.kube.Delete(t.Context(), &victim); err != nil {
 		t.Fatal(err)
 	}
 	j.waitRecreated(victim, 3*time.Minute)
-	resumed := j.waitNewSteps("e7-worker-1", 1, 3*time.Minute)
+	resumed := j.waitNewSteps("e7-worker-1", before+1, 3*time.Minute)
 	t.Logf("E7: TF worker pod deleted → its first step after recovery: %.1fs", resumed.Sub(fault).Seconds())
 	info := j.waitTerminal(6 * time.Minute)
 	if info.Phase() != pluginsCore.PhaseSuccess {

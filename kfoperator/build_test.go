@@ -172,8 +172,9 @@ var table = map[string]want{
 	"flytekit-elastic-fast-execute": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, elastic: &[4]int32{1, 2, 4, 0},
 		images:  map[kubeflowv1.ReplicaType]string{M: DefaultAgentImage(), W: "ghcr.io/example/trainer:v1"},
 		command: "pyflyte-fast-execute --additional-distribution s3://", commandMode: true, defaultImage: true},
-	"pytorch-v1-two-workers": {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, images: map[kubeflowv1.ReplicaType]string{M: "trainer:1", W: "trainer:1"}},
-	"tensorflow-v1-ps":       {replicas: map[kubeflowv1.ReplicaType]int32{C: 1, W: 2, PS: 1}},
+	"pytorch-v1-two-workers":    {replicas: map[kubeflowv1.ReplicaType]int32{M: 1, W: 2}, images: map[kubeflowv1.ReplicaType]string{M: "trainer:1", W: "trainer:1"}},
+	"tensorflow-v1-ps":          {replicas: map[kubeflowv1.ReplicaType]int32{C: 1, W: 2, PS: 1}},
+	"tensorflow-v1-ps-no-chief": {replicas: map[kubeflowv1.ReplicaType]int32{W: 3, PS: 1}},
 
 	"bad-pytorch-version-2":                  {err: "unsupported task type version 2"},
 	"bad-pytorch-v0-zero-workers":            {err: "workers must be at least 1, got 0"},
@@ -471,5 +472,26 @@ func TestMasterInheritsTheWorkersEnv(t *testing.T) {
 	}
 	if f := worker[NodeRankEnv].ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "metadata.labels['"+kubeflowv1.ReplicaIndexLabel+"']" {
 		t.Errorf("worker's %s = %+v, want the replica-index label", NodeRankEnv, worker[NodeRankEnv])
+	}
+}
+
+// A parameter-server job without a chief gets enableDynamicWorker, so that
+// the training operator recreates a deleted worker instead of failing the
+// job; one with a chief, or without ps, keeps the full cluster.
+func TestTFJobDynamicWorkers(t *testing.T) {
+	for name, want := range map[string]bool{
+		"tensorflow-v1-ps-no-chief":          true,  // ps 1, workers 3
+		"tensorflow-v1-ps":                   false, // and a chief
+		"upstream-tensorflow-v0":             false, // ps 50 and a chief
+		"upstream-tensorflow-v1-only-worker": false, // no ps
+	} {
+		tmpl := flytetest.LoadTemplate(t, name)
+		j, err := BuildTFJob(tmpl, fixedPods{tmpl}, testOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Spec.EnableDynamicWorker != want {
+			t.Errorf("%s: enableDynamicWorker %t, want %t", name, j.Spec.EnableDynamicWorker, want)
+		}
 	}
 }

@@ -85,6 +85,20 @@ func BuildTFJob(tmpl *core.TaskTemplate, pt PodTemplater, opts Options) (*kubefl
 	}
 	return &kubeflowv1.TFJob{
 		TypeMeta: typeMeta(kubeflowv1.TFJobKind),
-		Spec:     kubeflowv1.TFJobSpec{TFReplicaSpecs: specs, RunPolicy: rp},
+		Spec: kubeflowv1.TFJobSpec{TFReplicaSpecs: specs, RunPolicy: rp,
+			EnableDynamicWorker: dynamicWorkers(fields)},
 	}, nil
+}
+
+// dynamicWorkers reports whether the job's workers can come and go: a
+// parameter-server job without a chief (worker 0 is the chief, as TF1's
+// MonitoredTrainingSession has it). The training operator fails a TFJob as
+// soon as one of its pods is deleted (it counts a terminating pod as
+// failed) unless enableDynamicWorker is set; then it recreates the pod
+// under its name, and gives each worker a sparse TF_CONFIG (the ps and
+// itself), which is all a PS worker talks to. A job with a chief keeps the
+// full cluster: the operator's sparse TF_CONFIG would leave the chief (TF2's
+// coordinator) without the ps' addresses.
+func dynamicWorkers(fields map[kubeflowv1.ReplicaType]replicaFields) bool {
+	return fields[kubeflowv1.TFJobReplicaTypePS].replicas > 0 && fields[kubeflowv1.TFJobReplicaTypeChief].replicas == 0
 }

@@ -7,7 +7,9 @@ DESIGN.md §8 (8–10) observe, as a TF1 PS job under MonitoredTrainingSession:
   {"cluster": {"chief": [...], "ps": [...], "worker": [...]},
    "task": {"type": "ps", "index": 0}, "environment": "cloud"}
   and serves or dials the addresses there (plain TCP, one JSON line per
-  request and per answer).
+  request and per answer). With enableDynamicWorker the operator writes a
+  sparse cluster instead, {"ps": [...], "worker": {"<index>": addr}} with
+  no chief: worker 0 is then the chief, as in TF1 without a chief task.
 - A ps task holds its shard of the parameters (element i of the parameter
   vector lives on ps i mod len(ps)); ps 0 also holds global_step. A ps
   starts empty (uninitialised) with a new incarnation number: a restarted ps
@@ -224,7 +226,7 @@ def save_checkpoint(ckpt_dir, w, step):
 
 
 def train(task_type, task_index, cluster, a):
-    chief = task_type == "chief"
+    chief = task_type == "chief" or (task_type == "worker" and task_index == 0 and not cluster.get("chief"))
     me = f"{task_type} {task_index}"
     t = Trainer(cluster, a.dim)
     incarnations = None  # the ps incarnations the chief initialised
