@@ -83,7 +83,7 @@ type Config struct {
 	// (see storeproxy.go). The visible difference from torchrun is global
 	// rank 0's MASTER_PORT, which is that private port.
 	NoStoreProxy bool
-	// Launcher is who starts the workers (DESIGN §4, --launcher): "agent"
+	// Launcher is who starts the workers (docs/DESIGN.md §4.4, --launcher): "agent"
 	// ("" too), or "command", where the command starts its own through
 	// torch elastic and the agent runs it once.
 	Launcher string
@@ -104,7 +104,7 @@ type Config struct {
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
 	// TokenFile holds the per-job token the master requires on every call
-	// (DESIGN.md §5); the plugin mounts it from the job's Secret.
+	// (docs/DESIGN.md §5.1); the plugin mounts it from the job's Secret.
 	TokenFile string
 	// HeartbeatInterval is the master heartbeat's period (default 5 s).
 	HeartbeatInterval time.Duration

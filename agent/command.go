@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// --launcher command (DESIGN §4 "Two ways to launch").
+// --launcher command (docs/DESIGN.md §4.4).
 //
 // The agent starts exactly one child, the user's command (flytekit's
 // pyflyte-execute, or any script that calls torch's elastic_launch or

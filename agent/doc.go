@@ -1,5 +1,5 @@
 // Package agent is kfelastic's per-pod supervisor, a drop-in for torchrun
-// (DESIGN.md §4): it starts the local workers with torchrun's environment,
+// (docs/DESIGN.md §4): it starts the local workers with torchrun's environment,
 // observes their exits as events, restarts the group within a budget, and
 // writes the pod's error document when it gives up or is preempted.
 //

@@ -132,7 +132,7 @@ func (l *loop) supersede(start time.Time) {
 
 // workerDocument finds a document the failed worker wrote itself (flytekit
 // with _F_DES set writes error-<uuid hex>.pb naming _F_WN as its worker):
-// then the agent writes none (DESIGN.md §2). Our own keys carry a time and
+// then the agent writes none (docs/DESIGN.md §2.3). Our own keys carry a time and
 // are skipped unread; at most 64 others are read. Only a document from the
 // last attempt (timed at or after since) counts: worker names repeat across
 // attempts.
@@ -165,9 +165,9 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 }
 
 // refineCommandDocument gives the document the command wrote itself for
-// this pod (flytekit's pyflyte-execute, DESIGN §4: error-<uuid hex>.pb,
+// this pod (flytekit's pyflyte-execute, docs/DESIGN.md §4.4: error-<uuid hex>.pb,
 // worker = the pod name, timestamp = torch's ProcessFailure.timestamp in
-// whole seconds) the sub-second time DESIGN §3 wants. Torch's whole second
+// whole seconds) the sub-second time docs/DESIGN.md §3 wants. Torch's whole second
 // orders two pods that fail within one second by their names, so that the
 // secondary "[gloo] Connection closed by peer" of one pod can win over the
 // exception another pod raised. The worker's torch error file, named in the

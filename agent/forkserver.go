@@ -20,7 +20,7 @@ import (
 	"github.com/kfelastic/kfelastic/internal/procmem"
 )
 
-// The fork server makes a restart as fast as a fork (DESIGN §4): starting
+// The fork server makes a restart as fast as a fork (docs/DESIGN.md §4.7): starting
 // Python and importing torch is most of a restart, so the agent keeps one
 // interpreter per pod that has imported the preload modules (forkserver.py,
 // run with the worker command's own interpreter) and forks each worker from

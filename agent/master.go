@@ -47,7 +47,7 @@ type MasterConfig struct {
 }
 
 // Master is the rendezvous of an elastic job through the kfelastic master
-// (DESIGN.md §5), over gRPC: joins are long polls, the health check runs
+// (docs/DESIGN.md §5), over gRPC: joins are long polls, the health check runs
 // inside Next when the master asks for it, and a heartbeat long poll runs
 // beside the workers for the agent's life, bringing the master's control
 // actions (restart into a new round, exit) without polling. Every call is

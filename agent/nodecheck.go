@@ -28,7 +28,7 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
-// The node health check, one node's part of one round (DESIGN.md §5): the
+// The node health check, one node's part of one round (docs/DESIGN.md §5.4): the
 // master puts the waiting nodes in groups of two (three when odd) and gives
 // each a CheckTask; the node runs a small compute and an all-reduce with its
 // group in a child process and reports how it went. The check is a process

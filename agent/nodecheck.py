@@ -1,4 +1,4 @@
-# kfelastic's node health check, one node's part of one round (DESIGN.md §5),
+# kfelastic's node health check, one node's part of one round (docs/DESIGN.md §5.4),
 # run by the agent with the job's own interpreter. It times a small compute
 # on this node alone, then an all-reduce with its group (gloo), and prints one
 # JSON line. The compute is timed before any collective, so that a slow

@@ -28,7 +28,7 @@ type PolicyConfig struct {
 	// agent; they get DumpTimeout to write a checkpoint before the stop.
 	DumpSignal  syscall.Signal
 	DumpTimeout time.Duration
-	// Command is --launcher command (DESIGN §4): the one local process is
+	// Command is --launcher command (docs/DESIGN.md §4.4): the one local process is
 	// the user's command, which starts and restarts its own workers through
 	// torch elastic. The agent never restarts it (MaxRestarts is torch's
 	// business inside it, so a failure of the command ends the pod), and a

@@ -22,7 +22,7 @@ type NodeInfo struct {
 	Port int
 }
 
-// Round is a completed rendezvous round (DESIGN.md §5): its number, this
+// Round is a completed rendezvous round (docs/DESIGN.md §5.2): its number, this
 // node's place in it, and where the workers meet.
 type Round struct {
 	Number         int
@@ -43,8 +43,8 @@ type Round struct {
 	Departed int
 }
 
-// Rendezvous is how agents agree on rounds. The master (DESIGN.md §5)
-// implements it over gRPC (Master); Single and Fixed implement it here.
+// Rendezvous is how agents agree on rounds (docs/DESIGN.md §4.2). The master
+// (§5) implements it over gRPC (Master); Single and Fixed implement it here.
 type Rendezvous interface {
 	// Next joins the round after the ones this node has seen and blocks until
 	// it completes (or ctx ends).

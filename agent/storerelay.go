@@ -1,6 +1,6 @@
 package agent
 
-// The store relay (DESIGN.md §4 "Two ways to launch", §5 "torch store"):
+// The store relay (docs/DESIGN.md §4.8, §5.7):
 //
 //	r, err := StartStoreRelay(ctx, m, log) // listens on 127.0.0.1:0
 //	child.Env = append(child.Env, "PET_RDZV_ENDPOINT="+r.Addr())

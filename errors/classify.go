@@ -54,7 +54,7 @@ type Exit struct {
 	ErrorFileProblem string
 }
 
-// Classify maps an observed exit to a Failure following DESIGN.md §2. The
+// Classify maps an observed exit to a Failure following docs/DESIGN.md §2.4. The
 // order matters: platform causes (OOM, preemption) win over what the dying
 // process managed to write, and an exception named in the error file wins
 // over a bare exit status or signal.

@@ -16,7 +16,7 @@ import (
 )
 
 // Reasons a stored document is unusable. Readers skip such documents and
-// count them; they never fail the whole read (DESIGN.md §3).
+// count them; they never fail the whole read (docs/DESIGN.md §3).
 var (
 	ErrEmpty        = goerrors.New("empty error document")
 	ErrTooLarge     = goerrors.New("error document too large")

@@ -9,5 +9,5 @@
 //	key, err := w.Write(ctx, f)                  // error-<ns>-<worker>-<rand>.pb, never overwrites
 //
 // and a reader does Decode(bytes) → FromDocument → Failure. The package is
-// named after its folder (DESIGN.md §1); importers alias it, e.g. kferrors.
+// named after its folder (docs/DESIGN.md §1.1); importers alias it, e.g. kferrors.
 package errors

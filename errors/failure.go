@@ -10,7 +10,7 @@ import (
 )
 
 // Codes of the failures a supervisor recognises without the worker's help
-// (DESIGN.md §2). User exceptions carry their exception type instead.
+// (docs/DESIGN.md §2.4). User exceptions carry their exception type instead.
 const (
 	CodeOOMKilled         = "OOMKilled"
 	CodePreempted         = "Preempted"
@@ -107,7 +107,7 @@ func UsableTime(t time.Time) bool {
 // timestamp — absent, present but empty or zero, invalid (nanos out of
 // range), or outside UsableTime — gives a zero Time, and the rest of the
 // document stands: the caller decides what time stands in for it (the
-// object's modification time, DESIGN.md §3), never 1970.
+// object's modification time, docs/DESIGN.md §3), never 1970.
 func FromDocument(doc *core.ErrorDocument) (Failure, error) {
 	ce := doc.GetError()
 	if ce == nil {

@@ -114,7 +114,7 @@ func WorkerFromKey(key string) string {
 }
 
 // PodOf is the pod of a worker name: the agent names its workers
-// "<pod>/<local rank>" (DESIGN.md §2); any other name is a pod's own.
+// "<pod>/<local rank>" (docs/DESIGN.md §2.3); any other name is a pod's own.
 func PodOf(worker string) string { return cutRank(worker, '/') }
 
 // PodOfSanitized is PodOf for a sanitized worker name (SanitizeWorker turns

@@ -45,7 +45,7 @@ type Options struct {
 	NetworkCheck     bool
 	ExcludeStraggler bool
 	HangTimeoutSec   int
-	// Relaunch policy passed to the master (DESIGN §5).
+	// Relaunch policy passed to the master (docs/DESIGN.md §5.5).
 	OOMFactor       float64
 	OOMMaxIncrement string
 	OOMMaxMemory    string
@@ -116,7 +116,7 @@ func replicaSpec(pt PodTemplater, f replicaFields, containerName string) (*kubef
 	}, nil
 }
 
-// Env vars that switch on flytekit's per-pod error documents (DESIGN §2).
+// Env vars that switch on flytekit's per-pod error documents (docs/DESIGN.md §2.3).
 const (
 	EnvWorkerName        = "_F_WN"
 	EnvDistErrorStrategy = "_F_DES"

@@ -179,7 +179,7 @@ func makeElastic(job *kubeflowv1.PyTorchJob, ec elasticConfig, opts Options) err
 	return nil
 }
 
-// Launchers of `kfelastic agent --launcher` (DESIGN §4).
+// Launchers of `kfelastic agent --launcher` (docs/DESIGN.md §4.4).
 const (
 	// LauncherAgent: the agent starts --nproc-per-node workers itself.
 	LauncherAgent = "agent"

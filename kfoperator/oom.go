@@ -11,7 +11,7 @@ import (
 )
 
 // OOMPolicy is how much memory a replica relaunched after an OOM kill gets
-// (DESIGN §5, DLRover's figures as defaults: ×2, at most +8 GiB, at most
+// (docs/DESIGN.md §5.5, DLRover's figures as defaults: ×2, at most +8 GiB, at most
 // 64 GiB).
 type OOMPolicy struct {
 	Factor       float64

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Action is what a chaos spec does to the job (DESIGN.md §6).
+// Action is what a chaos spec does to the job (docs/DESIGN.md §6.2).
 type Action string
 
 // The chaos actions. Each is carried out for real by the engine.

@@ -1,9 +1,9 @@
 // Package local runs a whole elastic job on one machine, as it would run on
-// Kubernetes with the training operator (DESIGN.md §6): the kfelastic
+// Kubernetes with the training operator (docs/DESIGN.md §6): the kfelastic
 // master in-process, and one "pod" per node, a `kfelastic agent` process in
 // its own process group (and cgroup, and network namespace when asked),
 // named <job>-worker-<i>. It is `kfelastic local`'s engine and the harness
-// of the end-to-end scenarios of DESIGN.md §8.
+// of the end-to-end scenarios of docs/DESIGN.md §8.
 //
 // The pure parts are separate from the processes: ParseChaos reads
 // --chaos ACTION:TARGET@WHEN, and Book keeps the pods and slots as the

@@ -16,7 +16,7 @@ import (
 	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
-// The scenarios of DESIGN.md §8, end to end: the real kfelastic binary as
+// The scenarios of docs/DESIGN.md §8, end to end: the real kfelastic binary as
 // each pod's agent, real torch.distributed workers (gloo, Debian's torch at
 // /usr/bin/python3) running the bundled example, real signals, cgroups and
 // the real master in-process. Nothing is faked. Scenarios 8–10 (TensorFlow
@@ -234,10 +234,10 @@ func scenario5KillWorker(t *testing.T, py string) {
 
 // Scenario 6: scale up. 3 of 4 pods can start (3 slots): training starts
 // with group_world_size=3; a slot frees, the 4th pod starts, and training
-// restarts with 4, not counted against the pods' budget. (DESIGN.md §8 says
-// restart_count=1 there, as DLRover's agent prints; this agent keeps
-// torchrun's count, which a membership change does not raise, so the test
-// asserts the round change itself.)
+// restarts with 4, not counted against the pods' budget. (DLRover's agent
+// prints restart_count=1 there; this agent keeps torchrun's count, which a
+// membership change does not raise, so the test asserts the round change
+// itself: docs/DESIGN.md §8.)
 func TestScenario6AddSlot(t *testing.T) {
 	j := runJob(t, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, Slots: 3}, 40, "add-slot@step=8")
 	j.succeeded()

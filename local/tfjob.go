@@ -14,7 +14,7 @@ import (
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
-// TensorFlow parameter-server jobs (DESIGN.md §8, scenarios 8–10), as the
+// TensorFlow parameter-server jobs (docs/DESIGN.md §6.3; scenarios 8–10 of §8), as the
 // Kubeflow training operator runs a TFJob: one pod per replica, named
 // <job>-<type>-<index> (chief, ps, worker), each with TF_CONFIG naming every
 // replica's address and its own task. A failed or deleted pod is recreated

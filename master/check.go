@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The node health check (DESIGN.md §5, DLRover's network check): two rounds
+// The node health check (docs/DESIGN.md §5.4, DLRover's network check): two rounds
 // in which the waiting nodes run a small compute + all-reduce task in
 // groups of two (three when their number is odd). Round 1 pairs them in
 // rank order; round 2 pairs the fastest with the slowest of round 1, so

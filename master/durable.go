@@ -22,7 +22,7 @@ import (
 )
 
 // The master's durable state lives under --state as a log of batches and
-// an occasional snapshot (DESIGN.md §5 "Durability"):
+// an occasional snapshot (docs/DESIGN.md §5.8):
 //
 //	log/<20-digit seq>.pb   one batch of changed records, written once
 //	                        (IfNotExist): a second master writing the same

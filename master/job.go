@@ -12,7 +12,7 @@ import (
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
-// Config is the job's rendezvous and policies (DESIGN.md §5).
+// Config is the job's rendezvous and policies (docs/DESIGN.md §5.2–§5.5).
 type Config struct {
 	// JobID is the job's rendezvous id (--rdzv-id); the state under --state
 	// belongs to it.
@@ -819,7 +819,7 @@ func (j *Job) waiting() []*Node {
 }
 
 // tryForm completes a round if the waiting nodes allow it, or starts the
-// health check first (DESIGN.md §5 "Rendezvous").
+// health check first (docs/DESIGN.md §5.2, §5.4).
 func (j *Job) tryForm(now time.Time) {
 	if j.stopped || j.check != nil || j.nSucceeded > 0 {
 		return

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metrics are the master's Prometheus metrics (DESIGN.md §5
+// metrics are the master's Prometheus metrics (docs/DESIGN.md §5.10
 // "Observability"), on a registry of its own.
 type metrics struct {
 	registry          *prometheus.Registry

@@ -1,4 +1,4 @@
-# Recovery of a whole job from the faults of DESIGN.md §8 (1 delete-pod,
+# Recovery of a whole job from the faults of docs/DESIGN.md §8 (1 delete-pod,
 # 5 kill-worker, 7 fail-pod, 11 worker-0 deleted under --launcher command,
 # where torchrun loses the job): fault → first training step after recovery
 # under kfelastic local vs torchrun c10d, medians and ratio, DLRover's ≈2 min

@@ -1,6 +1,6 @@
 // Package outputreader reads every error document of a task attempt and picks
 // the root cause: the earliest failure of any pod, by a total order (time,
-// worker, key; see Less and DESIGN.md §3). It implements flyteplugins'
+// worker, key; see Less and docs/DESIGN.md §3). It implements flyteplugins'
 // io.OutputReader for the plugin, and serves the CLI and the local engine.
 //
 // The usage loop:

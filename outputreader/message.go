@@ -4,7 +4,7 @@ package outputreader
 // fractional digits, so that times line up and sub-second order is visible.
 const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 
-// Message is the Flyte UI message of DESIGN.md §3 (see Summary.Message): the
+// Message is the Flyte UI message of docs/DESIGN.md §3 (see Summary.Message): the
 // full list says exactly what the plugin's Summarize says.
 func (r *Report) Message() string { return r.Summary().Message() }
 

@@ -134,7 +134,7 @@ func (d Document) Time() time.Time {
 // Recoverable are known.
 func (d Document) Opened() bool { return d.AtSource != TimeFromName }
 
-// Less is the total order of failures (DESIGN.md §3): time, then worker, then
+// Less is the total order of failures (docs/DESIGN.md §3): time, then worker, then
 // key. A document without any time sorts after every dated one, never as 1970.
 func Less(a, b Document) bool { return compare(a, b) < 0 }
 

@@ -39,7 +39,7 @@ type Summary struct {
 	listedAt time.Time
 }
 
-// Message is the Flyte UI message (DESIGN.md §3): the root cause headed by
+// Message is the Flyte UI message (docs/DESIGN.md §3): the root cause headed by
 // its worker and time, then one line tallying the other failures, e.g.
 //
 //	[job-worker-1, 2026-11-21T10:00:01.123456789Z] RuntimeError: boom

@@ -101,7 +101,7 @@ func TestSummarizeSkippedSample(t *testing.T) {
 	}
 }
 
-// DESIGN.md §2, row by row: the UI message says each code once. Messages
+// docs/DESIGN.md §2.4, row by row: the UI message says each code once. Messages
 // that already start with their code (torch's "Type: text", flytekit's)
 // are not prefixed again.
 func TestMessageSaysEachClassificationCodeOnce(t *testing.T) {

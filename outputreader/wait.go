@@ -11,7 +11,7 @@ import (
 // WaitFor reads src until documents (extra failures included) from at least
 // workers distinct workers exist or the deadline passes, and returns the last
 // Report either way: after the deadline one decides with what there is. This
-// covers documents that land after the job turned terminal (DESIGN.md §3).
+// covers documents that land after the job turned terminal (docs/DESIGN.md §3).
 // It lists again every Options.PollInterval; the clock is Options.Now.
 func WaitFor(ctx context.Context, src Source, opts *Options, workers int, deadline time.Time, extra ...kferrors.Failure) (*Report, error) {
 	o := opts.withDefaults()

@@ -6,7 +6,7 @@ import (
 )
 
 // flytekit writes the documents of an Elastic task's failures itself
-// (pyflyte-execute, DESIGN.md §4): torch's ChildFailedError wrapped in
+// (pyflyte-execute, docs/DESIGN.md §4.4): torch's ChildFailedError wrapped in
 // FlyteUserRuntimeException, whose code is "USER:RuntimeError" whatever the
 // worker raised (or, for a FlyteRecoverableException, that class's
 // "RecoverableFlyteException"), and whose message is flytekit's

@@ -36,7 +36,7 @@ type Config struct {
 	MessageCap int `json:"messageCap" pflag:",Cap of the root cause message shown in Flyte, in bytes (head and tail kept)."`
 	// MaxDocumentBytes: larger documents are skipped.
 	MaxDocumentBytes int `json:"maxDocumentBytes" pflag:",Error documents larger than this are skipped and counted."`
-	// OOM relaunch policy of the kfelastic master (DESIGN §5).
+	// OOM relaunch policy of the kfelastic master (docs/DESIGN.md §5.5).
 	OOMFactor       string `json:"oomFactor" pflag:",Memory factor of a replica relaunched after an OOM kill (a decimal number)."`
 	OOMMaxIncrement string `json:"oomMaxIncrement" pflag:",Largest memory increase of one OOM relaunch (a Kubernetes quantity)."`
 	OOMMaxMemory    string `json:"oomMaxMemory" pflag:",Memory cap of OOM relaunches (a Kubernetes quantity)."`

@@ -1,4 +1,4 @@
-// Package report draws the failure report of DESIGN.md §9: one
+// Package report draws the failure report of docs/DESIGN.md §9: one
 // self-contained HTML page (inline CSS and SVG, no script, nothing fetched)
 // with one lane per pod, each failure a mark at its time, the root cause
 // highlighted with its message, the other failures dimmed, recovered

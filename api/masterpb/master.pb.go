@@ -1,4 +1,4 @@
-// The agent–master protocol of kfelastic (DESIGN.md §5).
+// The agent–master protocol of kfelastic (docs/DESIGN.md §5.1).
 //
 // Every call carries the job's token as gRPC metadata
 // "authorization: Bearer <token>"; a call without it, or with another, is

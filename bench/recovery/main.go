@@ -1,5 +1,5 @@
 // Command recovery-bench measures how fast a whole elastic job recovers
-// from the faults of DESIGN.md §8 on this machine: the time from the fault
+// from the faults of docs/DESIGN.md §8 on this machine: the time from the fault
 // to the first training step after recovery (the earliest first step of a
 // training process begun after the fault, in the recovered world size; a
 // step is an all-reduce, so one rank's first step is the group's), median
@@ -19,13 +19,13 @@
 //     7 as a node's SIGKILL with no replacement, 11 as 1 on node 0;
 //
 // with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
-// Kubernetes (DESIGN.md §10) as a reference row for scenario 1. Scenario 11
-// is worker-0's pod deleted with torch's own elastic agent in every pod:
-// kfelastic local --launcher command running torchrun (c10d, through each
-// agent's store relay to the master's store) against upstream's layout,
-// torchrun c10d with node 0 hosting the store, where losing node 0 loses
-// the store and the job: the other nodes' torch agents fail, replacement
-// or not ("job lost", not a time).
+// Kubernetes (bench/README.md, "Anchors") as a reference row for scenario
+// 1. Scenario 11 is worker-0's pod deleted with torch's own elastic agent
+// in every pod: kfelastic local --launcher command running torchrun (c10d,
+// through each agent's store relay to the master's store) against
+// upstream's layout, torchrun c10d with node 0 hosting the store, where
+// losing node 0 loses the store and the job: the other nodes' torch
+// agents fail, replacement or not ("job lost", not a time).
 //
 // Every scenario runs once per torch of -torch (default 1.13 and 2.14, the
 // latter through scripts/torch2.14/python3, skipped with a note when
@@ -213,7 +213,7 @@ func runTorch() error {
 			if len(r.ours) > 0 {
 				dl = fmt.Sprintf("%.0f× (DLRover / kfelastic)", (2*time.Minute).Seconds()/median(r.ours, stepOf).Seconds())
 			}
-			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, DESIGN.md §10) | | | %s |\n", dl)
+			fmt.Printf("| 1 | reference: DLRover on Kubernetes, a replacement pod (reported ≈ 2 min, bench/README.md) | | | %s |\n", dl)
 		}
 	}
 	return nil

@@ -189,7 +189,7 @@ func commandScaleUp(t *testing.T, py string) {
 	}
 }
 
-// Scenario 11 (DESIGN §8): the pod of node rank 0 is SIGKILLed mid-training
+// Scenario 11 (docs/DESIGN.md §8): the pod of node rank 0 is SIGKILLed mid-training
 // (agent, torch's agent and its worker with it) and the operator starts its
 // replacement. The store lives in the master, so the other pods' torch
 // agents re-rendezvous with the replacement and training finishes from the
@@ -297,7 +297,7 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
-// Scenario 12 (DESIGN §8): the master is SIGKILLed mid-training and
+// Scenario 12 (docs/DESIGN.md §8): the master is SIGKILLed mid-training and
 // restarted on the same state. Training goes on through the blackout (gloo
 // does not need the master; torch's agents' store calls wait in the
 // relays), no torch agent restarts its workers, and the store keeps every

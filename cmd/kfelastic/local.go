@@ -17,7 +17,7 @@ import (
 	"github.com/kfelastic/kfelastic/local"
 )
 
-// localFlags are `kfelastic local`'s flags (DESIGN.md §6).
+// localFlags are `kfelastic local`'s flags (docs/DESIGN.md §6).
 type localFlags struct {
 	nnodes, nproc, launcher, out, job, memory, binary string
 	network                                           string
@@ -36,7 +36,7 @@ func newLocalCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "local --nnodes MIN:MAX --nproc-per-node N [flags] [--chaos SPEC]... -- CMD ARGS...",
 		Short: "Run a whole elastic job on this machine, with fault injection",
-		Long: `local runs an elastic job on this machine as it would run on Kubernetes (DESIGN.md §6): the
+		Long: `local runs an elastic job on this machine as it would run on Kubernetes (docs/DESIGN.md §6): the
 kfelastic master in-process, and one "pod" per node: a kfelastic agent process (its own
 process group, and cgroup where the machine has them) named <job>-worker-<i> as the
 training operator names pods. It carries out the master's relaunch decisions as the

@@ -20,7 +20,7 @@ import (
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
-// masterFlags are `kfelastic master`'s flags (DESIGN.md §5).
+// masterFlags are `kfelastic master`'s flags (docs/DESIGN.md §5).
 type masterFlags struct {
 	listen            string
 	nnodes            string
@@ -57,7 +57,7 @@ func newMasterCmd(run masterServe) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "master --nnodes MIN:MAX --token-file FILE --state URL [flags]",
 		Short: "Serve an elastic job's rendezvous, health checks, relaunch policy and torch store",
-		Long: `master is the elastic job's coordinator (DESIGN.md §5). Agents (kfelastic agent --rdzv-endpoint
+		Long: `master is the elastic job's coordinator (docs/DESIGN.md §5). Agents (kfelastic agent --rdzv-endpoint
 HOST:PORT --token-file FILE) join rounds of MIN..MAX nodes through it, heartbeat, run the node
 health check when --network-check is on, and leave with their outcome; the master decides
 relaunches (preempted: relaunch, not counted; OOM: relaunch with more memory; faulty node or

@@ -1,7 +1,7 @@
 """A STAND-IN for a TensorFlow parameter-server job (TensorFlow is not
 installable on this machine: no PyPI, not in Debian). It is not TensorFlow;
 it behaves, at the seams `kfelastic local --tf-ps` and the scenarios of
-DESIGN.md §8 (8–10) observe, as a TF1 PS job under MonitoredTrainingSession:
+docs/DESIGN.md §8 (8–10) observe, as a TF1 PS job under MonitoredTrainingSession:
 
 - It reads TF_CONFIG as the Kubeflow training operator sets it:
   {"cluster": {"chief": [...], "ps": [...], "worker": [...]},

@@ -1,5 +1,5 @@
-// Package kube is the kfelastic master's pod owner on Kubernetes (DESIGN.md
-// §5): it carries out the master's relaunch decisions for one PyTorchJob
+// Package kube is the kfelastic master's pod owner on Kubernetes (docs/DESIGN.md
+// §5.6): it carries out the master's relaunch decisions for one PyTorchJob
 // and reports worker pods that died without their agent saying so.
 //
 // The training operator (restart policy ExitCode) recreates a worker pod

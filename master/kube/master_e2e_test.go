@@ -25,7 +25,7 @@ import (
 // the Kubeflow training operator and kwok. Agents are plain gRPC clients
 // named after the job's worker pods. The test only plays the kubelet and
 // the agents: the master notices, decides, and carries out its decisions
-// itself (DESIGN.md §5: "on Kubernetes the master itself").
+// itself (docs/DESIGN.md §5.6).
 func TestMasterOwnsItsDecisions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, the training operator and kwok (scripts/deps.sh k8s); skipped under -short")

@@ -1,5 +1,5 @@
 // Package relaunch is the master's relaunch policy as pure functions
-// (DESIGN.md §5): which failure gets its pod relaunched, whether that spends
+// (docs/DESIGN.md §5.5): which failure gets its pod relaunched, whether that spends
 // the rank's budget, and how much memory a pod gets back after an OOM kill.
 // The master decides with it; the plugin's builder (kfoperator) renders the
 // same OOM numbers into the job and patches replica templates with it, so
@@ -39,7 +39,7 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
-// Failure codes the policy tells apart (DESIGN.md §2; errors.Code*).
+// Failure codes the policy tells apart (docs/DESIGN.md §2.4; errors.Code*).
 const (
 	codePreempted       = "Preempted"
 	codeEvicted         = "Evicted"

@@ -1,9 +1,9 @@
 // Package store is the master's key-value store with the semantics of torch's
-// TCPStore (DESIGN.md §5 "torch store", TORCH-STORE.md): SET, GET, ADD,
-// COMPARE_SET, CHECK, DELETE, NUM_KEYS, APPEND, MULTI_GET and MULTI_SET, with
-// torch's answers in every branch (a missing key is 0 for ADD, COMPARE_SET on
-// a missing key with a non-empty expected value returns expected and stores
-// nothing, and so on).
+// TCPStore (docs/DESIGN.md §5.7; TORCH-STORE.md in the project's shared
+// notes): SET, GET, ADD, COMPARE_SET, CHECK, DELETE, NUM_KEYS, APPEND,
+// MULTI_GET and MULTI_SET, with torch's answers in every branch (a missing
+// key is 0 for ADD, COMPARE_SET on a missing key with a non-empty expected
+// value returns expected and stores nothing, and so on).
 //
 // The store is pure: no goroutines, no clock, no network, no locks. The
 // master's single event loop owns it, so the gRPC layer and the durability
