@@ -9,13 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Codes of synthesized failures that errors/ has no constant for.
-const (
-	CodeEvicted          = "Evicted"
-	CodeDeadlineExceeded = "DeadlineExceeded"
-	CodeNodeLost         = "NodeLost"
-)
-
 // PodFailed reports whether a pod of a job has failed for good: phase
 // Failed, or its node was lost (the node controller leaves such pods
 // Unknown/Running with reason NodeLost).
@@ -51,18 +44,18 @@ func Synthesize(p *corev1.Pod, primary string, fallback time.Time) (f kferrors.F
 	detail := p.Status.Message
 	switch p.Status.Reason {
 	case "Evicted":
-		return kferrors.SystemFailure(CodeEvicted, fmt.Sprintf("pod %s was evicted: %s", name, detail), name, at), true
+		return kferrors.SystemFailure(kferrors.CodeEvicted, fmt.Sprintf("pod %s was evicted: %s", name, detail), name, at), true
 	case "DeadlineExceeded":
 		// The pod outlived activeDeadlineSeconds; another attempt may be
 		// faster (a slow node), so retryable, but charged to the user.
-		f := kferrors.UserError(CodeDeadlineExceeded, fmt.Sprintf("pod %s exceeded its active deadline: %s", name, detail), name, at)
+		f := kferrors.UserError(kferrors.CodeDeadlineExceeded, fmt.Sprintf("pod %s exceeded its active deadline: %s", name, detail), name, at)
 		f.Recoverable = true
 		return f, true
 	case "NodeLost", "Shutdown", "Terminated", "NodeShutdown":
-		return kferrors.SystemFailure(CodeNodeLost, fmt.Sprintf("pod %s lost its node (%s): %s", name, p.Status.Reason, detail), name, at), true
+		return kferrors.SystemFailure(kferrors.CodeNodeLost, fmt.Sprintf("pod %s lost its node (%s): %s", name, p.Status.Reason, detail), name, at), true
 	}
 	if term == nil {
-		return kferrors.SystemFailure(CodeNodeLost, fmt.Sprintf("pod %s failed without a container exit (%s): %s", name, p.Status.Reason, detail), name, at), true
+		return kferrors.SystemFailure(kferrors.CodeNodeLost, fmt.Sprintf("pod %s failed without a container exit (%s): %s", name, p.Status.Reason, detail), name, at), true
 	}
 	e := kferrors.Exit{Worker: name, ExitCode: int(term.ExitCode), ObservedAt: at, OOM: term.Reason == "OOMKilled"}
 	if term.Signal != 0 {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
@@ -292,19 +293,6 @@ type Failure struct {
 	Recoverable bool
 	Time        time.Time
 }
-
-// Codes of failures the master itself establishes.
-const (
-	CodeNodeLost          = "NodeLost"
-	CodeNodeCheckFailed   = "NodeCheckFailed"
-	CodeStraggler         = "Straggler"
-	CodeRendezvousTimeout = "RendezvousTimeout"
-	CodeJobStopped        = "JobStopped"
-	CodeReplaced          = "Replaced"
-	// CodeJobSucceeded: the job's workers succeeded while this node waited
-	// for a round; it has nothing left to do (torch: RendezvousClosedError).
-	CodeJobSucceeded = "JobSucceeded"
-)
 
 // Errors of requests, classified by the server into gRPC codes.
 var (
@@ -706,7 +694,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 	if rank < 0 {
 		r, ok := j.byPod[pod]
 		if !ok {
-			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
+			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
 		}
 		rank = r
 	}
@@ -717,7 +705,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		if rec != nil {
 			holder = "pod " + rec.Pod
 		}
-		a.Excluded = &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
+		a.Excluded = &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
 		return a
 	}
 	switch {
@@ -738,7 +726,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		}
 	case Joining:
 		if j.nSucceeded > 0 && !j.latestMember(rank) {
-			a.Excluded = &Exclusion{Code: CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
+			a.Excluded = &Exclusion{Code: kferrors.CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
 			return a
 		}
 		if c := j.check; c != nil {
@@ -748,7 +736,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 			}
 		}
 	case Succeeded:
-		a.Excluded = &Exclusion{Code: CodeJobStopped, Message: "this node already succeeded"}
+		a.Excluded = &Exclusion{Code: kferrors.CodeJobStopped, Message: "this node already succeeded"}
 		return a
 	}
 	a.Waiting = j.nWaiting
@@ -856,7 +844,7 @@ func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (Heartbeat
 	rec, err := j.lookup(n)
 	if err != nil {
 		if held, ok := j.nodes[n.Rank]; ok && n.Rank >= 0 && (held.Pod != n.Pod || held.Incarnation != n.Incarnation) {
-			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: CodeReplaced,
+			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: kferrors.CodeReplaced,
 				Message: fmt.Sprintf("rank %d is now held by pod %s", n.Rank, held.Pod)}, LatestRound: j.latestNumber()}, nil
 		}
 		return HeartbeatAnswer{}, err
@@ -1033,13 +1021,13 @@ func (j *Job) stop(reason string, now time.Time) {
 	j.stopReason = reason
 	j.check = nil
 	j.ready.Dirty.Job = true
-	j.decide(Decision{Kind: StopJob, Rank: -1, Reason: CodeJobStopped, Message: reason, Time: now})
+	j.decide(Decision{Kind: StopJob, Rank: -1, Reason: kferrors.CodeJobStopped, Message: reason, Time: now})
 	j.ready.WakeAll = true
 	j.logf("warn", "job stopped", "reason", reason)
 }
 
 func (j *Job) stopExclusion() *Exclusion {
-	return &Exclusion{Code: CodeJobStopped, Message: "the master stopped the job: " + j.stopReason}
+	return &Exclusion{Code: kferrors.CodeJobStopped, Message: "the master stopped the job: " + j.stopReason}
 }
 
 // sweepEvery bounds how late a heartbeat or join timeout is noticed; the
@@ -1091,14 +1079,14 @@ func (j *Job) sweep(now time.Time) {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		j.fail(rec, Failure{Code: CodeNodeLost, Recoverable: true, Time: now,
+		j.fail(rec, Failure{Code: kferrors.CodeNodeLost, Recoverable: true, Time: now,
 			Message: fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout)}, now)
 	}
 	for _, rec := range late {
 		if rec.State != Joining || rec.Exclusion != nil {
 			continue
 		}
-		j.fail(rec, Failure{Code: CodeRendezvousTimeout, Recoverable: true, Time: now,
+		j.fail(rec, Failure{Code: kferrors.CodeRendezvousTimeout, Recoverable: true, Time: now,
 			Message: fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout)}, now)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
@@ -705,7 +706,7 @@ func (o *Owner) observe(ctx context.Context, typ string, p *pod, gone func(PodGo
 	o.mu.Lock()
 	_, byUs := o.deleted[uid]
 	g, dead := classify(p, o.cfg.Container, deleting && !byUs, now)
-	if deleting && byUs && dead && g.Code == CodePreempted {
+	if deleting && byUs && dead && g.Code == kferrors.CodePreempted {
 		dead = false // our own deletion carries out a decision
 	}
 	report := dead && !o.reported[uid]

@@ -3,7 +3,10 @@ package kube
 import (
 	"fmt"
 	"strconv"
+	"syscall"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -84,19 +87,6 @@ type podList struct {
 	} `json:"metadata"`
 	Items []pod `json:"items"`
 }
-
-// Failure codes of pods that died without their agent saying so. They are
-// the codes of errors/ (kfoperator.Synthesize, errors.Classify) and of the
-// master's relaunch policy.
-const (
-	CodeOOMKilled   = "OOMKilled"
-	CodeEvicted     = "Evicted"
-	CodePreempted   = "Preempted"
-	CodeNodeLost    = "NodeLost"
-	CodeNonZeroExit = "NonZeroExit"
-	// CodeDeadlineExceeded: the pod outlived activeDeadlineSeconds.
-	CodeDeadlineExceeded = "DeadlineExceeded"
-)
 
 // memory is a container's memory as the OOM policy sees it: its limit, or
 // its request where it has no limit; 0 if neither (or unparsable).
@@ -210,27 +200,27 @@ func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone,
 		return g, true
 	}
 	if term != nil && term.Reason == "OOMKilled" {
-		return sys(CodeOOMKilled, "was OOM-killed (container %s, exit code %d, memory %s)", container, term.ExitCode, formatBytes(p.memory(container)))
+		return sys(kferrors.CodeOOMKilled, "was OOM-killed (container %s, exit code %d, memory %s)", container, term.ExitCode, formatBytes(p.memory(container)))
 	}
 	detail := p.Status.Message
 	switch p.Status.Reason {
 	case "Evicted":
-		return sys(CodeEvicted, "was evicted: %s", detail)
+		return sys(kferrors.CodeEvicted, "was evicted: %s", detail)
 	case "NodeLost", "Shutdown", "Terminated", "NodeShutdown":
-		return sys(CodeNodeLost, "lost its node %s (%s): %s", p.Spec.NodeName, p.Status.Reason, detail)
+		return sys(kferrors.CodeNodeLost, "lost its node %s (%s): %s", p.Spec.NodeName, p.Status.Reason, detail)
 	case "DeadlineExceeded":
-		return sys(CodeDeadlineExceeded, "exceeded its active deadline: %s", detail)
+		return sys(kferrors.CodeDeadlineExceeded, "exceeded its active deadline: %s", detail)
 	}
 	if p.Status.Phase == "Unknown" {
-		return sys(CodeNodeLost, "is in phase Unknown: its node %s stopped reporting", p.Spec.NodeName)
+		return sys(kferrors.CodeNodeLost, "is in phase Unknown: its node %s stopped reporting", p.Spec.NodeName)
 	}
 	switch r := p.disruption(); r {
 	case "EvictionByEvictionAPI", "TerminationByKubelet":
-		return sys(CodeEvicted, "was evicted (%s)", r)
+		return sys(kferrors.CodeEvicted, "was evicted (%s)", r)
 	case "PreemptionByScheduler", "PreemptionByKubeScheduler":
-		return sys(CodePreempted, "was preempted by the scheduler (%s)", r)
+		return sys(kferrors.CodePreempted, "was preempted by the scheduler (%s)", r)
 	case "DeletionByTaintManager", "DeletionByPodGC":
-		return sys(CodeNodeLost, "is deleted because its node %s is gone (%s)", p.Spec.NodeName, r)
+		return sys(kferrors.CodeNodeLost, "is deleted because its node %s is gone (%s)", p.Spec.NodeName, r)
 	}
 	if term == nil || (term.ExitCode == 0 && term.Signal == 0) {
 		switch {
@@ -243,9 +233,9 @@ func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone,
 			if p.Metadata.DeletionTimestamp != nil && p.Metadata.DeletionGracePeriodSeconds != nil && term == nil {
 				g.Time = p.Metadata.DeletionTimestamp.Add(-time.Duration(*p.Metadata.DeletionGracePeriodSeconds) * time.Second)
 			}
-			return sys(CodePreempted, "was deleted from outside while %s", orUnknown(p.Status.Phase))
+			return sys(kferrors.CodePreempted, "was deleted from outside while %s", orUnknown(p.Status.Phase))
 		case p.Status.Phase == "Failed":
-			return sys(CodeNodeLost, "failed without a container exit (%s): %s", p.Status.Reason, detail)
+			return sys(kferrors.CodeNodeLost, "failed without a container exit (%s): %s", p.Status.Reason, detail)
 		}
 		return g, false
 	}
@@ -256,11 +246,11 @@ func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone,
 	}
 	switch {
 	case sig == 15:
-		return sys(CodePreempted, "was terminated by SIGTERM from outside (exit code %d)", code)
+		return sys(kferrors.CodePreempted, "was terminated by SIGTERM from outside (exit code %d)", code)
 	case sig != 0:
-		return sys("Signal"+signalName(sig), "was killed by signal %d (%s), exit code %d", sig, signalName(sig), code)
+		return sys(kferrors.SignalCode(syscall.Signal(sig)), "was killed by signal %d (%s), exit code %d", sig, kferrors.SignalName(syscall.Signal(sig)), code)
 	}
-	g.Code, g.Recoverable = CodeNonZeroExit, false
+	g.Code, g.Recoverable = kferrors.CodeNonZeroExit, false
 	g.Message = fmt.Sprintf("pod %s exited with code %d (container %s, reason %s)", g.Pod, code, container, term.Reason)
 	return g, true
 }
@@ -299,19 +289,6 @@ func terminated(p *pod, container string) *terminatedState {
 		}
 	}
 	return nil
-}
-
-// signalName is the Linux name of signal n (golang.org/x/sys/unix's
-// SignalName, as errors.Classify names codes), or SIG<n>.
-func signalName(n int) string {
-	names := [...]string{1: "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
-		"SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD",
-		"SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM",
-		"SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS"}
-	if n > 0 && n < len(names) {
-		return names[n]
-	}
-	return "SIG" + strconv.Itoa(n)
 }
 
 func formatBytes(b int64) string {
