@@ -881,12 +881,11 @@ func (e *Engine) document(f kferrors.Failure) {
 
 // podGone tells the master, retried while it restarts.
 func (e *Engine) podGone(pod string, f kferrors.Failure) {
-	mf := master.Failure{Code: f.Code, Message: f.Message, Recoverable: f.Recoverable, Time: f.Time}
 	for range 100 {
 		s := e.masterServer()
 		if s != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := s.PodGone(ctx, pod, mf)
+			err := s.PodGone(ctx, pod, f)
 			cancel()
 			if err == nil {
 				return

@@ -285,15 +285,6 @@ func KindName(k relaunch.Kind) string {
 	return k.String()
 }
 
-// Failure is a pod's outcome as its agent reports it in Leave, or as the
-// owner of the pods observes it (a pod OOMKilled, evicted, deleted).
-type Failure struct {
-	Code        string
-	Message     string
-	Recoverable bool
-	Time        time.Time
-}
-
 // Errors of requests, classified by the server into gRPC codes.
 var (
 	ErrInvalid    = errors.New("invalid request")
@@ -887,7 +878,11 @@ func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
 
 // Leave records a pod's end. A success leaves its round alone; a failure
 // gets a relaunch decision, and the round's other members restart.
-func (j *Job) Leave(n NodeInfo, succeeded bool, f Failure, now time.Time) (Decision, error) {
+//
+// f is the pod's failure as its agent reports it, the same
+// kferrors.Failure its error document carries; the master reads its Code,
+// Message, Recoverable and Time.
+func (j *Job) Leave(n NodeInfo, succeeded bool, f kferrors.Failure, now time.Time) (Decision, error) {
 	defer j.settle()
 	rec, err := j.lookup(n)
 	if err != nil {
@@ -923,7 +918,7 @@ func (j *Job) lastDecision(rank int) Decision {
 // PodGone is the owner of the pods reporting that a pod ended without its
 // agent saying so (OOMKilled, evicted, deleted, its node lost). A pod that
 // no longer holds a live rank is ignored.
-func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
+func (j *Job) PodGone(pod string, f kferrors.Failure, now time.Time) (Decision, bool) {
 	defer j.settle()
 	rank, ok := j.byPod[pod]
 	if !ok {
@@ -939,7 +934,7 @@ func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
 // fail takes a live pod's rank out: a relaunch decision, an exclusion that
 // answers the pod's every later call (it is fenced off), a wake-up of the
 // others, and a stop of the job if too few nodes can run.
-func (j *Job) fail(rec *Node, f Failure, now time.Time) Decision {
+func (j *Job) fail(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	d := j.takeOut(rec, f, now)
 	j.checkReportMissing(rec.Rank, f.Code)
 	j.checkViable(now)
@@ -949,7 +944,7 @@ func (j *Job) fail(rec *Node, f Failure, now time.Time) Decision {
 
 // takeOut is fail without its consequences for the job, for callers that
 // take several nodes out at once.
-func (j *Job) takeOut(rec *Node, f Failure, now time.Time) Decision {
+func (j *Job) takeOut(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	if f.Time.IsZero() {
 		f.Time = now
 	}
@@ -1079,15 +1074,15 @@ func (j *Job) sweep(now time.Time) {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		j.fail(rec, Failure{Code: kferrors.CodeNodeLost, Recoverable: true, Time: now,
-			Message: fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout)}, now)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeNodeLost,
+			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now), now)
 	}
 	for _, rec := range late {
 		if rec.State != Joining || rec.Exclusion != nil {
 			continue
 		}
-		j.fail(rec, Failure{Code: kferrors.CodeRendezvousTimeout, Recoverable: true, Time: now,
-			Message: fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout)}, now)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
+			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now), now)
 	}
 }
 

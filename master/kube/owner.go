@@ -92,13 +92,11 @@ type PodGone struct {
 	// Index is the pod's replica index (-1 if unlabelled).
 	Index int
 	// Node is the node the pod ran on.
-	Node        string
-	Code        string
-	Message     string
-	Recoverable bool
-	// Time is when the pod ended: the container's finish time, else the
+	Node string
+	// Failure is the pod's failure as errors.ClassifyPod reads its status;
+	// its Time is when the pod ended: the container's finish time, else the
 	// pod's last condition transition, else when the owner saw it.
-	Time time.Time
+	kferrors.Failure
 }
 
 // Owner carries out relaunch decisions for one PyTorchJob by editing its

@@ -183,7 +183,8 @@ func (p *pod) disruption() string {
 // container's exit code (≥128: a signal, 128+n; 1–127: the user's error,
 // not recoverable).
 func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone, ok bool) {
-	g = PodGone{Pod: p.Metadata.Name, UID: p.Metadata.UID, Index: p.index(), Node: p.Spec.NodeName, Time: now}
+	g = PodGone{Pod: p.Metadata.Name, UID: p.Metadata.UID, Index: p.index(), Node: p.Spec.NodeName}
+	g.Time = now
 	if p.Status.Phase == "Succeeded" {
 		return g, false
 	}
