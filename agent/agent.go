@@ -19,6 +19,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
@@ -218,20 +219,9 @@ func readToken(path string) (string, error) {
 	if path == "" {
 		return "", errors.New("the kfelastic master needs the job token: give --token-file")
 	}
-	st, err := os.Stat(path)
+	tok, err := jobtoken.Read(path)
 	if err != nil {
 		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	if st.Size() > 4096 {
-		return "", fmt.Errorf("--token-file %s: %d bytes, more than a token (4096)", path, st.Size())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", fmt.Errorf("--token-file %s is empty", path)
 	}
 	return tok, nil
 }
@@ -570,10 +560,13 @@ func (l *loop) join() {
 		node.Port = port
 		round, err := l.cfg.Rendezvous.Next(ctx, node)
 		var excluded *ExcludedError
+		var refused *AuthError
 		switch {
 		case ctx.Err() != nil:
 		case errors.As(err, &excluded):
 			l.send(RendezvousFailed{Code: excluded.Code, Message: excluded.Message, NoRelaunch: !excluded.Relaunch})
+		case errors.As(err, &refused):
+			l.send(RendezvousFailed{Code: kferrors.CodeAuthenticationFailed, Message: refused.Error(), Permanent: true})
 		case err != nil:
 			l.send(RendezvousFailed{Message: fmt.Sprintf("rendezvous %s: %v", l.cfg.RdzvID, err)})
 		default:

@@ -90,7 +90,8 @@ type commandSpec struct {
 // has it, copies the first failed worker's error there), the progress file
 // and the agent's mark, PYTHONUNBUFFERED=1 when unset. No worker variable
 // (RANK, MASTER_ADDR, …: torch's agent sets its workers' own), no _F_WN or
-// _F_DES (the pod's, for flytekit's documents).
+// _F_DES (the pod's, for flytekit's documents). The training operator's
+// per-pod worker variables are dropped (operatorPodEnv).
 func CommandEnv(base []string, s commandSpec) []string {
 	env := envMap(base)
 	c := s.cfg
@@ -100,9 +101,6 @@ func CommandEnv(base []string, s commandSpec) []string {
 	}
 	defaults := map[string]string{"PET_NNODES": nnodes, "PET_NPROC_PER_NODE": strconv.Itoa(c.NProcPerNode),
 		"PET_MAX_RESTARTS": strconv.Itoa(c.MaxRestarts), "PET_RDZV_ID": c.RdzvID, "PYTHONUNBUFFERED": "1"}
-	if c.NodeRank >= 0 {
-		defaults["PET_NODE_RANK"] = strconv.Itoa(c.NodeRank)
-	}
 	if c.RdzvEndpoint != "" && s.rdzvEndpoint == "" {
 		defaults["PET_RDZV_ENDPOINT"] = c.RdzvEndpoint
 	}
@@ -110,6 +108,12 @@ func CommandEnv(base []string, s commandSpec) []string {
 		if env[k] == "" {
 			env[k] = v
 		}
+	}
+	for _, k := range operatorPodEnv {
+		delete(env, k)
+	}
+	if c.NodeRank >= 0 {
+		env["PET_NODE_RANK"] = strconv.Itoa(c.NodeRank)
 	}
 	if s.rdzvEndpoint != "" {
 		env["PET_RDZV_ENDPOINT"] = s.rdzvEndpoint
@@ -130,6 +134,16 @@ func CommandEnv(base []string, s commandSpec) []string {
 	}
 	return envList(env)
 }
+
+// operatorPodEnv is what the training operator sets on a pod for a worker
+// of a static job: RANK = PET_NODE_RANK = the replica index (+1 with a
+// Master replica), WORLD_SIZE counting the Master, MASTER_ADDR/PORT and
+// PET_MASTER_ADDR/PORT naming the Master replica, which in an elastic job
+// is the kfelastic master, no torch store. None of it is the elastic job's:
+// torch's launch in the command sets its workers' own, and a static
+// rendezvous must never be pointed at the master. PET_NODE_RANK is
+// replaced by the agent's node rank.
+var operatorPodEnv = []string{"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NODE_RANK"}
 
 // clientOnly is torchrun's --rdzv-conf with is_host=false: c10d's guess
 // (the endpoint's host is this machine's, as loopback always is) would try

@@ -34,7 +34,11 @@ func TestCommandEnv(t *testing.T) {
 	base := []string{"PET_NNODES=2:3", "PET_RDZV_ENDPOINT=master:29400", "_F_WN=pod-1", "_F_DES=Earliest",
 		"PET_MAX_RESTARTS=", "PYTHONUNBUFFERED=0", "PATH=/bin",
 		// torchrun's static default, and a conf that would have torch host the store.
-		"PET_RDZV_BACKEND=static", "PET_RDZV_CONF=is_host=1,last_call_timeout=1"}
+		"PET_RDZV_BACKEND=static", "PET_RDZV_CONF=is_host=1,last_call_timeout=1",
+		// The training operator's, for worker index 1 beside a Master
+		// replica (numbered from 1, the master counted in WORLD_SIZE).
+		"PET_NODE_RANK=2", "RANK=2", "WORLD_SIZE=12", "MASTER_ADDR=job-master-0", "MASTER_PORT=23456",
+		"PET_MASTER_ADDR=job-master-0", "PET_MASTER_PORT=23456"}
 	got := CommandEnv(base, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", errorFile: "/e", progressFile: "/p", mark: "a/1"})
 	want := []string{"KFELASTIC_AGENT=a/1", "KFELASTIC_PROGRESS_FILE=/p", "PATH=/bin", "PET_MAX_RESTARTS=2",
 		"PET_NNODES=2:3", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=4", "PET_RDZV_BACKEND=c10d",

@@ -87,6 +87,11 @@ func WorkerEnv(base []string, w workerSpec) []string {
 	if rank == 0 && w.storePort != 0 {
 		set["MASTER_PORT"] = strconv.Itoa(w.storePort)
 	}
+	// The training operator's PET_NODE_RANK counts from 1 beside a Master
+	// replica; a worker that reads it sees the node rank it runs as.
+	if _, ok := env["PET_NODE_RANK"]; ok {
+		set["PET_NODE_RANK"] = strconv.Itoa(r.GroupRank)
+	}
 	if _, ok := env["FLYTE_INTERNAL_WORKER_NAME"]; ok {
 		set["FLYTE_INTERNAL_WORKER_NAME"] = set["_F_WN"]
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 )
 
 // MasterConfig is how an agent reaches the kfelastic master.
@@ -80,6 +81,19 @@ func (e *ExcludedError) Error() string {
 	return fmt.Sprintf("the master excluded this node: %s: %s", e.Code, e.Message)
 }
 
+// AuthError is the master refusing this agent's job token: the token file
+// does not hold the token the master was started with (another job's
+// Secret, a stale file). No retry or restart fixes it.
+type AuthError struct {
+	Endpoint string
+	Message  string // the master's answer
+}
+
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("the master at %s refused this pod's job token (%s): --token-file does not hold the token the master was started with",
+		e.Endpoint, e.Message)
+}
+
 type tokenAuth string
 
 func (t tokenAuth) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
@@ -97,8 +111,8 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 	if cfg.Endpoint == "" {
 		return nil, errors.New("no master endpoint (--rdzv-endpoint)")
 	}
-	if cfg.Token == "" {
-		return nil, errors.New("no job token for the master (--token-file)")
+	if err := jobtoken.Check(cfg.Token); err != nil {
+		return nil, fmt.Errorf("the master's job token (--token-file): %w", err)
 	}
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
@@ -158,6 +172,9 @@ func (m *Master) retry(ctx context.Context, what string, call func(ctx context.C
 	gaveUp, err := retryTransient(ctx, m.cfg.Logger, m.cfg.Unreachable, call, "call", what, "endpoint", m.cfg.Endpoint)
 	if gaveUp {
 		return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
+	}
+	if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+		return &AuthError{Endpoint: m.cfg.Endpoint, Message: fmt.Sprintf("%s: %s", c, status.Convert(err).Message())}
 	}
 	return err
 }

@@ -61,6 +61,9 @@ type Policy struct {
 	alive    []bool
 	progress []time.Time
 	failures []kferrors.Failure
+	// unstartable: a worker could not start for a reason a restart does
+	// not fix (WorkerExited.Permanent).
+	unstartable bool
 
 	reason     stopReason
 	terminated time.Time // when SIGTERM arrived, zero if it did not
@@ -114,11 +117,13 @@ type RoundReady struct{ Round Round }
 // the master told this node to exit. Code is the pod's document's code
 // (RendezvousTimeout when empty); NoRelaunch makes the agent exit 1 so that
 // the training operator does not bring the pod back (the master does not
-// want it).
+// want it). Permanent makes the failure itself NON_RECOVERABLE (the master
+// refused the job token: no restart, relaunch or retry can fix it).
 type RendezvousFailed struct {
 	Message    string
 	Code       string
 	NoRelaunch bool
+	Permanent  bool
 }
 
 // WorkerExited: a worker process of group attempt Attempt ended.
@@ -127,8 +132,11 @@ type WorkerExited struct {
 	LocalRank int
 	// Exit is what was observed (code, signal, error file, OOM evidence).
 	Exit kferrors.Exit
-	// StartError is set when the process could not be started at all.
+	// StartError is set when the process could not be started at all;
+	// Permanent when no restart can start it either (its program or script
+	// does not exist): the pod fails without restarting.
 	StartError string
+	Permanent  bool
 
 	from *worker // which process; the loop drops events of discarded spares
 }
@@ -313,6 +321,7 @@ func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
 		code = kferrors.CodeRendezvousTimeout
 	}
 	f := kferrors.SystemFailure(code, ev.Message, p.cfg.Pod, now)
+	f.Recoverable = !ev.Permanent
 	switch {
 	case p.phase == phaseRendezvous:
 		acts := p.finish(f)
@@ -368,6 +377,7 @@ func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
 	case ev.StartError != "":
 		f := kferrors.UserError("StartFailed", ev.StartError, e.Worker, e.ObservedAt)
 		failed = &f
+		p.unstartable = p.unstartable || ev.Permanent
 	case succeeded:
 	case p.phase == phaseStopping && e.TorchError == nil && !e.OOM:
 		// Ended by our own stop signal, or a secondary failure that left no
@@ -495,7 +505,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		return acts
 	}
 	root := RootCause(p.failures)
-	if NodeLevel(root) || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
+	if NodeLevel(root) || p.unstartable || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
 		return p.finish(root)
 	}
 	p.restarts++

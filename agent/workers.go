@@ -176,6 +176,15 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		failed = append(failed, WorkerExited{Attempt: sg.Attempt, LocalRank: w.localRank,
 			Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
 	}
+	if why := unstartable(gs.command); why != "" {
+		for local := range gs.workers {
+			w := newWorker(gs, sg.Attempt, local)
+			g.workers = append(g.workers, w)
+			notStarted(w, why)
+			failed[len(failed)-1].Permanent = true
+		}
+		return g, failed
+	}
 	for local := range gs.workers {
 		select {
 		case <-gs.stop:

@@ -2,6 +2,7 @@ package errors
 
 import (
 	"encoding/json"
+	goerrors "errors"
 	"fmt"
 	"io"
 	"math"
@@ -133,7 +134,7 @@ func ParseTorchError(data []byte, mtime time.Time) (*TorchError, error) {
 		Message json.RawMessage `json:"message"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return nil, fmt.Errorf("torch error file: %w", err)
+		return nil, fmt.Errorf("torch error file: %w", jsonProblem(err))
 	}
 	if len(raw.Message) == 0 {
 		return nil, fmt.Errorf("torch error file: no \"message\"")
@@ -155,12 +156,26 @@ func ParseTorchError(data []byte, mtime time.Time) (*TorchError, error) {
 		} `json:"extraInfo"`
 	}
 	if err := json.Unmarshal(raw.Message, &structured); err != nil {
-		return nil, fmt.Errorf("torch error file: %w", err)
+		return nil, fmt.Errorf("torch error file: %w", jsonProblem(err))
 	}
 	te.Message = structured.Message
 	te.Traceback = structured.ExtraInfo.PyCallstack
 	te.Time = refineSeconds(epochSeconds(structured.ExtraInfo.Timestamp), mtime)
 	return te, nil
+}
+
+// errNotJSON is a syntax error of an error file, said without its text:
+// encoding/json quotes the offending character, and a file that is not
+// torch's may hold anything.
+var errNotJSON = goerrors.New("not JSON")
+
+// jsonProblem is err without the content it quotes.
+func jsonProblem(err error) error {
+	var se *json.SyntaxError
+	if goerrors.As(err, &se) {
+		return fmt.Errorf("%w (syntax error at byte %d)", errNotJSON, se.Offset)
+	}
+	return err
 }
 
 // epochSeconds reads torch's "timestamp": "<epoch seconds>" (or a bare
@@ -208,13 +223,18 @@ const MaxTorchErrorBytes = 4 << 20
 // recoverable marker exists next to it. A missing file is (nil, false, nil).
 // It reads only a regular file, without blocking (a FIFO left there by the
 // worker is refused, not waited on), and at most MaxTorchErrorBytes of it:
-// a larger one is an error wrapping ErrTooLarge.
+// a larger one is an error wrapping ErrTooLarge. A symbolic link is not
+// followed: the supervisor would read, and put in a document, a file the
+// worker chose (a link to /etc/shadow was read, and its first byte quoted).
 func ReadTorchError(path string) (te *TorchError, recoverable bool, err error) {
 	_, statErr := os.Stat(filepath.Join(filepath.Dir(path), RecoverableMarkerName))
 	recoverable = statErr == nil
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if os.IsNotExist(err) {
 		return nil, recoverable, nil
+	}
+	if goerrors.Is(err, syscall.ELOOP) {
+		return nil, recoverable, fmt.Errorf("torch error file %s: a symbolic link, not followed", path)
 	}
 	if err != nil {
 		return nil, recoverable, err

@@ -39,7 +39,7 @@ var agentExits = map[int]string{
 // ExitCode maps the pod's root cause to the agent's exit status:
 //
 //	no failure (zero Failure)         0
-//	permanent (NON_RECOVERABLE)       1
+//	permanent (NON_RECOVERABLE)       1    (AuthenticationFailed among them)
 //	Preempted                         143  (128+SIGTERM, as a SIGTERMed process)
 //	OOMKilled                         137  (128+SIGKILL, as the kubelet reports it)
 //	Signal<NAME>                      128+signal number

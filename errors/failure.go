@@ -25,6 +25,10 @@ const (
 	CodeStraggler         = "Straggler"
 	CodeRendezvousTimeout = "RendezvousTimeout"
 	CodeHang              = "Hang"
+	// CodeAuthenticationFailed: the master refused the pod's job token
+	// (NON_RECOVERABLE, SYSTEM: the deployment gave the pod a token the
+	// master does not hold; no retry fixes it).
+	CodeAuthenticationFailed = "AuthenticationFailed"
 	// CodeRecoverable is flytekit's code for FlyteRecoverableException.
 	CodeRecoverable = "USER:Recoverable"
 	// CodeNonZeroExit is used for a worker that exited non-zero and left no

@@ -1,6 +1,7 @@
 package errors
 
 import (
+	"cmp"
 	"context"
 	goerrors "errors"
 	"fmt"
@@ -23,16 +24,19 @@ import (
 // opens bucket "bucket" under "path/to/outputs/"; file:///dir opens the
 // directory itself (created when create is true). The caller closes it.
 //
+// A file:// URL must name an absolute path (CheckURL). Its bucket writes
+// each object's temporary file next to the object, never in os.TempDir:
+// fileblob's default renames that file into place, which fails (EXDEV)
+// whenever the prefix and /tmp are on different file systems, a tmpfs /tmp
+// and a disk for the outputs being a common machine.
+//
 // A file:// prefix that is a symbolic link is opened where it leads (the
 // listing walks the folder itself, which it would not do through a link),
 // and one that cannot be read is refused here, rather than listed as empty.
 func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("error prefix %q: not a URL (want file://, s3://, mem://, …)", rawURL)
+		return nil, err
 	}
 	if u.Scheme == "file" {
 		if real, err := filepath.EvalSymlinks(u.Path); err == nil {
@@ -40,7 +44,7 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 		}
 		if !create {
 			if err := readableDir(u.Path); err != nil {
-				return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
+				return nil, fmt.Errorf("%q: %w", rawURL, err)
 			}
 		}
 		q := u.Query()
@@ -48,10 +52,11 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 			q.Set("create_dir", "true")
 		}
 		q.Set("metadata", "skip")
+		q.Set("no_tmp_dir", "true")
 		u.RawQuery = q.Encode()
 		b, err := blob.OpenBucket(ctx, u.String())
 		if err != nil {
-			return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
+			return nil, fmt.Errorf("%q: %w", rawURL, err)
 		}
 		return b, nil
 	}
@@ -59,12 +64,82 @@ func OpenPrefix(ctx context.Context, rawURL string, create bool) (*blob.Bucket, 
 	u.Path, u.RawPath = "", ""
 	b, err := blob.OpenBucket(ctx, u.String())
 	if err != nil {
-		return nil, fmt.Errorf("error prefix %q: %w", rawURL, err)
+		return nil, fmt.Errorf("%q: %w", rawURL, err)
 	}
 	if prefix == "" {
 		return b, nil
 	}
 	return blob.PrefixedBucket(b, prefix+"/"), nil
+}
+
+// FileURL is the file:// URL of a local folder, escaped so that any name
+// survives (a "#" or "?" in "file://"+path would end the path there: two
+// jobs under /runs/a#1 and /runs/a#2 would share /runs/a). A relative path
+// is made absolute first.
+func FileURL(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}).String(), nil
+}
+
+// IsPartialWrite reports whether key names the temporary file of a write
+// into a file:// prefix that has not finished, or never will (its process
+// was killed): fileblob writes "<key>.<hex nanoseconds>.tmp" next to the
+// object, then renames it (OpenPrefix). Listings skip such keys without
+// reporting them.
+func IsPartialWrite(key string) bool {
+	rest, ok := strings.CutSuffix(key, ".tmp")
+	if !ok {
+		return false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 || i == len(rest)-1 {
+		return false
+	}
+	for _, c := range rest[i+1:] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckURL refuses a URL that OpenPrefix would refuse before any I/O, and a
+// file:// URL whose meaning is ambiguous: file://outputs/x (two slashes)
+// reads "outputs" as a host and would open /x, so two jobs told
+// file://stateA and file://stateB would share the root folder; file:x and
+// file://./x are relative to whatever folder the process runs in. A file
+// URL must be file:///absolute/path (or file://localhost/absolute/path).
+// Commands check their URL flags with it when they start.
+func CheckURL(rawURL string) error {
+	_, err := parseURL(rawURL)
+	return err
+}
+
+func parseURL(rawURL string) (*url.URL, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", rawURL, err)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("%q: not a URL (want file:///absolute/path, s3://bucket/prefix, mem://)", rawURL)
+	}
+	if u.Scheme != "file" {
+		return u, nil
+	}
+	switch {
+	case u.Opaque != "":
+		return nil, fmt.Errorf("%q: a relative file URL (it would depend on the current folder); write file:///absolute/path", rawURL)
+	case u.Host != "" && u.Host != "localhost":
+		return nil, fmt.Errorf("%q: %q is read as a host, and the path is %q; write file:///absolute/path (three slashes)", rawURL, u.Host, cmp.Or(u.Path, "/"))
+	case u.Path == "" || !filepath.IsAbs(u.Path):
+		return nil, fmt.Errorf("%q: no absolute path; write file:///absolute/path (three slashes)", rawURL)
+	case u.Fragment != "" || strings.HasSuffix(rawURL, "#"):
+		return nil, fmt.Errorf("%q: the path ends at \"#\" (a fragment, which a file:///absolute/path does not have); escape it as %%23", rawURL)
+	}
+	return u, nil
 }
 
 // Irregular says why a listed object is not a document anyone should open,

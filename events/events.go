@@ -275,7 +275,7 @@ func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, er
 			return nil, fmt.Errorf("list events: %w", err)
 		}
 		switch {
-		case obj.IsDir:
+		case obj.IsDir, kferrors.IsPartialWrite(obj.Key):
 			continue
 		case kferrors.Irregular(obj) != "":
 			skip(obj.Key, fmt.Errorf("%w: %s", ErrUnreadable, kferrors.Irregular(obj)))

@@ -43,6 +43,13 @@ const (
 	// NodeNameEnv carries the pod's node (spec.nodeName) to the agent, which
 	// tells the master, so that a relaunch can avoid a faulty machine.
 	NodeNameEnv = "KFELASTIC_NODE_NAME"
+	// NodeRankEnv carries the worker's replica index (the training
+	// operator's replica-index label) to the agent as its node rank. The
+	// operator's own PET_NODE_RANK cannot serve: with a Master replica it
+	// numbers the workers from 1 (RANK = PET_NODE_RANK = index + 1,
+	// training-operator v1.8 setPodEnv), so the last worker of --nnodes N
+	// would ask for rank N and be refused.
+	NodeRankEnv = "KFELASTIC_NODE_RANK"
 
 	agentVolume    = "kfelastic-bin"
 	tokenVolume    = "kfelastic-token"
@@ -224,8 +231,12 @@ func injectAgent(spec *corev1.PodSpec, c *corev1.Container, image string, agentA
 		return badSpec("elastic pytorch task: the container has neither command nor args to run under the agent")
 	}
 	c.Command = []string{AgentBinary}
-	c.Env = append(c.Env, corev1.EnvVar{Name: NodeNameEnv, ValueFrom: &corev1.EnvVarSource{
-		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
+	c.Env = append(c.Env,
+		corev1.EnvVar{Name: NodeNameEnv, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		corev1.EnvVar{Name: NodeRankEnv, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['" + kubeflowv1.ReplicaIndexLabel + "']"}}},
+	)
 	c.Args = append(append(append([]string{}, agentArgs...), "--"), original...)
 	c.VolumeMounts = append(c.VolumeMounts,
 		corev1.VolumeMount{Name: agentVolume, MountPath: AgentBinDir, ReadOnly: true},

@@ -40,7 +40,9 @@ type Options struct {
 	// Launcher is the agents' --launcher (agent or command).
 	Launcher string
 	// Out is the job's folder: errors/ (the documents), state/ (the
-	// master's), pods/<pod>.log (each agent's output), master.log.
+	// master's), pods/<pod>.log (each agent's output), master.log. It must
+	// not exist or be empty (ErrOutInUse): a job never reloads another's
+	// state. NewOutFolder makes a new one.
 	Out string
 	// Chaos is what to inject, parsed and checked (ParseChaos, Check).
 	Chaos []Chaos
@@ -277,6 +279,13 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	o.Out = out
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	e.jobMark = hex.EncodeToString(b)
+	e.token = hex.EncodeToString(b) + "-token"
+	if e.tokenPath, err = claimOut(out, e.token); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{"errors", "state", "pods"} {
 		if err := os.MkdirAll(filepath.Join(out, d), 0o755); err != nil {
 			return nil, err
@@ -291,14 +300,6 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 	e.log = e.mlog.With("component", "local")
 	e.view = newView(o.View, o.Live)
 	defer e.view.close()
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	e.jobMark = hex.EncodeToString(b)
-	e.token = hex.EncodeToString(b) + "-token"
-	e.tokenPath = filepath.Join(out, "token")
-	if err := os.WriteFile(e.tokenPath, []byte(e.token+"\n"), 0o600); err != nil {
-		return nil, err
-	}
 	e.errURL = "file://" + filepath.Join(out, "errors")
 	e.limits = NewLimits("kfelastic-" + o.Job + "-" + e.jobMark)
 	defer e.limits.Remove()

@@ -49,6 +49,11 @@ const (
 // master must stop serving.
 var ErrFenced = errors.New("another master wrote the same state sequence number (fenced off)")
 
+// ErrStateIO means the state may not be durable and cannot be made so by
+// retrying (an fsync failed after a log was put in place): this master
+// must stop; a restarted one reloads what is there.
+var ErrStateIO = errors.New("master state not durable")
+
 // ErrBadState is a state that cannot be loaded: corrupt, of another job, or
 // of an unknown format. Nothing is changed; the message names the object.
 var ErrBadState = errors.New("unusable master state")
@@ -67,6 +72,10 @@ type durableLog struct {
 	bytes     int64
 	snapshots []uint64 // existing snapshot seqs
 	logs      []uint64 // existing log seqs after the last snapshot
+	// snapshotDelay is the batches still to wait after a failed snapshot
+	// before the next try, so that a store that refuses snapshots is not
+	// sent the whole state again with every batch.
+	snapshotDelay int
 }
 
 func seqKey(dir string, seq uint64) string {
@@ -92,29 +101,11 @@ func parseSeqKey(dir, key string) (uint64, bool) {
 // dir is the state's folder when b is a file:// bucket ("" otherwise).
 func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLog, []*masterpb.StateRecord, error) {
 	d := &durableLog{bucket: b, job: job, dir: dir}
-	list := func(dir string) ([]uint64, error) {
-		var seqs []uint64
-		it := b.List(&blob.ListOptions{Prefix: dir})
-		for {
-			obj, err := it.Next(ctx)
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("list %s: %w", dir, err)
-			}
-			if s, ok := parseSeqKey(dir, obj.Key); ok {
-				seqs = append(seqs, s)
-			}
-		}
-		slices.Sort(seqs)
-		return seqs, nil
-	}
-	snaps, err := list(snapDir)
+	snaps, err := d.list(ctx, snapDir)
 	if err != nil {
 		return nil, nil, err
 	}
-	logs, err := list(logDir)
+	logs, err := d.list(ctx, logDir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,21 +115,28 @@ func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLo
 		base = snaps[len(snaps)-1]
 		f, err := d.read(ctx, seqKey(snapDir, base), base, true)
 		if err != nil {
+			if errors.Is(err, errCorrupt) {
+				err = fmt.Errorf("%w; the logs it replaced were deleted when it was written, so the state cannot be rebuilt without it: restore it from a copy, or start the job with a fresh --state", err)
+			}
 			return nil, nil, err
 		}
 		m.add(f.Records)
 	}
 	d.snapshots = snaps
 	prev := base
-	for _, s := range logs {
+	for i, s := range logs {
 		if s <= base {
 			continue // compacted into the snapshot; deleted after it
 		}
 		if s != prev+1 {
-			return nil, nil, fmt.Errorf("%w: state log has a gap: %s follows %d", ErrBadState, seqKey(logDir, s), prev)
+			return nil, nil, fmt.Errorf("%w: state log has a gap: %s follows %d (%s is missing): put it back, or move %s and every later log away to start from the state before the gap (what they acknowledged is lost)",
+				ErrBadState, seqKey(logDir, s), prev, seqKey(logDir, prev+1), seqKey(logDir, s))
 		}
 		f, err := d.read(ctx, seqKey(logDir, s), s, false)
 		if err != nil {
+			if errors.Is(err, errCorrupt) {
+				err = fmt.Errorf("%w; %s", err, corruptLogAdvice(logs[i:]))
+			}
 			return nil, nil, err
 		}
 		m.add(f.Records)
@@ -147,7 +145,101 @@ func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLo
 	}
 	d.seq = prev
 	d.batches = len(d.logs)
+	if d.dir != "" {
+		if err := d.prepareDir(); err != nil {
+			return nil, nil, err
+		}
+	}
 	return d, m.records(), nil
+}
+
+// errCorrupt marks a state file that does not decode; loadState says what
+// to do about it, which depends on where it is.
+var errCorrupt = errors.New("corrupt")
+
+// corruptLogAdvice says what gets a master going when logs[0] is corrupt
+// and logs[1:] follow it. The logs after a corrupt one cannot be applied
+// without it (a log holds only what changed), and moving the corrupt one
+// alone leaves a gap the master refuses; so the way back is to move it and
+// every later log away, which loses what they acknowledged.
+func corruptLogAdvice(logs []uint64) string {
+	if len(logs) == 1 {
+		return "it is the last log: move it away to start from the state before it (what it acknowledged is lost)"
+	}
+	return fmt.Sprintf("%d later logs (to %s) build on it: move it and every later log away to start from the state before it (what they acknowledged is lost), or start the job with a fresh --state",
+		len(logs)-1, seqKey(logDir, logs[len(logs)-1]))
+}
+
+// list returns the seqs of the state files under prefix (logDir or
+// snapDir), sorted. On a file:// state it reads the folder itself: an
+// entry named like a state file that is not a regular file (a folder, a
+// link) is refused rather than skipped, since skipping it would load a
+// state without it and then fail every write of its seq as if fenced.
+func (d *durableLog) list(ctx context.Context, prefix string) ([]uint64, error) {
+	var seqs []uint64
+	if d.dir != "" {
+		entries, err := os.ReadDir(filepath.Join(d.dir, filepath.FromSlash(prefix)))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", prefix, err)
+		}
+		for _, e := range entries {
+			s, ok := parseSeqKey(prefix, prefix+e.Name())
+			if !ok {
+				continue
+			}
+			if !e.Type().IsRegular() {
+				return nil, fmt.Errorf("%w: %s is not a regular file (%v): move it away", ErrBadState, prefix+e.Name(), e.Type())
+			}
+			seqs = append(seqs, s)
+		}
+		slices.Sort(seqs)
+		return seqs, nil
+	}
+	it := d.bucket.List(&blob.ListOptions{Prefix: prefix})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", prefix, err)
+		}
+		if s, ok := parseSeqKey(prefix, obj.Key); ok {
+			seqs = append(seqs, s)
+		}
+	}
+	slices.Sort(seqs)
+	return seqs, nil
+}
+
+// prepareDir makes a loaded file:// state ready for writing: its log and
+// snapshot folders exist and are durable (the state folder synced), and
+// the temporary files of writes a killed master left behind are removed.
+// A temporary file is never a state file: a write links or renames it into
+// place only once complete and synced.
+func (d *durableLog) prepareDir() error {
+	for _, sub := range []string{logDir, snapDir} {
+		p := filepath.Join(d.dir, filepath.FromSlash(sub))
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		tmps, _ := filepath.Glob(filepath.Join(p, ".tmp-*"))
+		for _, t := range tmps {
+			_ = os.Remove(t)
+		}
+	}
+	if err := syncDir(d.dir); err != nil {
+		return err
+	}
+	// The state folder's own name, in case it was just created; a parent
+	// this process may not open (no read permission) is left as it is.
+	if err := syncDir(filepath.Dir(d.dir)); err != nil && !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return nil
 }
 
 func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot bool) (*masterpb.StateFile, error) {
@@ -164,7 +256,7 @@ func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot 
 	}
 	var f masterpb.StateFile
 	if err := proto.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("%w: %s is corrupt (%v); move it away to start from the state before it", ErrBadState, key, err)
+		return nil, fmt.Errorf("%w: %s is %w (%v)", ErrBadState, key, errCorrupt, err)
 	}
 	switch {
 	case f.GetFormat() != stateFormat:
@@ -177,7 +269,8 @@ func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot 
 	return &f, nil
 }
 
-// append writes one batch; it is durable when append returns nil.
+// append writes one batch; it is durable when append returns nil: on a
+// file:// state the file and its folder are fsynced first.
 func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord) error {
 	seq := d.seq + 1
 	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Records: records})
@@ -186,6 +279,11 @@ func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord
 	}
 	if d.dir != "" {
 		err = writeNewFile(filepath.Join(d.dir, filepath.FromSlash(seqKey(logDir, seq))), data)
+		if errors.Is(err, errNotSynced) {
+			// The log is in place but perhaps not durable; a retry would
+			// find it and call that a fence. A restarted master reloads it.
+			return fmt.Errorf("%w: %s", ErrStateIO, err)
+		}
 	} else {
 		err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
 	}
@@ -199,36 +297,128 @@ func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord
 	d.logs = append(d.logs, seq)
 	d.batches++
 	d.bytes += int64(len(data))
+	// Another master that went on from here and compacted its logs into a
+	// snapshot deleted the log this one just wrote: the write succeeded, but
+	// the state is theirs. (If this check fails otherwise, the batch is
+	// written again as the next seq, and checked again: records are
+	// last-writer-wins, so writing them twice changes nothing.)
+	return d.noNewerSnapshot(ctx, seq-1)
+}
+
+// held fails with ErrFenced when another master has written past this one's
+// last batch (its next log exists, or a snapshot after it): this master's
+// state is then stale, and nothing may be answered from it. A batch that
+// writes nothing (reads, held heartbeats) checks it before its answers go
+// out; one that writes is fenced by its write.
+func (d *durableLog) held(ctx context.Context) error {
+	next := seqKey(logDir, d.seq+1)
+	var exists bool
+	if d.dir != "" {
+		_, err := os.Lstat(filepath.Join(d.dir, filepath.FromSlash(next)))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		exists = err == nil
+	} else {
+		var err error
+		if exists, err = d.bucket.Exists(ctx, next); err != nil {
+			return err
+		}
+	}
+	if exists {
+		return fmt.Errorf("%w: %s exists", ErrFenced, next)
+	}
+	return d.noNewerSnapshot(ctx, d.seq)
+}
+
+// noNewerSnapshot fails with ErrFenced when a snapshot after seq exists:
+// only another master writes one.
+func (d *durableLog) noNewerSnapshot(ctx context.Context, seq uint64) error {
+	snaps, err := d.list(ctx, snapDir)
+	if err != nil {
+		return err
+	}
+	if n := len(snaps); n > 0 && snaps[n-1] > seq {
+		return fmt.Errorf("%w: snapshot %s is past this master's seq %d", ErrFenced, seqKey(snapDir, snaps[n-1]), seq)
+	}
 	return nil
 }
 
 // writeNewFile writes data under path unless path exists: a temporary file
-// next to it, then link(2) to the name, which fails if the name exists.
-func writeNewFile(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// (0600) next to it, fsynced, then link(2) to the name, which fails if the
+// name exists, then an fsync of the folder so that the name survives a
+// crash of the host.
+func writeNewFile(path string, data []byte) error { return placeFile(path, data, os.Link) }
+
+// replaceFile writes data under path, replacing what is there, as durably:
+// the temporary file is renamed into place.
+func replaceFile(path string, data []byte) error { return placeFile(path, data, os.Rename) }
+
+func placeFile(path string, data []byte, place func(tmp, path string) error) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	tmp, err := writeTemp(dir, data)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	defer os.Remove(tmp) // linked: the name stays; renamed: gone already
+	if err := place(tmp, path); err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("%w: %v", errNotSynced, err)
+	}
+	return nil
+}
+
+// errNotSynced is a file written in place whose folder's fsync failed.
+var errNotSynced = errors.New("written but its folder not synced")
+
+// writeTemp writes data to a new fsynced .tmp-* file (0600) in dir.
+func writeTemp(dir string, data []byte) (string, error) {
+	f, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
 		return err
 	}
-	return os.Link(f.Name(), path)
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func (d *durableLog) wantsSnapshot() bool {
+	if d.snapshotDelay > 0 {
+		d.snapshotDelay--
+		return false
+	}
 	return d.batches >= snapshotEveryBatches || d.bytes >= snapshotEveryBytes
 }
 
 // snapshot writes every record as of the last batch, then deletes what it
-// replaces. A crash in between leaves both, which loads the same.
+// replaces. A crash in between leaves both, which loads the same; on a
+// file:// state the snapshot is fsynced before anything is deleted.
 func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) error {
 	seq := d.seq
 	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Snapshot: true, Records: all})
@@ -236,7 +426,13 @@ func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) 
 		return err
 	}
 	key := seqKey(snapDir, seq)
-	if err := d.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{ContentType: "application/x-protobuf"}); err != nil {
+	if d.dir != "" {
+		err = replaceFile(filepath.Join(d.dir, filepath.FromSlash(key)), data)
+	} else {
+		err = d.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{ContentType: "application/x-protobuf"})
+	}
+	if err != nil {
+		d.snapshotDelay = snapshotEveryBatches / 10
 		return err
 	}
 	var firstErr error

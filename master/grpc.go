@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -27,10 +28,22 @@ const MaxMessageBytes = 80 << 20
 // maxWait bounds how long one call may be held (long polls).
 const maxWait = 5 * time.Minute
 
+// maxHeaderListBytes bounds the headers of one call, the only thing the
+// master reads before it knows the caller has the job's token. An agent's
+// headers (method, authority, content type, timeout, user agent, the token)
+// take a few hundred bytes; grpc-go's default is 16 MiB.
+const maxHeaderListBytes = 16 << 10
+
 // GRPCServer returns a gRPC server that serves s and refuses every call
-// without the job's token.
+// without the job's token. The token is checked on the call's headers,
+// before its message is read (InTapHandle): a refused call costs the
+// master its headers and nothing of its body, which the transport drops as
+// it arrives, however large. The interceptor checks again, in case a call
+// ever reaches a handler some other way.
 func (s *Server) GRPCServer() *grpc.Server {
 	g := grpc.NewServer(
+		grpc.InTapHandle(s.tapAuthorize),
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.UnaryInterceptor(s.authorize),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
@@ -78,8 +91,12 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // TokenHeader is the metadata key of the job token ("Bearer <token>").
 const TokenHeader = "authorization"
 
-func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
+// errUnauthenticated is the answer to a call without the job's token:
+// nothing about the job in it.
+var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or wrong job token")
+
+// authentic reports whether a call's headers carry the job's token.
+func (s *Server) authentic(md metadata.MD) bool {
 	ok := false
 	for _, v := range md.Get(TokenHeader) {
 		if tok, found := strings.CutPrefix(v, "Bearer "); found &&
@@ -87,10 +104,24 @@ func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerI
 			ok = true
 		}
 	}
-	if !ok {
+	return ok
+}
+
+// tapAuthorize refuses a call without the token as its stream opens, on
+// the transport's goroutine, before any of its message is read.
+func (s *Server) tapAuthorize(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if !s.authentic(info.Header) {
 		s.metrics.refused.Inc()
-		// Nothing about the job in the answer.
-		return nil, status.Error(codes.Unauthenticated, "missing or wrong job token")
+		return ctx, errUnauthenticated
+	}
+	return ctx, nil
+}
+
+func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if !s.authentic(md) {
+		s.metrics.refused.Inc()
+		return nil, errUnauthenticated
 	}
 	return handler(ctx, req)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 	"github.com/kfelastic/kfelastic/master/store"
 )
@@ -128,8 +129,8 @@ func (c *call) live() bool {
 // NewServer loads the state under opts.StateURL (a restarted master goes on
 // where it stopped) and returns a server ready to Run.
 func NewServer(ctx context.Context, opts Options) (*Server, error) {
-	if opts.Token == "" {
-		return nil, errors.New("no job token")
+	if err := jobtoken.Check(opts.Token); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -141,6 +142,11 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 		done: make(chan struct{}), joinWaiters: map[int][]*call{}, hbWaiters: map[int][]*call{},
 		storeWaiters: map[string][]*call{}, decisions: make(chan Decision, 1024)}
 	now := time.Now()
+	if opts.EventsURL != "" {
+		if err := kferrors.CheckURL(opts.EventsURL); err != nil {
+			return nil, fmt.Errorf("--error-prefix: %w", err)
+		}
+	}
 	var records []*masterpb.StateRecord
 	if opts.StateURL != "" {
 		b, err := kferrors.OpenPrefix(ctx, opts.StateURL, true)
@@ -248,8 +254,17 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		batch = batch[:0]
-		woken, decided, err := s.settle(ctx)
+		woken, decided, wrote, err := s.settle(ctx)
 		answered = append(answered, woken...)
+		if err == nil && !wrote && len(answered) > 0 {
+			// Nothing written, so nothing fenced this batch: its answers
+			// (reads, held calls) go out only if the state is still ours.
+			err = s.confirmHeld(ctx)
+		}
+		if err != nil && ctx.Err() != nil {
+			s.fail(errors.New("master stopping"))
+			return nil
+		}
 		if err != nil {
 			s.err = err
 			s.fail(err)
@@ -270,7 +285,7 @@ func (s *Server) Run(ctx context.Context) error {
 // settle takes the job's Ready: logs, metrics, wake-ups, then persists the
 // batch. The woken calls' answers are returned to be released with the
 // batch's own, once durable.
-func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decision, err error) {
+func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decision, wrote bool, err error) {
 	r := s.job.Ready()
 	for _, l := range r.Log {
 		level := slog.LevelInfo
@@ -316,35 +331,53 @@ func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decisi
 	records = append(records, storeRecords(kvs, sessions)...)
 	if len(records) > 0 && s.durable != nil {
 		if err := s.persist(ctx, records); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
+		wrote = true
 	}
-	return answered, r.Decided, nil
+	return answered, r.Decided, wrote, nil
 }
 
-// persist writes one batch, retrying until it is durable; only a fence (or
-// the end of ctx) stops it. Nothing is acknowledged meanwhile.
-func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) error {
-	start := time.Now()
+// confirmHeld checks that no other master has written the state since this
+// one's last batch, retrying what is not an answer (an unreadable store)
+// until it is one; a fence or the end of ctx stops it.
+func (s *Server) confirmHeld(ctx context.Context) error {
+	if s.durable == nil {
+		return nil
+	}
+	return s.retryState(ctx, "cannot check that this master still holds the state; retrying (nothing is answered meanwhile)", s.durable.held)
+}
+
+// retryState runs op on the state, each try bounded, with backoff, until it
+// succeeds, fails for good (ErrFenced, ErrStateIO) or ctx ends.
+func (s *Server) retryState(ctx context.Context, msg string, op func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := s.durable.append(wctx, records)
+		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := op(octx)
 		cancel()
-		if err == nil {
-			break
-		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrStateIO) || ctx.Err() != nil {
 			return err
 		}
 		s.metrics.stateErrors.Inc()
-		s.log.Error("cannot write master state; retrying (nothing is acknowledged meanwhile)", "attempt", attempt, "err", err)
+		s.log.Error(msg, "attempt", attempt, "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(backoff + rand.N(backoff)):
 		}
 		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// persist writes one batch, retrying until it is durable; only a fence (or
+// the end of ctx) stops it. Nothing is acknowledged meanwhile.
+func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) error {
+	start := time.Now()
+	if err := s.retryState(ctx, "cannot write master state; retrying (nothing is acknowledged meanwhile)", func(ctx context.Context) error {
+		return s.durable.append(ctx, records)
+	}); err != nil {
+		return err
 	}
 	s.metrics.stateWrites.Inc()
 	s.metrics.stateWriteSeconds.Observe(time.Since(start).Seconds())
@@ -355,7 +388,7 @@ func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) e
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 		if err := s.durable.snapshot(wctx, all); err != nil {
-			// The log still holds everything; the next batch tries again.
+			// The log still holds everything; a later batch tries again.
 			s.log.Warn("cannot write master state snapshot", "err", err)
 		}
 	}
@@ -421,6 +454,12 @@ func (s *Server) fail(err error) {
 }
 
 // submit hands a call to the loop.
+//
+// While the state cannot be written, calls wait in the queue, reads
+// included, and end at their deadline: the loop orders every call, and a
+// read's answer may depend on writes it holds until they are durable.
+// Refusing calls at once instead would refuse heartbeats too, and the
+// nodes would be declared lost when the state came back.
 func (s *Server) submit(ctx context.Context, c *call) error {
 	select {
 	case s.inbox <- c:
@@ -433,6 +472,15 @@ func (s *Server) submit(ctx context.Context, c *call) error {
 }
 
 var errStopped = errors.New("master stopping")
+
+// barrier returns once a batch of the loop has passed: its answers are
+// released only when the state is still this master's (confirmHeld).
+func (s *Server) barrier(ctx context.Context) error {
+	c := newCall(nil)
+	c.apply = func(*Server, time.Time) { c.finish(nil, nil) }
+	_, err := s.do(ctx, c, 0, nil)
+	return err
+}
 
 // do runs apply in the loop and waits for its durable answer; wait > 0 lets
 // a call that is left waiting give up after wait, with timeout's answer.
@@ -461,6 +509,11 @@ func (s *Server) do(ctx context.Context, c *call, wait time.Duration, timeout fu
 		return nil, errStopped
 	case <-expire:
 		if c.abandon() {
+			// "Nothing yet" is an answer too: it goes out once the loop
+			// has confirmed that this master still holds the state.
+			if err := s.barrier(ctx); err != nil {
+				return nil, err
+			}
 			return timeout()
 		}
 	case <-ctx.Done():
@@ -468,11 +521,17 @@ func (s *Server) do(ctx context.Context, c *call, wait time.Duration, timeout fu
 			return nil, ctx.Err()
 		}
 	}
-	select { // answered meanwhile: it is being made durable
+	// Answered meanwhile: it is being made durable. A caller that gives up
+	// meanwhile gets its context's error, not the answer (which is not
+	// acknowledged until durable), so that a state that cannot be written
+	// (a full disk) ends each call at its deadline instead of holding it.
+	select {
 	case <-c.done:
 		return c.result, c.err
 	case <-s.done:
 		return nil, errStopped
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/k8s"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/tasklog"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/utils"
+	propellerconfig "github.com/flyteorg/flyte/flytepropeller/pkg/controller/config"
+	propellerutils "github.com/flyteorg/flyte/flytepropeller/pkg/utils"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,11 +44,15 @@ type Plugin struct {
 
 	// kube lists a terminal job's pods and creates an elastic job's master
 	// objects. The k8s.PluginContext of flyteplugins v1.16.8 offers no
-	// client, so the registered plugin builds its own from propeller's
-	// in-cluster credentials (or $KUBECONFIG) on first use.
+	// client, so the registered plugin builds its own on first use, for the
+	// cluster propeller creates the jobs in: propeller's own kube-config
+	// and master (its data plane), else in-cluster credentials.
 	kubeOnce sync.Once
 	kube     client.Client
 	kubeErr  error
+	// propeller is propeller's config section (kube-config, master, client
+	// limits); nil: the registered one.
+	propeller func() *propellerconfig.Config
 
 	now func() time.Time
 	// logs configures log links; nil: propeller's logs section.
@@ -87,19 +93,38 @@ func (p *Plugin) config() *Config {
 
 func (p *Plugin) client() (client.Client, error) {
 	p.kubeOnce.Do(func() {
-		var cfg *rest.Config
-		cfg, p.kubeErr = rest.InClusterConfig()
-		if p.kubeErr != nil {
-			cfg, p.kubeErr = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-				clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+		get := p.propeller
+		if get == nil {
+			get = propellerconfig.GetConfig
 		}
-		if p.kubeErr != nil {
-			p.kubeErr = fmt.Errorf("kfelastic plugin: no kube credentials (in-cluster or $KUBECONFIG): %w", p.kubeErr)
+		var cfg *rest.Config
+		if cfg, p.kubeErr = PropellerRESTConfig(get()); p.kubeErr != nil {
 			return
 		}
 		p.kube, p.kubeErr = client.New(cfg, client.Options{Scheme: scheme.Scheme})
 	})
 	return p.kube, p.kubeErr
+}
+
+// PropellerRESTConfig is the cluster propeller creates its jobs in, found as
+// propeller finds it (its utils.GetKubeConfig: the propeller section's
+// kube-config and master, else in-cluster credentials, with its client's
+// QPS, burst and timeout). A propeller without either cannot run; the
+// plugin outside one (a benchmark, a tool) falls back to $KUBECONFIG.
+func PropellerRESTConfig(pc *propellerconfig.Config) (*rest.Config, error) {
+	_, cfg, err := propellerutils.GetKubeConfig(context.Background(), pc)
+	if err == nil {
+		return cfg, nil
+	}
+	if pc.KubeConfigPath != "" {
+		return nil, fmt.Errorf("kfelastic plugin: propeller's kube-config %q: %w", pc.KubeConfigPath, err)
+	}
+	cfg, kerr := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	if kerr != nil {
+		return nil, fmt.Errorf("kfelastic plugin: no kube credentials (propeller's kube-config, in-cluster, or $KUBECONFIG): %w", err)
+	}
+	return cfg, nil
 }
 
 // GetProperties: the plugin reads the error documents itself, so

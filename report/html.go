@@ -323,9 +323,16 @@ var tickSteps = func() []time.Duration {
 	for unit := time.Microsecond; unit < time.Second; unit *= 10 {
 		s = append(s, unit, 2*unit, 5*unit)
 	}
-	return append(s, time.Second, 2*time.Second, 5*time.Second, 10*time.Second, 15*time.Second, 30*time.Second,
+	s = append(s, time.Second, 2*time.Second, 5*time.Second, 10*time.Second, 15*time.Second, 30*time.Second,
 		time.Minute, 2*time.Minute, 5*time.Minute, 10*time.Minute, 15*time.Minute, 30*time.Minute,
-		time.Hour, 2*time.Hour, 3*time.Hour, 6*time.Hour, 12*time.Hour, 24*time.Hour, 7*24*time.Hour)
+		time.Hour, 2*time.Hour, 3*time.Hour, 6*time.Hour, 12*time.Hour, 24*time.Hour)
+	// Whole days beyond, up to the longest span a Duration holds (292
+	// years): documents years apart (a clock that was wrong) still get
+	// round labels.
+	for _, days := range []time.Duration{7, 14, 30, 60, 90, 180, 365, 730, 1825, 3650, 7300, 18250, 36500, 73000} {
+		s = append(s, days*24*time.Hour)
+	}
+	return s
 }()
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) }

@@ -322,6 +322,19 @@ func offset(d time.Duration) string {
 		return sign + strconv.FormatFloat(math.Round(d.Seconds()*1000)/1000, 'f', -1, 64) + "s"
 	case d < time.Hour:
 		return fmt.Sprintf("%s%dm%02ds", sign, int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%s%dh%02dm%02ds", sign, int(d.Hours()), int(d.Minutes())%60, int(d.Seconds())%60)
 	}
-	return fmt.Sprintf("%s%dh%02dm%02ds", sign, int(d.Hours()), int(d.Minutes())%60, int(d.Seconds())%60)
+	// Days, and of the rest what is not zero: "+365d", "+14d12h",
+	// "+3d04h05m06s" (not "+338610h55m32s").
+	days, h, m, s := int64(d/(24*time.Hour)), int(d.Hours())%24, int(d.Minutes())%60, int(d.Seconds())%60
+	switch {
+	case s != 0:
+		return fmt.Sprintf("%s%dd%02dh%02dm%02ds", sign, days, h, m, s)
+	case m != 0:
+		return fmt.Sprintf("%s%dd%02dh%02dm", sign, days, h, m)
+	case h != 0:
+		return fmt.Sprintf("%s%dd%02dh", sign, days, h)
+	}
+	return fmt.Sprintf("%s%dd", sign, days)
 }

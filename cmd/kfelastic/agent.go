@@ -114,6 +114,9 @@ pod failed or succeeded) are appended under events/ there, in the background;
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyNodeRankEnv(cmd.Flags()); err != nil {
+				return err
+			}
 			if err := applyPETEnv(cmd.Flags()); err != nil {
 				return err
 			}
@@ -171,6 +174,25 @@ pod failed or succeeded) are appended under events/ there, in the background;
 	fl.StringVar(&f.launcher, "launcher", "agent", "who starts the workers: agent (the agent starts --nproc-per-node workers) or command (the command starts its own through torch elastic, as flytekit's pyflyte-execute does; the agent runs it once)")
 	fl.BoolVar(&f.storeProxy, "store-proxy", true, "on the node of group rank 0, accept the workers' store connections on MASTER_PORT at once and forward them to rank 0's store on a private port, so that no worker waits out torch's 1 s retry of a refused connect; rank 0's MASTER_PORT then differs from the others' (torchrun gives all the same)")
 	return cmd
+}
+
+// nodeRankEnv is kfoperator.NodeRankEnv: the plugin sets it to the worker
+// pod's replica index (the binary does not link the plugin's builders).
+const nodeRankEnv = "KFELASTIC_NODE_RANK"
+
+// applyNodeRankEnv sets --node-rank, when not given, from the pod's replica
+// index (nodeRankEnv, the plugin's downward-API env), which wins
+// over the training operator's PET_NODE_RANK: with a Master replica the
+// operator numbers workers from 1, so PET_NODE_RANK is one too many.
+func applyNodeRankEnv(fl *pflag.FlagSet) error {
+	v := os.Getenv(nodeRankEnv)
+	if v == "" || fl.Changed("node-rank") {
+		return nil
+	}
+	if err := fl.Set("node-rank", v); err != nil {
+		return fmt.Errorf("%s=%q: %w", nodeRankEnv, v, err)
+	}
+	return nil
 }
 
 // applyPETEnv sets every flag not given on the command line from its PET_*

@@ -20,8 +20,12 @@ import (
 func parseAgent(t *testing.T, env map[string]string, args ...string) (agent.Config, error) {
 	t.Helper()
 	for _, k := range []string{"PET_NNODES", "PET_NPROC_PER_NODE", "PET_MAX_RESTARTS", "PET_RDZV_ID", "PET_NODE_RANK",
-		"PET_MASTER_ADDR", "PET_MASTER_PORT", "_F_WN", "FLYTE_INTERNAL_WORKER_NAME", "POD_NAME", "KFELASTIC_ERROR_PREFIX"} {
+		"PET_MASTER_ADDR", "PET_MASTER_PORT", "_F_WN", "FLYTE_INTERNAL_WORKER_NAME", "POD_NAME", "KFELASTIC_ERROR_PREFIX",
+		nodeRankEnv} {
 		t.Setenv(k, env[k])
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
 	}
 	var got agent.Config
 	cmd := newAgentCmd(func(_ context.Context, c agent.Config) error { got = c; return nil })
@@ -179,9 +183,22 @@ func TestAgentParsesThePluginsWrapping(t *testing.T) {
 			if len(w.Command) != 1 || len(w.Args) == 0 || w.Args[0] != "agent" {
 				t.Fatalf("worker is not wrapped with the agent: %q %q", w.Command, w.Args)
 			}
-			// As the operator sets them for this ElasticPolicy.
-			cfg, err := parseAgent(t, map[string]string{"PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3",
-				"PET_RDZV_ID": "f3a-n0-0", "_F_WN": "f3a-n0-0-worker-1"}, w.Args[1:]...)
+			// As the operator sets them for this ElasticPolicy, on the pod of
+			// worker index 1: with a Master replica (the kfelastic master)
+			// training-operator v1.8 numbers workers from 1 and counts the
+			// master in WORLD_SIZE (setPodEnv). The replica index reaches
+			// the agent through the plugin's downward-API env.
+			env := map[string]string{"PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3",
+				"PET_RDZV_ID": "f3a-n0-0", "_F_WN": "f3a-n0-0-worker-1",
+				"PET_NODE_RANK": "2", "RANK": "2", "WORLD_SIZE": "6", "MASTER_ADDR": "f3a-n0-0-master-0", "MASTER_PORT": "23456",
+				"PET_MASTER_ADDR": "f3a-n0-0-master-0", "PET_MASTER_PORT": "23456"}
+			for _, e := range w.Env {
+				if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+					e.ValueFrom.FieldRef.FieldPath == "metadata.labels['"+kubeflowv1.ReplicaIndexLabel+"']" {
+					env[e.Name] = "1"
+				}
+			}
+			cfg, err := parseAgent(t, env, w.Args[1:]...)
 			if err != nil {
 				t.Fatalf("the agent refuses the plugin's command %q: %v", w.Args, err)
 			}
@@ -191,13 +208,44 @@ func TestAgentParsesThePluginsWrapping(t *testing.T) {
 			}
 			if cfg.MinNodes != 2 || cfg.MaxNodes != 4 || cfg.RdzvID != "f3a-n0-0" || cfg.RdzvEndpoint != "f3a-n0-0-master-0:23456" ||
 				cfg.ErrorPrefix != "s3://flyte/metadata/f3a/n0/data/0" || cfg.TokenFile != kfoperator.TokenFile ||
-				cfg.HangTimeout != 15*time.Minute || cfg.Pod != "f3a-n0-0-worker-1" {
+				cfg.HangTimeout != 15*time.Minute || cfg.Pod != "f3a-n0-0-worker-1" || cfg.NodeRank != 1 {
 				t.Errorf("config = %+v", cfg)
 			}
 			if got := strings.Join(cfg.Command, " "); !strings.HasPrefix(got, c.wantCommandStartsWith) || len(cfg.Command) != len(c.args) {
 				t.Errorf("worker command = %q, want the task's %q", got, c.args)
 			}
 		})
+	}
+}
+
+// The binary names the plugin's replica-index variable without linking the
+// plugin's builders.
+func TestNodeRankEnvIsThePlugins(t *testing.T) {
+	if nodeRankEnv != kfoperator.NodeRankEnv {
+		t.Errorf("agent reads %s, the plugin sets %s", nodeRankEnv, kfoperator.NodeRankEnv)
+	}
+}
+
+// A flag given wins over the replica index; PET_NODE_RANK serves only
+// without it (an agent run by hand under the operator, no Master replica).
+func TestNodeRankSources(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{map[string]string{"PET_NODE_RANK": "2", nodeRankEnv: "1"}, nil, 1},
+		{map[string]string{"PET_NODE_RANK": "2", nodeRankEnv: "1"}, []string{"--node-rank", "0"}, 0},
+		{map[string]string{"PET_NODE_RANK": "2"}, nil, 2},
+		{map[string]string{}, nil, -1},
+	} {
+		cfg, err := parseAgent(t, c.env, append(c.args, "--nnodes", "1:4", "--", "true")...)
+		if err != nil || cfg.NodeRank != c.want {
+			t.Errorf("env %v args %q: node rank %d, %v; want %d", c.env, c.args, cfg.NodeRank, err, c.want)
+		}
+	}
+	if _, err := parseAgent(t, map[string]string{nodeRankEnv: "one"}, "--", "true"); err == nil || !strings.Contains(err.Error(), nodeRankEnv) {
+		t.Errorf("%s=one: %v, want an error naming it", nodeRankEnv, err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/kfelastic/kfelastic/agent"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/local"
 )
@@ -67,11 +68,14 @@ each with TF_CONFIG and its process under a single-node agent; a failed pod is
 recreated under its own name and index. --chaos targets: 0 is the chief, 1..N the ps,
 N+1.. the workers. examples/tfps/ps_standin.py is a stand-in for such a job.
 
-Output goes to --out: errors/ (the pods' error documents, file://), pods/<pod>.log, the
-master's state and log, and report.html (kfelastic report). While it runs it shows the
-pods, ranks, round, restarts and last step; at the end the root cause as the Flyte UI
-shows it. Ctrl-C stops every process it started. Exit status: 0 when the job succeeded,
-1 when it failed.`,
+Output goes to --out, a new or empty folder (one that holds anything, an earlier
+job's above all, is refused: a job never reloads another's state): errors/ (the pods'
+error documents, file://), pods/<pod>.log, the master's state and log, and report.html
+(kfelastic report). Without --out, a new folder out/JOB-YYYYMMDD-HHMMSS (-2, -3, …
+when that exists). While it runs it shows the pods, ranks, round, restarts and last
+step; at the end the root cause as the Flyte UI shows it. Ctrl-C stops every process
+it started. Exit status: 0 when the job succeeded, 1 when it failed, 128+N when signal N
+interrupted it (130 for Ctrl-C, 143 for SIGTERM), as a shell reports it.`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -90,7 +94,7 @@ shows it. Ctrl-C stops every process it started. Exit status: 0 when the job suc
 	fl.IntVar(&f.maxRestarts, "max-restarts", 3, "each agent's restarts of its workers before the pod fails (≥ 0)")
 	fl.IntVar(&f.slots, "slots", 0, "pods that can run at once (0: MAX); the others wait pending")
 	fl.StringVar(&f.launcher, "launcher", "agent", "the agents' launcher: agent or command")
-	fl.StringVar(&f.out, "out", "", "the job's folder (default: a new folder under ./out)")
+	fl.StringVar(&f.out, "out", "", "the job's folder, new or empty (default: a new folder under ./out, out/JOB-YYYYMMDD-HHMMSS[-N])")
 	fl.StringVar(&f.job, "job", "local", "the job's name: pods are <job>-worker-<i>")
 	fl.StringArrayVar(&f.chaos, "chaos", nil, "ACTION:TARGET@WHEN fault to inject (repeatable; see above)")
 	fl.StringVar(&f.memory, "memory", "0", "each pod's memory limit, a quantity like 2Gi (0: none; oom without one: 2Gi)")
@@ -167,12 +171,8 @@ func (f *localFlags) options(command []string) (local.Options, error) {
 		}
 		chaos = append(chaos, c)
 	}
-	out := f.out
-	if out == "" {
-		out = filepath.Join("out", f.job+"-"+time.Now().UTC().Format("20060102-150405"))
-	}
 	return local.Options{Job: f.job, MinNodes: lo, MaxNodes: hi, NProcPerNode: n, MaxRestarts: f.maxRestarts, Slots: f.slots,
-		Launcher: f.launcher, Out: out, Chaos: chaos, Command: command, Binary: f.binary, Memory: mem, MaxRelaunches: f.maxRelaunches,
+		Launcher: f.launcher, Out: f.out, Chaos: chaos, Command: command, Binary: f.binary, Memory: mem, MaxRelaunches: f.maxRelaunches,
 		NetworkCheck: f.networkCheck || f.excludeStraggler, ExcludeStraggler: f.excludeStraggler, HeartbeatInterval: f.heartbeatInterval,
 		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network, TF: tf}, nil
 }
@@ -183,6 +183,14 @@ func runLocal(ctx context.Context, opts local.Options, out io.Writer) error {
 	if fl, ok := out.(*os.File); ok {
 		_, err := unix.IoctlGetTermios(int(fl.Fd()), unix.TCGETS)
 		opts.Live = err == nil
+	}
+	if opts.Out == "" {
+		// A new folder per job, even for two started in the same second.
+		dir, err := local.NewOutFolder(filepath.Join("out", opts.Job+"-"+time.Now().UTC().Format("20060102-150405")))
+		if err != nil {
+			return fmt.Errorf("output folder: %w", err)
+		}
+		opts.Out = dir
 	}
 	fmt.Fprintf(out, "kfelastic local: job %s, %d:%d pods of %d workers, output in %s\n", opts.Job, opts.MinNodes, opts.MaxNodes, opts.NProcPerNode, termsafe.Line(opts.Out))
 	res, err := local.Run(ctx, opts)
@@ -219,6 +227,14 @@ func runLocal(ctx context.Context, opts local.Options, out io.Writer) error {
 		fmt.Fprintf(out, "Report: %s\n", termsafe.Line(abs))
 	}
 	if err != nil {
+		// Interrupted: 128+N for signal N (130 for Ctrl-C), as a shell
+		// reports a command a signal ended, so that a script or CI tells
+		// an interruption from a failed job (1) and stops rather than
+		// reading the job's outcome; the agent exits so too (Signal<NAME>).
+		var sig agent.Signaled
+		if errors.As(err, &sig) && sig.Signal != 0 {
+			return &exitError{code: 128 + int(sig.Signal), msg: "interrupted: " + sig.Error()}
+		}
 		return err
 	}
 	if !res.Succeeded {

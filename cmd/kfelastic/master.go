@@ -10,12 +10,12 @@ import (
 	"net/http/pprof"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
@@ -118,13 +118,9 @@ func (f *masterFlags) options() (master.Options, error) {
 	if f.tokenFile == "" {
 		return o, errors.New("--token-file is required: every call must carry the job token")
 	}
-	tok, err := os.ReadFile(f.tokenFile)
+	token, err := jobtoken.Read(f.tokenFile)
 	if err != nil {
 		return o, fmt.Errorf("--token-file: %w", err)
-	}
-	token := strings.TrimSpace(string(tok))
-	if token == "" {
-		return o, fmt.Errorf("--token-file %s is empty", f.tokenFile)
 	}
 	if f.state == "" {
 		return o, errors.New("--state URL is required (file://, s3://; mem:// keeps nothing across restarts)")

@@ -12,7 +12,10 @@ so a recovered job goes on where it was, not from step 0.
 Options: --steps N (default 200), --sleep SEC per step (default 0.05),
 --ckpt-dir DIR (default: none), --ckpt-every N (default 10), --fail-at N: every
 rank raises ValueError("loss diverged") at step N, a bug in the training code
-that no restart fixes (make demo's fault that ends the job).
+that no restart fixes (make demo's fault that ends the job); --alloc-at
+N:MB:RANK: global rank RANK allocates and touches MB megabytes at step N and
+holds them (a memory leak that outgrows a container's limit: the kernel's
+OOM kill, which a relaunch with more memory fixes).
 """
 import argparse
 import os
@@ -56,7 +59,10 @@ def main():
     p.add_argument("--ckpt-dir", default="")
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--fail-at", type=int, default=-1)
+    p.add_argument("--alloc-at", default="")
     a = p.parse_args()
+    alloc_step, alloc_mb, alloc_rank = (int(v) for v in a.alloc_at.split(":")) if a.alloc_at else (-1, 0, -1)
+    held = []
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -74,6 +80,9 @@ def main():
         loss = torch.nn.functional.mse_loss(model(x), y)
         if step == a.fail_at:
             raise ValueError(f"loss diverged at step {step} on rank {rank}: {loss.item() * float('inf')}")
+        if step == alloc_step and rank == alloc_rank:
+            say(f"rank {rank} allocates {alloc_mb} MB at step {step}")
+            held.append(torch.ones(alloc_mb, 1 << 18))  # 1 MB a row of float32
         opt.zero_grad()
         loss.backward()
         for prm in model.parameters():

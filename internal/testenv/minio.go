@@ -65,6 +65,12 @@ type MinIOProcess struct {
 // MinIO. The server runs in its own process group and gets SIGKILL if this
 // process dies; Stop ends it.
 func StartMinIO(ctx context.Context, binary string) (*MinIOProcess, error) {
+	return StartMinIOOn(ctx, binary, "127.0.0.1")
+}
+
+// StartMinIOOn is StartMinIO on host's address (the one-node cluster's pods
+// reach the host at ClusterNodeIP, not on loopback).
+func StartMinIOOn(ctx context.Context, binary, host string) (*MinIOProcess, error) {
 	if _, err := os.Stat(binary); err != nil {
 		return nil, fmt.Errorf("minio server %s: %w (run scripts/deps.sh minio)", binary, err)
 	}
@@ -80,10 +86,10 @@ func StartMinIO(ctx context.Context, binary string) (*MinIOProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	p := &MinIOProcess{Endpoint: "http://" + addr, dir: dir, log: &syncWriter{w: &bytes.Buffer{}}, exited: make(chan struct{})}
 	cmd := exec.Command(binary, "server", "--quiet", "--address", addr,
-		"--console-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(console)), filepath.Join(dir, "data"))
+		"--console-address", net.JoinHostPort(host, strconv.Itoa(console)), filepath.Join(dir, "data"))
 	cmd.Env = append(os.Environ(),
 		"MINIO_ROOT_USER="+MinIOAccessKey,
 		"MINIO_ROOT_PASSWORD="+MinIOSecretKey,
@@ -247,6 +253,7 @@ func Main(m *testing.M) {
 	kube.inMain = true
 	kube.Unlock()
 	code := m.Run()
+	StopCluster()
 	StopKube()
 	if shared.p != nil {
 		shared.p.Stop()

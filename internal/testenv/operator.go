@@ -56,7 +56,7 @@ func StartOperator(t testing.TB, cfg *rest.Config) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%s is missing: run scripts/deps.sh k8s: %v", bin, err)
 	}
-	c := newClient(t, cfg)
+	c := NewClient(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, o := range []client.Object{
@@ -116,7 +116,7 @@ func StartKwok(t testing.TB, cfg *rest.Config, nodes ...string) {
 		"--config="+filepath.Join(stages, "pod", "fast", "pod-ready.yaml"),
 		"--config="+filepath.Join(stages, "pod", "fast", "pod-delete.yaml"),
 		fmt.Sprintf("--server-address=127.0.0.1:%d", port))
-	c := newClient(t, cfg)
+	c := NewClient(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, name := range nodes {
@@ -218,7 +218,9 @@ func Kubeconfig(t testing.TB, cfg *rest.Config) string {
 	return path
 }
 
-func newClient(t testing.TB, cfg *rest.Config) client.Client {
+// NewClient is a controller-runtime client of the API server with the core
+// and Kubeflow types.
+func NewClient(t testing.TB, cfg *rest.Config) client.Client {
 	t.Helper()
 	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {

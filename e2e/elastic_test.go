@@ -1,0 +1,288 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/kfoperator"
+)
+
+// E1: an elastic task, Elastic(nnodes="2:3", nproc_per_node=2), trains to
+// its last step on two worker pods beside the kfelastic master, and
+// succeeds. The training operator numbers the workers from 1 beside a
+// Master replica; the agents must still form ranks 0 and 1 (they used to
+// hang: the last was refused as rank 2 of 2).
+func TestE1ElasticTrainsToTheEnd(t *testing.T) {
+	e := newEnv(t, "e1")
+	j := e.launch("e1", e.template("elastic-2-3", nil))
+	first := j.waitStep(j.name+"-worker-0", 0, 5*time.Minute)
+	t.Logf("E1: job created → first training step: %.1fs", first.Sub(j.created).Seconds())
+	info := j.waitTerminal(5 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+	for _, pod := range []string{j.name + "-worker-0", j.name + "-worker-1"} {
+		log := j.logs(pod)
+		if !strings.Contains(log, "step = 59") {
+			t.Errorf("%s did not train to step 59:\n%s", pod, tail(log, 2000))
+		}
+	}
+	// The agents formed one group of 2 nodes × 2 workers, worker-1 as node
+	// rank 1 (the operator's PET_NODE_RANK there is 2).
+	if log := j.logs(j.name + "-worker-1"); !strings.Contains(log, "group_rank=1\n  group_world_size=2") {
+		t.Errorf("worker-1's agent did not join as node 1 of 2:\n%s", tail(log, 3000))
+	}
+}
+
+// E2: one rank raises ValueError; the task fails with the earliest root
+// cause, `[pod, time] ValueError: …`, not retryable, and the other pods'
+// secondary failures are in the tally.
+func TestE2RootCause(t *testing.T) {
+	e := newEnv(t, "e2")
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
+		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
+		setStrings(c, "command", "python3", "/opt/kfelastic/testdata/train/allreduce_fail.py")
+		setStrings(c, "args")
+		addEnv(c, "FAIL_RANK", "3")
+		addEnv(c, "FAIL_STEP", "3")
+	})
+	j := e.launch("e2", tmpl)
+	info := j.waitTerminal(5 * time.Minute)
+	if info.Phase() != pluginsCore.PhasePermanentFailure {
+		t.Fatalf("phase %s (%v), want a permanent failure", info.Phase(), info.Err())
+	}
+	msg := info.Err().GetMessage()
+	if !strings.Contains(msg, "ValueError: loss is NaN at step 3 on rank 3") || !strings.Contains(msg, "[e2-worker-1") {
+		t.Errorf("root cause %q: want worker-1's ValueError (global rank 3 is node 1's second worker)", msg)
+	}
+	t.Logf("E2: the UI shows: %s", msg)
+}
+
+// E3: `kubectl delete pod` of worker 1 mid-training: the operator recreates
+// it under its name, the new pod takes rank 1 back, training resumes from
+// the checkpoint, and the task succeeds.
+func TestE3DeletedWorkerComesBack(t *testing.T) {
+	e := newEnv(t, "e3")
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
+		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
+		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
+	})
+	j := e.launch("e3", tmpl)
+	j.waitStep("e3-worker-0", 20, 5*time.Minute)
+	victim := j.pod("e3-worker-1")
+	fault := time.Now()
+	if err := e.kube.Delete(t.Context(), &victim); err != nil {
+		t.Fatal(err)
+	}
+	// The replacement has the same name and a new UID.
+	for {
+		p := j.podOrNil("e3-worker-1")
+		if p != nil && p.UID != victim.UID && p.Status.Phase == corev1.PodRunning {
+			break
+		}
+		if time.Since(fault) > 3*time.Minute {
+			t.Fatal("worker-1 was not recreated")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	before := strings.Count(j.logs("e3-worker-0"), "step = ")
+	resumed := j.waitNewSteps("e3-worker-0", before+1, 3*time.Minute)
+	t.Logf("E3: pod deleted → first training step after recovery: %.1fs", resumed.Sub(fault).Seconds())
+	info := j.waitTerminal(6 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+	if log := j.logs("e3-worker-1"); !strings.Contains(log, "step = 149") {
+		t.Errorf("the replacement did not train to the end:\n%s", tail(log, 2000))
+	}
+}
+
+// E5: the Master pod (the kfelastic master) is deleted mid-training: the
+// operator recreates it, it reloads its state from the task's prefix, and
+// the agents carry on: no training restart, the task succeeds.
+func TestE5MasterPodDeleted(t *testing.T) {
+	e := newEnv(t, "e5")
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
+		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
+		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
+	})
+	j := e.launch("e5", tmpl)
+	j.waitStep("e5-worker-0", 20, 5*time.Minute)
+	rounds := strings.Count(j.logs("e5-worker-0"), "Rendezvous complete")
+	master := j.pod("e5-master-0")
+	fault := time.Now()
+	if err := e.kube.Delete(t.Context(), &master); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p := j.podOrNil("e5-master-0")
+		if p != nil && p.UID != master.UID && p.Status.Phase == corev1.PodRunning {
+			break
+		}
+		if time.Since(fault) > 3*time.Minute {
+			t.Fatal("the master pod was not recreated")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("E5: master pod deleted → replacement running: %.1fs", time.Since(fault).Seconds())
+	info := j.waitTerminal(6 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+	if after := strings.Count(j.logs("e5-worker-0"), "Rendezvous complete"); after != rounds {
+		t.Errorf("training restarted: %d rendezvous rounds before the master went, %d at the end", rounds, after)
+	}
+	if log := e.cluster.PodLogs(e.ns, "e5-master-0", ""); !strings.Contains(log, "state") {
+		t.Logf("new master's log:\n%s", tail(log, 2000))
+	}
+}
+
+// E6: a real OOM kill. Global rank 2 (worker-1's first worker) allocates
+// past its container's memory limit; the kernel kills it, the kubelet
+// reports OOMKilled, and the kfelastic master relaunches the pod with twice
+// the memory through its own service account; training resumes from the
+// checkpoint and the task succeeds.
+func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
+	e := newEnv(t, "e6")
+	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
+		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
+		setStrings(c, "args", "--steps", "60", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5", "--alloc-at", "15:1800:2")
+		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "1Gi"}, "limits": map[string]any{"memory": "1536Mi"}})
+		c["resources"] = structpb.NewStructValue(res)
+	})
+	j := e.launch("e6", tmpl)
+	j.waitStep("e6-worker-1", 10, 5*time.Minute)
+	var fault time.Time
+	var oom corev1.Pod
+	for deadline := time.Now().Add(3 * time.Minute); fault.IsZero(); {
+		for _, p := range j.pods() {
+			for _, cs := range p.Status.ContainerStatuses {
+				if t := cs.State.Terminated; t != nil && t.Reason == "OOMKilled" {
+					fault, oom = t.FinishedAt.Time, p
+				} else if t := cs.LastTerminationState.Terminated; t != nil && t.Reason == "OOMKilled" {
+					fault, oom = t.FinishedAt.Time, p
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no container was OOMKilled")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("E6: %s OOMKilled at %s", oom.Name, fault.Format(time.RFC3339))
+	info := j.waitTerminal(8 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+	got := j.pod(oom.Name)
+	if lim := got.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; lim.Cmp(resource.MustParse("3Gi")) < 0 {
+		t.Errorf("%s relaunched with memory limit %s, want 3Gi (twice 1536Mi)", oom.Name, lim.String())
+	}
+}
+
+// E8: when the workflow is deleted, everything the task made goes with it:
+// the job, its pods, and the plugin's Secret, ServiceAccount, Role and
+// RoleBinding (owner references, the garbage collector).
+func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
+	e := newEnv(t, "e8")
+	j := e.launch("e8", e.template("elastic-2-3", nil))
+	j.waitStep("e8-worker-0", 0, 5*time.Minute)
+	owner := &corev1.ConfigMap{}
+	if err := e.kube.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: "e8-workflow"}, owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.kube.Delete(t.Context(), owner, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var left []string
+		for _, o := range []client.Object{&kubeflowv1.PyTorchJob{}, &corev1.Secret{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+			name := "e8"
+			switch o.(type) {
+			case *corev1.Secret:
+				name = kfoperator.TokenSecretName("e8")
+			case *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding:
+				name = kfoperator.MasterAccountName("e8")
+			}
+			if err := e.kube.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: name}, o); err == nil {
+				left = append(left, fmt.Sprintf("%T %s", o, name))
+			}
+		}
+		for _, p := range j.pods() {
+			left = append(left, "pod "+p.Name)
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left after the workflow was deleted: %s", strings.Join(left, ", "))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// E4: worker 0's pod is deleted under a flytekit-style task (pyflyte-execute
+// → the command launcher → torch's own elastic_launch through the agent's
+// store relay): the survivors' torch re-rendezvouses through the master's
+// store, the replacement joins, and the task succeeds. Upstream loses such
+// a job: worker 0's pod hosts torch's c10d store.
+func TestE4FlytekitWorker0Deleted(t *testing.T) {
+	e := newEnv(t, "e4")
+	j := e.launch("e4", e.template("flytekit-2-3", nil))
+	j.waitStep("e4-worker-1", 20, 5*time.Minute)
+	victim := j.pod("e4-worker-0")
+	before := strings.Count(j.logs("e4-worker-1"), "step = ")
+	fault := time.Now()
+	if err := e.kube.Delete(t.Context(), &victim); err != nil {
+		t.Fatal(err)
+	}
+	resumed := j.waitNewSteps("e4-worker-1", before+1, 4*time.Minute)
+	t.Logf("E4: worker 0's pod deleted → first training step after recovery (worker 1): %.1fs", resumed.Sub(fault).Seconds())
+	info := j.waitTerminal(6 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+}
+
+// E7: a TFJob (chief, one ps, two workers; the parameter-server stand-in):
+// a worker's pod is deleted, the operator recreates it under its name, and
+// training goes on to the last step.
+func TestE7TFWorkerDeleted(t *testing.T) {
+	e := newEnv(t, "e7")
+	j := e.launchAs("tensorflow", "e7", e.template("tf-ps", nil))
+	j.waitStep("e7-chief-0", 30, 5*time.Minute)
+	victim := j.pod("e7-worker-1")
+	fault := time.Now()
+	if err := e.kube.Delete(t.Context(), &victim); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p := j.podOrNil("e7-worker-1")
+		if p != nil && p.UID != victim.UID && p.Status.Phase == corev1.PodRunning {
+			break
+		}
+		if time.Since(fault) > 3*time.Minute {
+			t.Fatal("worker-1 was not recreated")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	resumed := j.waitNewSteps("e7-worker-1", 1, 3*time.Minute)
+	t.Logf("E7: TF worker pod deleted → its first step after recovery: %.1fs", resumed.Sub(fault).Seconds())
+	info := j.waitTerminal(6 * time.Minute)
+	if info.Phase() != pluginsCore.PhaseSuccess {
+		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	}
+}

@@ -1,0 +1,338 @@
+// Package e2e runs elastic jobs end to end on a one-node Kubernetes whose
+// pods really run (internal/testenv's cluster): the plugin builds the
+// PyTorchJob, the real training operator creates the pods, the kubelet runs
+// `kfelastic install`, `kfelastic agent`, `kfelastic master` and torch in
+// them, and the outcome is read as Flyte shows it. Each scenario injects a
+// fault a user meets on a real cluster and asserts what the user sees.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
+	"github.com/flyteorg/flyte/flytestdlib/config"
+	"github.com/flyteorg/flyte/flytestdlib/promutils"
+	"github.com/flyteorg/flyte/flytestdlib/storage"
+	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/plugin"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// agentVersion is stamped into the agent image the tests import, so that a
+// plugin built with it defaults to that image.
+const agentVersion = "e2e"
+
+// env is one scenario's cluster, namespace, bucket and clients.
+type env struct {
+	t       *testing.T
+	cluster *testenv.Cluster
+	kube    client.Client
+	ns      string
+	minio   *testenv.MinIOServer
+	store   *storage.DataStore
+	image   string // the agent image
+	ckpt    string // host folder mounted at /ckpt in the workers
+}
+
+var agentImage struct {
+	once sync.Once
+	name string
+	err  error
+}
+
+// newEnv is a scenario's world: the cluster (skips where it cannot run),
+// the training operator, a namespace and a bucket of its own.
+func newEnv(t *testing.T, ns string) *env {
+	t.Helper()
+	c := testenv.UseCluster(t)
+	agentImage.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		agentImage.name, agentImage.err = c.ImportAgentImage(ctx, agentVersion)
+	})
+	if agentImage.err != nil {
+		t.Fatal(agentImage.err)
+	}
+	testenv.StartOperator(t, c.Config)
+	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
+		image: agentImage.name, ckpt: t.TempDir()}
+	store, err := storage.NewDataStore(e.minio.DataStoreConfig(e.minio.Bucket), promutils.NewTestScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.store = store
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range []string{"kubelet", "containerd"} {
+				t.Logf("%s log:\n%s", name, c.Log(name, 4000))
+			}
+			e.dumpPods()
+		}
+	})
+	return e
+}
+
+// template loads testdata/e2e/NAME.json (a task template as flytekit
+// registers it) with the cluster's worker image and the checkpoint folder
+// filled in.
+func (e *env) template(name string, edit func(*core.TaskTemplate)) *core.TaskTemplate {
+	e.t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "e2e", name+".json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tmpl := &core.TaskTemplate{}
+	if err := protojson.Unmarshal(data, tmpl); err != nil {
+		e.t.Fatalf("%s: %v", name, err)
+	}
+	pod := tmpl.GetK8SPod().GetPodSpec()
+	b, err := pod.MarshalJSON()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s := strings.NewReplacer("{{worker-image}}", e.cluster.WorkerImage, "{{ckpt-dir}}", e.ckpt).Replace(string(b))
+	if err := pod.UnmarshalJSON([]byte(s)); err != nil {
+		e.t.Fatal(err)
+	}
+	if edit != nil {
+		edit(tmpl)
+	}
+	return tmpl
+}
+
+// pluginConfig is the plugin's config section as a deployment sets it: the
+// agent image imported here, the error prefix's S3 endpoint the pods reach.
+func (e *env) pluginConfig() *plugin.Config {
+	cfg := plugin.GetConfig()
+	c := *cfg
+	c.AgentImage = e.image
+	c.ListPods = true
+	c.LateDocumentGrace = config.Duration{Duration: 20 * time.Second}
+	c.ErrorPrefixQuery = strings.SplitN(e.minio.URL, "?", 2)[1]
+	return &c
+}
+
+// job is one launched task: its plugin, task context and PyTorchJob.
+type job struct {
+	e        *env
+	name     string
+	taskType string
+	plugin   *plugin.Plugin
+	tctx     *flytetest.Context
+	created  time.Time
+}
+
+// launch builds the task's job with the plugin, as propeller's k8s plugin
+// manager does (BuildResource: the master's objects, then the job), and
+// creates it with the execution's owner reference.
+func (e *env) launch(name string, tmpl *core.TaskTemplate) *job {
+	e.t.Helper()
+	return e.launchAs("pytorch", name, tmpl)
+}
+
+// launchAs is launch for the plugin of taskType (pytorch, tensorflow).
+func (e *env) launchAs(taskType, name string, tmpl *core.TaskTemplate) *job {
+	e.t.Helper()
+	ctx := e.t.Context()
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-workflow", Namespace: e.ns}}
+	if err := e.kube.Create(ctx, owner); err != nil {
+		e.t.Fatal(err)
+	}
+	p := plugin.New(taskType, e.pluginConfig(), e.kube)
+	tctx := flytetest.Task{Template: tmpl, Name: name, Namespace: e.ns,
+		Owner:  metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true)},
+		Labels: map[string]string{"execution-id": name},
+		Prefix: storage.DataReference(fmt.Sprintf("s3://%s/metadata/%s", e.minio.Bucket, name)), Store: e.store}.Context(ctx)
+	obj, err := p.BuildResource(ctx, tctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	obj.SetName(name)
+	obj.SetNamespace(e.ns)
+	obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true)}})
+	if err := e.kube.Create(ctx, obj); err != nil {
+		e.t.Fatal(err)
+	}
+	return &job{e: e, name: name, taskType: taskType, plugin: p, tctx: tctx, created: time.Now()}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// phase is what Flyte shows for the job now: the plugin's GetTaskPhase on
+// the job as the API server has it.
+func (j *job) phase() pluginsCore.PhaseInfo {
+	j.e.t.Helper()
+	var obj client.Object = &kubeflowv1.PyTorchJob{}
+	if j.taskType == "tensorflow" {
+		obj = &kubeflowv1.TFJob{}
+	}
+	if err := j.e.kube.Get(j.e.t.Context(), client.ObjectKey{Namespace: j.e.ns, Name: j.name}, obj); err != nil {
+		j.e.t.Fatal(err)
+	}
+	info, err := j.plugin.GetTaskPhase(j.e.t.Context(), j.tctx, obj)
+	if err != nil {
+		j.e.t.Fatal(err)
+	}
+	return info
+}
+
+// waitTerminal waits for the task's terminal phase, as propeller polls it.
+func (j *job) waitTerminal(limit time.Duration) pluginsCore.PhaseInfo {
+	j.e.t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		info := j.phase()
+		if info.Phase().IsTerminal() {
+			return info
+		}
+		if time.Now().After(deadline) {
+			j.e.t.Fatalf("job %s not terminal after %v: %s %s", j.name, limit, info.Phase(), info.Reason())
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// pods are the job's pods now.
+func (j *job) pods() []corev1.Pod {
+	j.e.t.Helper()
+	var list corev1.PodList
+	if err := j.e.kube.List(j.e.t.Context(), &list, client.InNamespace(j.e.ns),
+		client.MatchingLabels{kubeflowv1.JobNameLabel: j.name}); err != nil {
+		j.e.t.Fatal(err)
+	}
+	return list.Items
+}
+
+// logs is what the pod's primary container printed, all its runs
+// (container restarts) in order, from the kubelet's log files.
+func (j *job) logs(pod string) string {
+	container := kubeflowv1.PyTorchJobDefaultContainerName
+	if j.taskType == "tensorflow" {
+		container = kubeflowv1.TFJobDefaultContainerName
+	}
+	return j.e.cluster.PodLogs(j.e.ns, pod, container)
+}
+
+var stepRE = regexp.MustCompile(`step = (\d+)`)
+
+// waitStep waits until a worker pod's log shows a training step ≥ n after
+// since (a log line count to skip) and returns when it did.
+func (j *job) waitStep(pod string, n int, limit time.Duration) time.Time {
+	j.e.t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		for _, m := range stepRE.FindAllStringSubmatch(j.logs(pod), -1) {
+			var s int
+			fmt.Sscan(m[1], &s)
+			if s >= n {
+				return time.Now()
+			}
+		}
+		if time.Now().After(deadline) {
+			j.e.t.Fatalf("pod %s: no step ≥ %d after %v; log:\n%s", pod, n, limit, tail(j.logs(pod), 3000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// dumpPods logs each pod of the namespace with its status and log tail.
+func (e *env) dumpPods() {
+	var list corev1.PodList
+	if err := e.kube.List(context.Background(), &list, client.InNamespace(e.ns)); err != nil {
+		e.t.Logf("pods: %v", err)
+		return
+	}
+	for _, p := range list.Items {
+		var states []string
+		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			states = append(states, fmt.Sprintf("%s restarts=%d state=%+v last=%+v", cs.Name, cs.RestartCount, cs.State, cs.LastTerminationState))
+		}
+		e.t.Logf("pod %s: %s %s\n  %s\n%s", p.Name, p.Status.Phase, p.Status.Message, strings.Join(states, "\n  "),
+			tail(e.cluster.PodLogs(e.ns, p.Name, ""), 3000))
+	}
+}
+
+// hostPath is a path under the scenario's checkpoint folder.
+func (e *env) hostPath(name string) string { return filepath.Join(e.ckpt, name) }
+
+// fileExists reports whether the host file exists.
+func fileExists(path string) bool { _, err := os.Stat(path); return err == nil }
+
+// pod is the job's pod name now (fails if absent).
+func (j *job) pod(name string) corev1.Pod {
+	j.e.t.Helper()
+	if p := j.podOrNil(name); p != nil {
+		return *p
+	}
+	j.e.t.Fatalf("no pod %s", name)
+	return corev1.Pod{}
+}
+
+func (j *job) podOrNil(name string) *corev1.Pod {
+	var p corev1.Pod
+	if err := j.e.kube.Get(j.e.t.Context(), client.ObjectKey{Namespace: j.e.ns, Name: name}, &p); err != nil {
+		return nil
+	}
+	return &p
+}
+
+// waitNewSteps waits until the pod's log holds at least n step lines (a
+// count taken before a fault, plus one: a step after it).
+func (j *job) waitNewSteps(pod string, n int, limit time.Duration) time.Time {
+	j.e.t.Helper()
+	deadline := time.Now().Add(limit)
+	for strings.Count(j.logs(pod), "step = ") < n {
+		if time.Now().After(deadline) {
+			j.e.t.Fatalf("pod %s: no new step after %v; log:\n%s", pod, limit, tail(j.logs(pod), 3000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Now()
+}
+
+// setStrings sets a container field of a task template's pod spec (a
+// protobuf Struct) to a list of strings.
+func setStrings(c map[string]*structpb.Value, field string, values ...string) {
+	l := make([]any, len(values))
+	for i, v := range values {
+		l[i] = v
+	}
+	v, _ := structpb.NewList(l)
+	c[field] = structpb.NewListValue(v)
+}
+
+// addEnv adds an environment variable to a template's container.
+func addEnv(c map[string]*structpb.Value, name, value string) {
+	env := c["env"].GetListValue()
+	if env == nil {
+		env = &structpb.ListValue{}
+		c["env"] = structpb.NewListValue(env)
+	}
+	s, _ := structpb.NewStruct(map[string]any{"name": name, "value": value})
+	env.Values = append(env.Values, structpb.NewStructValue(s))
+}

@@ -1,0 +1,314 @@
+package master_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// runningMaster is a master serving on loopback whose end the test watches
+// (mastertest fails a test whose master ends with an error; a fenced one
+// here must).
+type runningMaster struct {
+	addr   string
+	c      masterpb.MasterClient
+	ended  chan error
+	cancel context.CancelFunc
+}
+
+func serveState(t *testing.T, jobID, state string) *runningMaster {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := master.NewServer(ctx, master.Options{Token: token, StateURL: state, HeartbeatInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&prefixWriter{t: t, prefix: jobID + ": "}, nil)),
+		Job:    master.Config{JobID: jobID, MinNodes: 1, MaxNodes: 2}})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	m := &runningMaster{addr: lis.Addr().String(), ended: make(chan error, 1), cancel: cancel}
+	go func() { m.ended <- s.Serve(ctx, lis) }()
+	m.c = dial(t, m.addr, token)
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-m.ended:
+		case <-time.After(10 * time.Second):
+			t.Error("master did not stop")
+		}
+	})
+	return m
+}
+
+func (m *runningMaster) set(ctx context.Context, client string, seq uint64, key, value string) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := m.c.Store(cctx, &masterpb.StoreRequest{Client: client, Seq: seq,
+		Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: key, Value: []byte(value)}}})
+	return err
+}
+
+func (m *runningMaster) get(ctx context.Context, key string) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := m.c.Store(cctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: key}}})
+	return string(res.GetValue()), err
+}
+
+func files(t *testing.T, dir, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, pattern))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// A file:// state on another file system than os.TempDir() (a tmpfs here,
+// TMPDIR on disk) gets its snapshot: batches past the snapshot period
+// compact the logs, every state file is 0600, and a restarted master
+// reloads it. (Before, the snapshot's rename from /tmp failed with EXDEV
+// forever, and every batch serialized the whole state again.)
+func TestStateOnAnotherFileSystem(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a thousand batches")
+	}
+	ctx := t.Context()
+	dir := filepath.Join(testenv.OtherFileSystem(t, 64<<20), "state")
+	t.Setenv("TMPDIR", t.TempDir())
+	m := serveState(t, "otherfs", "file://"+dir)
+	const n = 1100 // past one snapshot period (1000 batches)
+	for i := 1; i <= n; i++ {
+		if err := m.set(ctx, "w", uint64(i), "k", strconv.Itoa(i)); err != nil {
+			t.Fatalf("set #%d: %v", i, err)
+		}
+	}
+	snaps, logs := files(t, dir, "snap/*.pb"), files(t, dir, "log/*.pb")
+	if len(snaps) != 1 || len(logs) >= n/2 {
+		t.Fatalf("after %d batches: %d snapshots, %d logs", n, len(snaps), len(logs))
+	}
+	for _, p := range append(snaps, logs...) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", p, fi.Mode().Perm())
+		}
+	}
+	if tmps := append(files(t, dir, "log/.tmp-*"), files(t, dir, "snap/.tmp-*")...); len(tmps) != 0 {
+		t.Errorf("temporary files left: %v", tmps)
+	}
+	m.cancel()
+	<-m.ended
+	m.ended <- nil // for the cleanup
+	m2 := serveState(t, "otherfs", "file://"+dir)
+	if v, err := m2.get(ctx, "k"); err != nil || v != strconv.Itoa(n) {
+		t.Errorf("after a restart: k = %q, %v; want %d", v, err, n)
+	}
+}
+
+// A master whose state another master has written since it loaded it
+// answers nothing from it, reads included: not a GET, not a status, not a
+// held call's "nothing yet". It stops, fenced, at its next batch. The other
+// master may also have compacted its logs into a snapshot, deleting the
+// log this master would write next: the write then succeeds, and the
+// snapshot still fences it.
+func TestFencedMasterAnswersNothing(t *testing.T) {
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name    string
+		batches int  // the first master's batches after the second loaded
+		held    bool // the call is made before those batches, and held meanwhile
+		call    func(m *runningMaster) error
+	}{
+		{"get", 1, false, func(m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
+		{"status", 1, false, func(m *runningMaster) error { _, err := m.c.Status(ctx, &masterpb.StatusRequest{}); return err }},
+		{"held wait", 1, true, func(m *runningMaster) error {
+			_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"absent"}, TimeoutMs: 1000}}})
+			return err
+		}},
+		{"get after a snapshot", 1001, false, func(m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
+		{"set after a snapshot", 1001, false, func(m *runningMaster) error { return m.set(ctx, "second", 1, "k", "stale") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.batches > 1 && testing.Short() {
+				t.Skip("a thousand batches")
+			}
+			// The state on a tmpfs when there is one: fsyncs cost nothing there.
+			var dir string
+			if os.Geteuid() == 0 {
+				dir = testenv.OtherFileSystem(t, 64<<20)
+			} else {
+				dir = t.TempDir()
+			}
+			state := "file://" + filepath.Join(dir, "state")
+			a := serveState(t, "job", state)
+			if err := a.set(ctx, "a", 1, "k", "1"); err != nil {
+				t.Fatal(err)
+			}
+			b := serveState(t, "job", state)
+			if v, err := b.get(ctx, "k"); err != nil || v != "1" {
+				t.Fatalf("second master, before the first wrote again: %q %v", v, err)
+			}
+			called := make(chan error, 1)
+			if tc.held {
+				go func() { called <- tc.call(b) }()
+				time.Sleep(300 * time.Millisecond)
+			}
+			for i := range tc.batches {
+				if err := a.set(ctx, "a", uint64(2+i), "k", "2"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.batches > 1000 && len(files(t, filepath.Join(dir, "state"), "snap/*.pb")) == 0 {
+				t.Fatal("no snapshot")
+			}
+			if !tc.held {
+				called <- tc.call(b)
+			}
+			err := <-called
+			if err == nil {
+				t.Fatalf("the fenced master answered")
+			}
+			if c := status.Code(err); c != codes.Unavailable && c != codes.Aborted && c != codes.FailedPrecondition {
+				t.Errorf("the fenced master's refusal: %v", err)
+			}
+			select {
+			case err := <-b.ended:
+				if !errors.Is(err, master.ErrFenced) {
+					t.Errorf("the fenced master ended with %v, want ErrFenced", err)
+				}
+				b.ended <- err
+			case <-time.After(5 * time.Second):
+				t.Error("the fenced master did not stop")
+			}
+			if v, err := a.get(ctx, "k"); err != nil || v != "2" {
+				t.Errorf("the first master: k = %q, %v", v, err)
+			}
+		})
+	}
+}
+
+// While the state's disk is full, a call is not held past its deadline:
+// it ends with an error (nothing is acknowledged that is not durable), and
+// once there is room again the master goes on: the call retried with the
+// same sequence number is answered as it was applied, once.
+func TestStateDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a small tmpfs (root)")
+	}
+	ctx := t.Context()
+	dir := testenv.OtherFileSystem(t, 1<<20)
+	m := serveState(t, "full", "file://"+filepath.Join(dir, "state"))
+	if err := m.set(ctx, "w", 1, "k", "before"); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.Close()
+	// The add is applied, then held until durable: its caller's deadline
+	// ends the wait, unacknowledged.
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("an add while the state cannot be written: %v, want DeadlineExceeded", err)
+	}
+	// Later calls, reads included, wait behind it (their answers may
+	// depend on it) and end at their own deadline too.
+	for _, call := range []func(context.Context) error{
+		func(ctx context.Context) error {
+			_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}})
+			return err
+		},
+		func(ctx context.Context) error { _, err := m.c.Status(ctx, &masterpb.StatusRequest{}); return err },
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		start := time.Now()
+		err := call(cctx)
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("a call while the state cannot be written: %v, want DeadlineExceeded", err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("held %v past its 500 ms deadline", d)
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	var res *masterpb.StoreResponse
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		res, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || res.GetNumber() != 1 {
+		t.Fatalf("the add retried once there is room: %v %v, want 1", res, err)
+	}
+}
+
+// --state and --error-prefix file URLs that are ambiguous are refused at
+// start with a message that names the flag and says what to write; nothing
+// is written (file://stateA would have written the state at the root).
+func TestAmbiguousStateURLRefused(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, tc := range []struct{ state, events, flag string }{
+		{"file://stateA", "", "--state"},
+		{"file:stateA", "", "--state"},
+		{"file://" + t.TempDir(), "file://errs", "--error-prefix"},
+	} {
+		_, err := master.NewServer(t.Context(), master.Options{Token: token, StateURL: tc.state, EventsURL: tc.events,
+			Job: master.Config{JobID: "j", MinNodes: 1, MaxNodes: 1}})
+		if err == nil {
+			t.Fatalf("%s %s: started", tc.state, tc.events)
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, tc.flag+":") || !strings.Contains(msg, "file:///") || strings.Contains(msg, "error prefix") {
+			t.Errorf("state %s, events %s: %v", tc.state, tc.events, msg)
+		}
+	}
+	for _, p := range []string{"/log", "/snap", "stateA", "log"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s was created", p)
+		}
+	}
+}
