@@ -375,7 +375,7 @@ func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
 	var failed *kferrors.Failure
 	switch {
 	case ev.StartError != "":
-		f := kferrors.UserError("StartFailed", ev.StartError, e.Worker, e.ObservedAt)
+		f := kferrors.UserError(kferrors.CodeStartFailed, ev.StartError, e.Worker, e.ObservedAt)
 		failed = &f
 		p.unstartable = p.unstartable || ev.Permanent
 	case succeeded:

@@ -34,6 +34,9 @@ const (
 	// CodeNonZeroExit is used for a worker that exited non-zero and left no
 	// error file naming an exception.
 	CodeNonZeroExit = "NonZeroExit"
+	// CodeStartFailed: a worker's program or script does not exist or
+	// cannot be read, so it was not started (NON_RECOVERABLE, USER).
+	CodeStartFailed = "StartFailed"
 
 	// Codes read from a dead pod's status (ClassifyPod).
 	CodeEvicted  = "Evicted"
