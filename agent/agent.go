@@ -980,7 +980,7 @@ func (l *loop) exitEvent(we WorkerExited) podevents.Event {
 	}
 	switch {
 	case we.StartError != "":
-		ev.Code, ev.Message = "StartFailed", firstLine(we.StartError)
+		ev.Code, ev.Message = kferrors.CodeStartFailed, firstLine(we.StartError)
 	case e.ExitCode != 0 || e.Signal != 0 || e.TorchError != nil || e.OOM:
 		f := kferrors.Classify(e)
 		ev.Code, ev.Message = f.Code, firstLine(f.Message)

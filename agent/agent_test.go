@@ -570,7 +570,7 @@ func TestHangWatchdog(t *testing.T) {
 	cfg, out := helperConfig(t, 2, "hang,touch:3s")
 	cfg.HangTimeout = 700 * time.Millisecond
 	ee, took := runAgent(t, t.Context(), cfg)
-	if ee == nil || ee.Code != ExitHang || ee.Failure.Code != kferrors.CodeHang || ee.Failure.Worker != "pod-0/0" {
+	if ee == nil || ee.Code != kferrors.ExitHang || ee.Failure.Code != kferrors.CodeHang || ee.Failure.Worker != "pod-0/0" {
 		t.Fatalf("want Hang of worker 0, got %+v\n%s", ee, out)
 	}
 	if took > 2500*time.Millisecond {

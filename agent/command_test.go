@@ -146,7 +146,7 @@ func TestCommandHangWatchdog(t *testing.T) {
 	cfg, out := helperConfig(t, 2, "hang")
 	cfg.Launcher, cfg.HangTimeout = LauncherCommand, 500*time.Millisecond
 	ee, _ := runBounded(t, t.Context(), cfg, 10*time.Second)
-	if ee == nil || ee.Failure.Code != kferrors.CodeHang || ee.Code != ExitHang {
+	if ee == nil || ee.Failure.Code != kferrors.CodeHang || ee.Code != kferrors.ExitHang {
 		t.Fatalf("want Hang, got %+v\n%s", ee, out)
 	}
 }
@@ -215,7 +215,7 @@ func TestCommandMasterExitStopsChild(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the agent of a stopped job goes on:\n%s", outA)
 	}
-	if !errors.As(errA, &ee) || ee.Failure.Code != master.CodeJobStopped || ee.Code != 1 {
+	if !errors.As(errA, &ee) || ee.Failure.Code != kferrors.CodeJobStopped || ee.Code != 1 {
 		t.Fatalf("pod-a: want JobStopped, exit 1; got %v\n%s", errA, outA)
 	}
 	if alive(pid) {

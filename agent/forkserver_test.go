@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // needPython skips without /usr/bin/python3 (the fork server's tests that
@@ -491,7 +493,7 @@ func TestForkedWorkersClassified(t *testing.T) {
 	}{
 		{"segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", 0, 139, "SignalSIGSEGV"},
 		{"hang", "import os, time\nprint('up', flush=True)\nif os.environ['LOCAL_RANK'] == '0':\n    time.sleep(600)\n" +
-			"while True:\n    print('alive', flush=True)\n    time.sleep(0.1)\n", 700 * time.Millisecond, ExitHang, "Hang"},
+			"while True:\n    print('alive', flush=True)\n    time.sleep(0.1)\n", 700 * time.Millisecond, kferrors.ExitHang, "Hang"},
 		{"raise", "from torch.distributed.elastic.multiprocessing.errors import record\n@record\ndef main():\n    raise KeyError('k')\nmain()\n",
 			0, 1, "KeyError"},
 	} {

@@ -221,7 +221,7 @@ func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
 
 // CodeRankHeld is the master's answer to a pod whose rank is held by
 // another live pod: a replacement that waited the pend timeout for the old
-// pod to free it (master.CodeRankHeld), or a rank the master refuses
+// pod to free it (kferrors.CodeRankHeld), or a rank the master refuses
 // outright (AlreadyExists). Its document has this code, not
 // RendezvousTimeout, and the pod exits 1.
 const CodeRankHeld = "RankHeld"

@@ -87,8 +87,8 @@ func TestNodeCheckExcludesFaultyNode(t *testing.T) {
 		r := <-ch
 		switch i {
 		case 1:
-			if r.ee == nil || r.ee.Failure.Code != kferrors.CodeNodeCheckFailed || r.ee.Code != ExitNodeCheckFailed {
-				t.Errorf("faulty node: %v, want NodeCheckFailed with exit %d\n%s", r.err, ExitNodeCheckFailed, r.out)
+			if r.ee == nil || r.ee.Failure.Code != kferrors.CodeNodeCheckFailed || r.ee.Code != kferrors.ExitNodeCheckFailed {
+				t.Errorf("faulty node: %v, want NodeCheckFailed with exit %d\n%s", r.err, kferrors.ExitNodeCheckFailed, r.out)
 			}
 			if r.ee != nil && !strings.Contains(r.ee.Failure.Message, "killed by SIGKILL") {
 				t.Errorf("faulty node's message: %s", r.ee.Failure.Message)
@@ -240,7 +240,7 @@ func TestEarlyReplacementWaitsForItsRank(t *testing.T) {
 			if !preempted {
 				err := <-bDone
 				var ee *ExitError
-				if !errors.As(err, &ee) || ee.Failure.Code != master.CodeRankHeld || ee.Code != 1 {
+				if !errors.As(err, &ee) || ee.Failure.Code != kferrors.CodeRankHeld || ee.Code != 1 {
 					t.Fatalf("replacement past the pend timeout: %v, want RankHeld, exit 1\n%s", err, bout)
 				}
 				if took := time.Since(start); took < 2500*time.Millisecond {

@@ -6,8 +6,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -208,11 +206,6 @@ type WriteDocument struct{ Failure kferrors.Failure }
 // Exit: the agent is done; exit the process with Code.
 type Exit struct{ Code int }
 
-// CodeJobSucceeded is the master's answer to a node that waits for a round
-// when the job's workers have succeeded (master.CodeJobSucceeded; torch's
-// RendezvousClosedError).
-const CodeJobSucceeded = "JobSucceeded"
-
 // WatchRound (Command): the master completed Round while the command runs;
 // watch it for the next change. Nothing is started or stopped.
 type WatchRound struct{ Round Round }
@@ -317,7 +310,7 @@ func (p *Policy) Step(ev Event, now time.Time) []Action {
 // rendezvousFailed ends the pod: at once while it waits for a round, after
 // stopping the command when it fails while one runs (Command).
 func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
-	if ev.Code == CodeJobSucceeded && p.phase == phaseRendezvous {
+	if ev.Code == kferrors.CodeJobSucceeded && p.phase == phaseRendezvous {
 		// Nothing failed: the others finished the training while this
 		// node waited for a round. No document, exit 0 (the pod succeeds).
 		p.phase = phaseDone
@@ -382,7 +375,7 @@ func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
 	var failed *kferrors.Failure
 	switch {
 	case ev.StartError != "":
-		f := kferrors.UserError("StartFailed", ev.StartError, e.Worker, e.ObservedAt)
+		f := kferrors.UserError(kferrors.CodeStartFailed, ev.StartError, e.Worker, e.ObservedAt)
 		failed = &f
 		p.unstartable = p.unstartable || ev.Permanent
 	case succeeded:
@@ -524,8 +517,8 @@ func (p *Policy) stopped(now time.Time) []Action {
 // Signal<NAME> (exit 128+N, see ExitCode) for the others.
 func (p *Policy) preempted() kferrors.Failure {
 	if p.stopSig != syscall.SIGTERM {
-		name := unix.SignalName(p.stopSig)
-		return kferrors.SystemFailure("Signal"+name,
+		name := kferrors.SignalName(p.stopSig)
+		return kferrors.SystemFailure(kferrors.SignalCode(p.stopSig),
 			fmt.Sprintf("pod %s got %s (interrupted by a person or its session); workers stopped without a dump", p.cfg.Pod, name),
 			p.cfg.Pod, p.terminated)
 	}
@@ -536,7 +529,7 @@ func (p *Policy) preempted() kferrors.Failure {
 
 func (p *Policy) finish(f kferrors.Failure) []Action {
 	p.phase = phaseDone
-	return []Action{WriteDocument{Failure: f}, Exit{Code: ExitCode(f)}}
+	return []Action{WriteDocument{Failure: f}, Exit{Code: kferrors.ExitCode(f)}}
 }
 
 // RootCause is the earliest failure: by time (sub-second), then by worker

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -235,39 +234,6 @@ func formatActions(as []Action) []string {
 		}
 	}
 	return out
-}
-
-// TestExitCode is the mapping documented on ExitCode, with the training
-// operator's rule (retryable iff ≥ 128) checked on every row.
-func TestExitCode(t *testing.T) {
-	now := t0
-	for _, tc := range []struct {
-		f    kferrors.Failure
-		want int
-	}{
-		{kferrors.Failure{}, 0},
-		{kferrors.UserError("RuntimeError", "boom", "p/0", now), 1},
-		{kferrors.UserError(kferrors.CodeNonZeroExit, "exit 3", "p/0", now), 1},
-		{kferrors.Classify(kferrors.Exit{Worker: "p/0", ExitCode: 1, RecoverableMarker: true}), ExitRecoverable},
-		{kferrors.SystemFailure(kferrors.CodePreempted, "", "p", now), 143},
-		{kferrors.SystemFailure(kferrors.CodeOOMKilled, "", "p/0", now), 137},
-		{kferrors.Classify(kferrors.Exit{Worker: "p/0", Signal: syscall.SIGKILL}), 137},
-		{kferrors.Classify(kferrors.Exit{Worker: "p/0", Signal: syscall.SIGSEGV}), 139},
-		{kferrors.Classify(kferrors.Exit{Worker: "p/0", Signal: syscall.SIGABRT}), 134},
-		{kferrors.SystemFailure(kferrors.CodeNodeCheckFailed, "", "p", now), ExitNodeCheckFailed},
-		{kferrors.SystemFailure(kferrors.CodeStraggler, "", "p", now), ExitStraggler},
-		{kferrors.SystemFailure(kferrors.CodeRendezvousTimeout, "", "p", now), ExitRendezvousTimeout},
-		{kferrors.SystemFailure(kferrors.CodeHang, "", "p/0", now), ExitHang},
-		{kferrors.SystemFailure("SomethingNew", "", "p", now), ExitRecoverable},
-	} {
-		got := ExitCode(tc.f)
-		if got != tc.want {
-			t.Errorf("ExitCode(%s recoverable=%t) = %d, want %d", tc.f.Code, tc.f.Recoverable, got, tc.want)
-		}
-		if tc.f.Code != "" && (got >= 128) != tc.f.Recoverable {
-			t.Errorf("ExitCode(%s): %d, but recoverable=%t (operator retries iff ≥ 128)", tc.f.Code, got, tc.f.Recoverable)
-		}
-	}
 }
 
 // TestRootCauseMatchesReference checks RootCause against a dumb reference:

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // RecoverableMarkerName is the file flytekit's elastic launcher creates next
@@ -92,11 +90,7 @@ func classify(e Exit) Failure {
 		}
 		return UserError(te.ExceptionType(), msg, e.Worker, at)
 	case e.Signal != 0:
-		name := unix.SignalName(e.Signal)
-		if name == "" {
-			name = "SIG" + strconv.Itoa(int(e.Signal))
-		}
-		return SystemFailure("Signal"+name, fmt.Sprintf("worker %s was killed by signal %d (%s)", e.Worker, int(e.Signal), name), e.Worker, at)
+		return SystemFailure(SignalCode(e.Signal), fmt.Sprintf("worker %s was killed by signal %d (%s)", e.Worker, int(e.Signal), SignalName(e.Signal)), e.Worker, at)
 	case e.RecoverableMarker:
 		f := UserError(CodeRecoverable, fmt.Sprintf("worker %s exited with code %d after a recoverable error", e.Worker, e.ExitCode), e.Worker, at)
 		f.Recoverable = true

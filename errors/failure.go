@@ -3,15 +3,22 @@ package errors
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Codes of the failures a supervisor recognises without the worker's help
-// (docs/DESIGN.md §2.4). User exceptions carry their exception type instead.
+// The failure codes of kfelastic, declared here and nowhere else: the
+// agent, the master, the plugin and the local engine all speak this
+// vocabulary (docs/DESIGN.md §2.4). User exceptions carry their exception type
+// instead; a signal carries SignalCode's Signal<NAME>.
 const (
+	// Codes a supervisor recognises without the worker's help.
 	CodeOOMKilled         = "OOMKilled"
 	CodePreempted         = "Preempted"
 	CodeNodeCheckFailed   = "NodeCheckFailed"
@@ -27,7 +34,61 @@ const (
 	// CodeNonZeroExit is used for a worker that exited non-zero and left no
 	// error file naming an exception.
 	CodeNonZeroExit = "NonZeroExit"
+	// CodeStartFailed: a worker's program or script does not exist or
+	// cannot be read, so it was not started (NON_RECOVERABLE, USER).
+	CodeStartFailed = "StartFailed"
+
+	// Codes read from a dead pod's status (ClassifyPod).
+	CodeEvicted  = "Evicted"
+	CodeNodeLost = "NodeLost"
+	// CodeDeadlineExceeded: the pod outlived its activeDeadlineSeconds.
+	CodeDeadlineExceeded = "DeadlineExceeded"
+
+	// Codes the master gives a node it excludes.
+	CodeJobStopped = "JobStopped"
+	// CodeReplaced: the node's rank is held by another pod now.
+	CodeReplaced = "Replaced"
+	// CodeRankHeld: a replacement pod waited the pend timeout for its rank,
+	// and the pod it was to replace still held it (alive, calling).
+	CodeRankHeld = "RankHeld"
+	// CodeJobSucceeded: the job's workers succeeded while this node waited
+	// for a round; it has nothing left to do (torch: RendezvousClosedError).
+	CodeJobSucceeded = "JobSucceeded"
 )
+
+// signalCodePrefix heads the code of a death by signal: SignalSIGSEGV.
+const signalCodePrefix = "Signal"
+
+// SignalName is the Linux name of a signal (golang.org/x/sys/unix's
+// SignalName: SIGKILL), or SIG<n> for one it does not name (the real-time
+// signals SIGRTMIN…SIGRTMAX, 34–64).
+func SignalName(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return "SIG" + strconv.Itoa(int(sig))
+}
+
+// SignalCode is the failure code of a death by sig: Signal<NAME>, e.g.
+// SignalSIGSEGV. (A SIGTERM from outside is CodePreempted instead, and an
+// OOM kill CodeOOMKilled; the callers that know tell them apart.)
+func SignalCode(sig syscall.Signal) string { return signalCodePrefix + SignalName(sig) }
+
+// signalOfCode is SignalCode's inverse: the signal a Signal<NAME> code
+// names, 0 if code names none.
+func signalOfCode(code string) syscall.Signal {
+	name, ok := strings.CutPrefix(code, signalCodePrefix)
+	if !ok {
+		return 0
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig
+	}
+	if n, err := strconv.Atoi(strings.TrimPrefix(name, "SIG")); err == nil && strings.HasPrefix(name, "SIG") && n > 0 && n <= maxSignal {
+		return syscall.Signal(n)
+	}
+	return 0
+}
 
 // DefaultMessageCap is the message size, in bytes, documents are capped to
 // unless a caller asks for another; flytekit tracebacks rarely exceed it.

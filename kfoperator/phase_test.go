@@ -210,6 +210,9 @@ func TestPhaseTerminal(t *testing.T) {
 	}
 }
 
+// TestSynthesize: the plugin's side of kferrors.ClassifyPod; the whole
+// table, run through the plugin and the master alike, is master/kube's
+// TestPodConformance.
 func TestSynthesize(t *testing.T) {
 	fallback := at(time.Minute)
 	for name, c := range map[string]struct {
@@ -225,11 +228,12 @@ func TestSynthesize(t *testing.T) {
 		"exit 1":    {pod: failedPod("p", "Error", 1, at(time.Second)), code: kferrors.CodeNonZeroExit, origin: core.ExecutionError_USER, at: at(time.Second)},
 		"Evicted": {pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "disk pressure",
 			Conditions: []corev1.PodCondition{{Type: corev1.DisruptionTarget, LastTransitionTime: metav1.NewTime(at(2 * time.Second))}}}},
-			code: CodeEvicted, recoverable: true, origin: core.ExecutionError_SYSTEM, at: at(time.Minute)},
+			// The pod's own last transition, not the later job's (fallback).
+			code: kferrors.CodeEvicted, recoverable: true, origin: core.ExecutionError_SYSTEM, at: at(2 * time.Second)},
 		"DeadlineExceeded": {pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "DeadlineExceeded"}},
-			code: CodeDeadlineExceeded, recoverable: true, origin: core.ExecutionError_USER, at: fallback},
+			code: kferrors.CodeDeadlineExceeded, recoverable: true, origin: core.ExecutionError_USER, at: fallback},
 		"NodeLost": {pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Status: corev1.PodStatus{Phase: corev1.PodRunning, Reason: "NodeLost"}},
-			code: CodeNodeLost, recoverable: true, origin: core.ExecutionError_SYSTEM, at: fallback},
+			code: kferrors.CodeNodeLost, recoverable: true, origin: core.ExecutionError_SYSTEM, at: fallback},
 	} {
 		f, ok := Synthesize(&c.pod, "pytorch", fallback)
 		if !ok {

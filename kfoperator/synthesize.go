@@ -1,103 +1,68 @@
 package kfoperator
 
 import (
-	"fmt"
-	"syscall"
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Codes of synthesized failures that errors/ has no constant for.
-const (
-	CodeEvicted          = "Evicted"
-	CodeDeadlineExceeded = "DeadlineExceeded"
-	CodeNodeLost         = "NodeLost"
-)
-
-// PodFailed reports whether a pod of a job has failed for good: phase
-// Failed, or its node was lost (the node controller leaves such pods
-// Unknown/Running with reason NodeLost).
+// PodFailed reports whether a pod of a job has failed for good, by the
+// same rule as the master's pod watch (kferrors.ClassifyPod): phase Failed,
+// its node lost (the node controller leaves such pods Unknown, or Running
+// with reason NodeLost), its primary container ended badly, or the system
+// terminating it (a DisruptionTarget condition).
 func PodFailed(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodFailed || p.Status.Reason == "NodeLost"
+	_, ok := kferrors.ClassifyPod(podStatus(p, ""), time.Time{})
+	return ok
 }
 
 // Synthesize makes the error document of a failed pod that left none, from
-// its status alone: the pod's reason (Evicted, DeadlineExceeded, NodeLost),
-// else the last terminated state of its primary container (OOMKilled, a
-// signal, an exit code). The time is the container's finish time, else the
-// pod's last condition transition, else fallback (the job's terminal time):
-// never 1970. Pod statuses carry whole seconds (metav1.Time), so a
-// synthesized failure ranks at the start of its second: within that second
-// it can beat a document that was in fact earlier; across seconds the order
-// is right. Worker is the pod name, as _F_WN gives it. ok is false for a
+// its status alone (kferrors.ClassifyPod: the pod's reason, else the last
+// terminated state of its primary container). fallback (the job's terminal
+// time) stands in for a time the status does not give. ok is false for a
 // pod that has not failed.
 func Synthesize(p *corev1.Pod, primary string, fallback time.Time) (f kferrors.Failure, ok bool) {
-	if !PodFailed(p) {
-		return kferrors.Failure{}, false
-	}
-	name := p.Name
-	term := terminated(p, primary)
-	at := fallback
-	for _, c := range p.Status.Conditions {
-		if !c.LastTransitionTime.IsZero() && (at.IsZero() || c.LastTransitionTime.Time.After(at)) {
-			at = c.LastTransitionTime.Time
-		}
-	}
-	if term != nil && !term.FinishedAt.IsZero() {
-		at = term.FinishedAt.Time
-	}
-	detail := p.Status.Message
-	switch p.Status.Reason {
-	case "Evicted":
-		return kferrors.SystemFailure(CodeEvicted, fmt.Sprintf("pod %s was evicted: %s", name, detail), name, at), true
-	case "DeadlineExceeded":
-		// The pod outlived activeDeadlineSeconds; another attempt may be
-		// faster (a slow node), so retryable, but charged to the user.
-		f := kferrors.UserError(CodeDeadlineExceeded, fmt.Sprintf("pod %s exceeded its active deadline: %s", name, detail), name, at)
-		f.Recoverable = true
-		return f, true
-	case "NodeLost", "Shutdown", "Terminated", "NodeShutdown":
-		return kferrors.SystemFailure(CodeNodeLost, fmt.Sprintf("pod %s lost its node (%s): %s", name, p.Status.Reason, detail), name, at), true
-	}
-	if term == nil {
-		return kferrors.SystemFailure(CodeNodeLost, fmt.Sprintf("pod %s failed without a container exit (%s): %s", name, p.Status.Reason, detail), name, at), true
-	}
-	e := kferrors.Exit{Worker: name, ExitCode: int(term.ExitCode), ObservedAt: at, OOM: term.Reason == "OOMKilled"}
-	if term.Signal != 0 {
-		e.Signal = syscall.Signal(term.Signal)
-	} else if term.ExitCode > 128 && term.ExitCode < 128+65 && term.Reason != "Completed" {
-		// 128+n is how a shell or the runtime reports death by signal n.
-		e.Signal = syscall.Signal(term.ExitCode - 128)
-	}
-	if e.Signal == syscall.SIGTERM {
-		e.Preempted = true
-	}
-	f = kferrors.Classify(e)
-	f.Message = fmt.Sprintf("pod %s: %s (container %s: reason %s, exit code %d)", name, f.Message, primary, term.Reason, term.ExitCode)
-	return f, true
+	return kferrors.ClassifyPod(podStatus(p, primary), fallback)
 }
 
-// terminated is the terminated state of the named container (the current
-// one, else the last), or of the first terminated container.
-func terminated(p *corev1.Pod, primary string) *corev1.ContainerStateTerminated {
-	var first *corev1.ContainerStateTerminated
-	for i := range p.Status.ContainerStatuses {
-		cs := &p.Status.ContainerStatuses[i]
-		t := cs.State.Terminated
-		if t == nil {
-			t = cs.LastTerminationState.Terminated
+// podStatus is the part of p that ClassifyPod reads. The plugin does not
+// know who deleted a pod, so a deletion is not read as a failure here.
+func podStatus(p *corev1.Pod, primary string) kferrors.PodStatus {
+	s := kferrors.PodStatus{Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase), Reason: p.Status.Reason,
+		Message: p.Status.Message, Primary: primary}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			s.Disruption = c.Reason
 		}
-		if t == nil {
-			continue
-		}
-		if cs.Name == primary {
-			return t
-		}
-		if first == nil {
-			first = t
+		if c.LastTransitionTime.After(s.LastTransition) {
+			s.LastTransition = c.LastTransitionTime.Time
 		}
 	}
-	return first
+	for _, c := range p.Spec.Containers {
+		if c.Name == primary {
+			mem := c.Resources.Limits.Memory()
+			if mem.IsZero() {
+				mem = c.Resources.Requests.Memory()
+			}
+			s.Memory = mem.Value()
+		}
+	}
+	s.InitContainers, s.Containers = containerStatuses(p.Status.InitContainerStatuses), containerStatuses(p.Status.ContainerStatuses)
+	return s
+}
+
+func containerStatuses(list []corev1.ContainerStatus) []kferrors.ContainerStatus {
+	out := make([]kferrors.ContainerStatus, len(list))
+	for i, cs := range list {
+		out[i] = kferrors.ContainerStatus{Name: cs.Name, Terminated: termination(cs.State.Terminated), LastTerminated: termination(cs.LastTerminationState.Terminated)}
+	}
+	return out
+}
+
+func termination(t *corev1.ContainerStateTerminated) *kferrors.Termination {
+	if t == nil {
+		return nil
+	}
+	return &kferrors.Termination{ExitCode: int(t.ExitCode), Signal: int(t.Signal), Reason: t.Reason, FinishedAt: t.FinishedAt.Time}
 }

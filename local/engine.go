@@ -21,7 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kfelastic/kfelastic/agent"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -785,15 +784,15 @@ func (e *Engine) exited(p *podProc, werr error) {
 	case oom || cause == kferrors.CodeOOMKilled:
 		x := kferrors.SystemFailure(kferrors.CodeOOMKilled, fmt.Sprintf("pod %s was OOMKilled: it went past its memory limit of %s", p.pod.Name, bytesText(p.pod.Memory)), p.pod.Name, now)
 		f = &x
-	case cause == master.CodeNodeLost:
-		x := kferrors.SystemFailure(master.CodeNodeLost, fmt.Sprintf("pod %s failed: its machine is gone", p.pod.Name), p.pod.Name, now)
+	case cause == kferrors.CodeNodeLost:
+		x := kferrors.SystemFailure(kferrors.CodeNodeLost, fmt.Sprintf("pod %s failed: its machine is gone", p.pod.Name), p.pod.Name, now)
 		f = &x
 	case ws.Signaled():
-		code := "Signal" + signalName(ws.Signal())
+		code := kferrors.SignalCode(ws.Signal())
 		if cause == kferrors.CodePreempted {
 			code = kferrors.CodePreempted
 		}
-		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, signalName(ws.Signal())), p.pod.Name, now)
+		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, kferrors.SignalName(ws.Signal())), p.pod.Name, now)
 		f = &x
 	default:
 		exit = exitText(ws.ExitStatus())
@@ -887,12 +886,11 @@ func (e *Engine) document(f kferrors.Failure) {
 
 // podGone tells the master, retried while it restarts.
 func (e *Engine) podGone(pod string, f kferrors.Failure) {
-	mf := master.Failure{Code: f.Code, Message: f.Message, Recoverable: f.Recoverable, Time: f.Time}
 	for range 100 {
 		s := e.masterServer()
 		if s != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := s.PodGone(ctx, pod, mf)
+			err := s.PodGone(ctx, pod, f)
 			cancel()
 			if err == nil {
 				return
@@ -908,27 +906,15 @@ func (e *Engine) podGone(pod string, f kferrors.Failure) {
 	}
 }
 
-// exitText names the agent's exit codes (agent/exitcode.go), which say
-// what its document says.
+// exitText names an agent's exit status as the exit-code contract reads
+// it back (kferrors.CodeOfExit): exit 200 (NodeCheckFailed), exit 143
+// (Preempted), exit 139 (SignalSIGSEGV); a plain exit 1 stays bare.
 func exitText(code int) string {
-	name := map[int]string{agent.ExitNodeCheckFailed: kferrors.CodeNodeCheckFailed, agent.ExitStraggler: kferrors.CodeStraggler,
-		agent.ExitRendezvousTimeout: kferrors.CodeRendezvousTimeout, agent.ExitHang: kferrors.CodeHang, 143: kferrors.CodePreempted}[code]
-	if name == "" {
+	name := kferrors.CodeOfExit(code)
+	if name == "" || name == kferrors.CodeNonZeroExit {
 		return fmt.Sprintf("exit %d", code)
 	}
 	return fmt.Sprintf("exit %d (%s)", code, name)
-}
-
-func signalName(s syscall.Signal) string {
-	switch s {
-	case syscall.SIGKILL:
-		return "SIGKILL"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGINT:
-		return "SIGINT"
-	}
-	return "signal " + strconv.Itoa(int(s))
 }
 
 // killPod kills every process of the pod at once (a machine that dies);

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/master"
 )
 
 // fire carries out chaos spec i once: on the job (add-slot, kill-master)
@@ -102,7 +101,7 @@ func (e *Engine) apply(c Chaos, p *podProc) {
 		e.failing[p.pod.Rank] = true
 		e.mu.Unlock()
 		e.note("chaos", "fail-pod: %s's machine fails (SIGKILL to every process); its relaunches fail too", name)
-		e.killPod(p, master.CodeNodeLost)
+		e.killPod(p, kferrors.CodeNodeLost)
 	}
 }
 
@@ -229,7 +228,7 @@ func (e *Engine) failOnJoin(p *podProc) {
 				for _, n := range st.GetNodes() {
 					if n.GetPod() == p.pod.Name {
 						e.note("chaos", "fail-pod: %s, rank %d's replacement, fails too", p.pod.Name, p.pod.Rank)
-						e.killPod(p, master.CodeNodeLost)
+						e.killPod(p, kferrors.CodeNodeLost)
 						return
 					}
 				}

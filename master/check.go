@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // The node health check (docs/DESIGN.md §5.4, DLRover's network check): two rounds
@@ -389,14 +391,14 @@ func (j *Job) finishCheck(now time.Time) {
 		case !v.OK:
 			j.logf("warn", "faulty node: it failed both check rounds", "rank", r, "pod", rec.Pod, "host", rec.Host,
 				"errors", v.Messages)
-			j.takeOut(rec, Failure{Code: CodeNodeCheckFailed, Recoverable: true, Message: fmt.Sprintf(
+			j.takeOut(rec, kferrors.SystemFailure(kferrors.CodeNodeCheckFailed, fmt.Sprintf(
 				"pod %s on host %s failed the node health check in both rounds: %s", rec.Pod, hostOr(rec.Host),
-				strings.Join(v.Messages, "; "))}, now)
+				strings.Join(v.Messages, "; ")), rec.Pod, now), now)
 		case v.Straggler && j.cfg.ExcludeStraggler:
 			j.logf("warn", "straggler excluded", "rank", r, "pod", rec.Pod, "elapsed", v.Best, "median", med)
-			j.takeOut(rec, Failure{Code: CodeStraggler, Recoverable: true, Message: fmt.Sprintf(
+			j.takeOut(rec, kferrors.SystemFailure(kferrors.CodeStraggler, fmt.Sprintf(
 				"pod %s on host %s is a straggler: its health check took %.3fs, more than %d× the median of the others %.3fs",
-				rec.Pod, hostOr(rec.Host), v.Best.Seconds(), StragglerFactor, medianWithout(times, v.Best).Seconds())}, now)
+				rec.Pod, hostOr(rec.Host), v.Best.Seconds(), StragglerFactor, medianWithout(times, v.Best).Seconds()), rec.Pod, now), now)
 		case v.Straggler:
 			j.logf("warn", "straggler found (not excluded: --exclude-straggler is off)", "rank", r, "pod", rec.Pod,
 				"elapsed", v.Best, "median", med)

@@ -44,7 +44,7 @@ func TestRestoreJobFromRecords(t *testing.T) {
 		step()
 	}
 	if _, err := j.Leave(NodeInfo{Pod: "w1", Incarnation: "1", Rank: 1, LocalWorldSize: 2}, false,
-		Failure{Code: "OOMKilled", Recoverable: true}, t0.Add(time.Minute)); err != nil {
+		kferrors.Failure{Code: "OOMKilled", Recoverable: true}, t0.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	step()

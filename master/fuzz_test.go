@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // FuzzJob drives the state machine with any sequence of requests — hostile
@@ -51,9 +52,9 @@ func FuzzJob(f *testing.F) {
 			case 2:
 				_, _ = j.Heartbeat(n, int64(arg>>5), -1, now)
 			case 3:
-				_, _ = j.Leave(n, arg&0x20 != 0, Failure{Code: codes[int(arg>>5)%len(codes)], Recoverable: arg&0x40 == 0}, now)
+				_, _ = j.Leave(n, arg&0x20 != 0, kferrors.Failure{Code: codes[int(arg>>5)%len(codes)], Recoverable: arg&0x40 == 0}, now)
 			case 4:
-				_, _ = j.PodGone(pod, Failure{Code: codes[int(arg)%len(codes)], Recoverable: true}, now)
+				_, _ = j.PodGone(pod, kferrors.Failure{Code: codes[int(arg)%len(codes)], Recoverable: true}, now)
 			case 5:
 				if c := j.check; c != nil {
 					_ = j.ReportCheck(n, c.seq, c.round, CheckReport{OK: arg&0x20 == 0, Self: arg&0x40 != 0,

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master/store"
 )
 
@@ -337,7 +338,7 @@ func (v *service) Leave(ctx context.Context, req *masterpb.LeaveRequest) (*maste
 	}
 	c := newCall(nil)
 	c.apply = func(s *Server, now time.Time) {
-		d, err := s.job.Leave(n, req.GetSucceeded(), Failure{Code: f.GetCode(), Message: f.GetMessage(),
+		d, err := s.job.Leave(n, req.GetSucceeded(), kferrors.Failure{Code: f.GetCode(), Message: f.GetMessage(),
 			Recoverable: f.GetRecoverable(), Time: fromUnixNano(f.GetTimeUnixNano())}, now)
 		if err != nil {
 			c.finish(nil, err)

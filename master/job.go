@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
@@ -293,31 +294,6 @@ func KindName(k relaunch.Kind) string {
 	}
 	return k.String()
 }
-
-// Failure is a pod's outcome as its agent reports it in Leave, or as the
-// owner of the pods observes it (a pod OOMKilled, evicted, deleted).
-type Failure struct {
-	Code        string
-	Message     string
-	Recoverable bool
-	Time        time.Time
-}
-
-// Codes of failures the master itself establishes.
-const (
-	CodeNodeLost          = "NodeLost"
-	CodeNodeCheckFailed   = "NodeCheckFailed"
-	CodeStraggler         = "Straggler"
-	CodeRendezvousTimeout = "RendezvousTimeout"
-	CodeJobStopped        = "JobStopped"
-	CodeReplaced          = "Replaced"
-	// CodeRankHeld: a replacement pod waited the pend timeout for its rank,
-	// and the pod it was to replace still held it (alive, calling).
-	CodeRankHeld = "RankHeld"
-	// CodeJobSucceeded: the job's workers succeeded while this node waited
-	// for a round; it has nothing left to do (torch: RendezvousClosedError).
-	CodeJobSucceeded = "JobSucceeded"
-)
 
 // Errors of requests, classified by the server into gRPC codes.
 var (
@@ -745,7 +721,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 	if rank < 0 {
 		r, ok := j.byPod[pod]
 		if !ok {
-			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
+			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
 		}
 		rank = r
 	}
@@ -768,7 +744,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		if rec != nil {
 			holder = "pod " + rec.Pod
 		}
-		a.Excluded = &Exclusion{Code: CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
+		a.Excluded = &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
 		return a
 	}
 	switch {
@@ -789,7 +765,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		}
 	case Joining:
 		if j.nSucceeded > 0 && !j.latestMember(rank) {
-			a.Excluded = &Exclusion{Code: CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
+			a.Excluded = &Exclusion{Code: kferrors.CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
 			return a
 		}
 		if c := j.check; c != nil {
@@ -799,7 +775,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 			}
 		}
 	case Succeeded:
-		a.Excluded = &Exclusion{Code: CodeJobStopped, Message: "this node already succeeded"}
+		a.Excluded = &Exclusion{Code: kferrors.CodeJobStopped, Message: "this node already succeeded"}
 		return a
 	}
 	a.Waiting = j.nWaiting
@@ -924,7 +900,7 @@ func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (Heartbeat
 			return a, nil
 		}
 		if held, ok := j.nodes[n.Rank]; ok && n.Rank >= 0 && (held.Pod != n.Pod || held.Incarnation != n.Incarnation) {
-			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: CodeReplaced,
+			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: kferrors.CodeReplaced,
 				Message: fmt.Sprintf("rank %d is now held by pod %s", n.Rank, held.Pod)}, LatestRound: j.latestNumber()}, nil
 		}
 		return HeartbeatAnswer{}, err
@@ -967,7 +943,11 @@ func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
 
 // Leave records a pod's end. A success leaves its round alone; a failure
 // gets a relaunch decision, and the round's other members restart.
-func (j *Job) Leave(n NodeInfo, succeeded bool, f Failure, now time.Time) (Decision, error) {
+//
+// f is the pod's failure as its agent reports it, the same
+// kferrors.Failure its error document carries; the master reads its Code,
+// Message, Recoverable and Time.
+func (j *Job) Leave(n NodeInfo, succeeded bool, f kferrors.Failure, now time.Time) (Decision, error) {
 	defer j.settle(now)
 	rec, err := j.lookup(n)
 	if err != nil {
@@ -1009,7 +989,7 @@ func (j *Job) lastDecision(rank int) Decision {
 // PodGone is the owner of the pods reporting that a pod ended without its
 // agent saying so (OOMKilled, evicted, deleted, its node lost). A pod that
 // no longer holds a live rank is ignored.
-func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
+func (j *Job) PodGone(pod string, f kferrors.Failure, now time.Time) (Decision, bool) {
 	defer j.settle(now)
 	rank, ok := j.byPod[pod]
 	if !ok {
@@ -1025,7 +1005,7 @@ func (j *Job) PodGone(pod string, f Failure, now time.Time) (Decision, bool) {
 // fail takes a live pod's rank out: a relaunch decision, an exclusion that
 // answers the pod's every later call (it is fenced off), a wake-up of the
 // others, and a stop of the job if too few nodes can run.
-func (j *Job) fail(rec *Node, f Failure, now time.Time) Decision {
+func (j *Job) fail(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	d := j.takeOut(rec, f, now)
 	j.checkReportMissing(rec.Rank, f.Code)
 	j.checkViable(now)
@@ -1035,7 +1015,7 @@ func (j *Job) fail(rec *Node, f Failure, now time.Time) Decision {
 
 // takeOut is fail without its consequences for the job, for callers that
 // take several nodes out at once.
-func (j *Job) takeOut(rec *Node, f Failure, now time.Time) Decision {
+func (j *Job) takeOut(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	if f.Time.IsZero() {
 		f.Time = now
 	}
@@ -1107,13 +1087,13 @@ func (j *Job) stop(reason string, now time.Time) {
 	j.stopReason = reason
 	j.check = nil
 	j.ready.Dirty.Job = true
-	j.decide(Decision{Kind: StopJob, Rank: -1, Reason: CodeJobStopped, Message: reason, Time: now})
+	j.decide(Decision{Kind: StopJob, Rank: -1, Reason: kferrors.CodeJobStopped, Message: reason, Time: now})
 	j.ready.WakeAll = true
 	j.logf("warn", "job stopped", "reason", reason)
 }
 
 func (j *Job) stopExclusion() *Exclusion {
-	return &Exclusion{Code: CodeJobStopped, Message: "the master stopped the job: " + j.stopReason}
+	return &Exclusion{Code: kferrors.CodeJobStopped, Message: "the master stopped the job: " + j.stopReason}
 }
 
 // sweepEvery bounds how late a heartbeat or join timeout is noticed; the
@@ -1166,15 +1146,15 @@ func (j *Job) sweep(now time.Time) {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		j.fail(rec, Failure{Code: CodeNodeLost, Recoverable: true, Time: now,
-			Message: fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout)}, now)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeNodeLost,
+			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now), now)
 	}
 	for _, rec := range late {
 		if rec.State != Joining || rec.Exclusion != nil {
 			continue
 		}
-		j.fail(rec, Failure{Code: CodeRendezvousTimeout, Recoverable: true, Time: now,
-			Message: fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout)}, now)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
+			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now), now)
 	}
 }
 
@@ -1242,7 +1222,7 @@ func (c *claim) exclusion(holder *Node, pend time.Duration) *Exclusion {
 	if holder != nil {
 		who = "pod " + holder.Pod
 	}
-	return &Exclusion{Code: CodeRankHeld, Message: fmt.Sprintf(
+	return &Exclusion{Code: kferrors.CodeRankHeld, Message: fmt.Sprintf(
 		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod still holds the rank and calls the master",
 		c.n.Pod, pend, who, c.n.Rank)}
 }

@@ -3,6 +3,8 @@ package master
 import (
 	"testing"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // The job has succeeded when every member of the latest round has, and not
@@ -23,13 +25,13 @@ func TestJobSucceeded(t *testing.T) {
 	if j.Latest() == nil || j.Succeeded() {
 		t.Fatalf("round %v, succeeded %v: want a round, not succeeded", j.Latest(), j.Succeeded())
 	}
-	if _, err := j.Leave(a, true, Failure{}, now.Add(3*time.Second)); err != nil {
+	if _, err := j.Leave(a, true, kferrors.Failure{}, now.Add(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if j.Succeeded() {
 		t.Fatal("succeeded with node b still training")
 	}
-	if _, err := j.Leave(b, true, Failure{}, now.Add(4*time.Second)); err != nil {
+	if _, err := j.Leave(b, true, kferrors.Failure{}, now.Add(4*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if !j.Succeeded() {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/scenarios/*.txt")
@@ -260,10 +262,10 @@ func (s *scenario) run(command string) string {
 		var d Decision
 		var err error
 		if f[2] == "ok" {
-			d, err = s.job.Leave(p.info(), true, Failure{}, s.now)
+			d, err = s.job.Leave(p.info(), true, kferrors.Failure{}, s.now)
 		} else {
 			user := len(f) > 3 && f[3] == "user"
-			d, err = s.job.Leave(p.info(), false, Failure{Code: f[2], Message: f[2] + " in " + p.name, Recoverable: !user}, s.now)
+			d, err = s.job.Leave(p.info(), false, kferrors.Failure{Code: f[2], Message: f[2] + " in " + p.name, Recoverable: !user}, s.now)
 		}
 		if err != nil {
 			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
@@ -274,7 +276,7 @@ func (s *scenario) run(command string) string {
 		p.left = true
 	case "gone":
 		p := s.pod(f[1])
-		_, ok := s.job.PodGone(p.name, Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
+		_, ok := s.job.PodGone(p.name, kferrors.Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
 		fmt.Fprintf(&b, "%s: gone (news to the master: %v)", p.name, ok)
 	case "tick":
 		s.job.Tick(s.now)

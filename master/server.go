@@ -611,7 +611,7 @@ func (s *Server) carry(ctx context.Context, d Decision) {
 
 // PodGone reports a pod that ended without its agent saying so (from the
 // owner of the pods).
-func (s *Server) PodGone(ctx context.Context, pod string, f Failure) error {
+func (s *Server) PodGone(ctx context.Context, pod string, f kferrors.Failure) error {
 	c := newCall(nil)
 	c.apply = func(s *Server, now time.Time) {
 		_, news := s.job.PodGone(pod, f, now)

@@ -21,7 +21,7 @@
 //	cfg, err := kube.InCluster(namespace, job) // flags --namespace, --job
 //	cfg.OOM = policy.OOM
 //	owner, err := kube.New(cfg)
-//	go owner.Watch(ctx, func(g kube.PodGone) { master.PodGone(g.Pod, failure(g), now) })
+//	go owner.Watch(ctx, func(g kube.PodGone) { master.PodGone(g.Pod, g.Failure, now) })
 //	for d := range decisions {
 //		for err := owner.Carry(ctx, action(d)); err != nil && !kube.Permanent(err); err = owner.Carry(ctx, action(d)) {
 //			backoff()

@@ -26,7 +26,7 @@ func Example() {
 	}
 	go func() {
 		_ = owner.Watch(ctx, func(g kube.PodGone) {
-			// master: job.PodGone(g.Pod, Failure{Code: g.Code, Message: g.Message, Recoverable: g.Recoverable, Time: g.Time}, now)
+			// master: job.PodGone(g.Pod, g.Failure, now)
 		})
 	}()
 	a := kube.Action{Seq: 1, Kind: relaunch.MoreMemory, Pod: "my-job-worker-1", Reason: "OOMKilled", Time: time.Now()}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -54,7 +55,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		worker0 := e.waitRunning(t, "worker-0", "")
 		old := e.waitRunning(t, "worker-1", "")
 		e.setStatus(t, "worker-1", exited(137, "OOMKilled"))
-		g := e.waitGone(t, "worker-1", CodeOOMKilled)
+		g := e.waitGone(t, "worker-1", kferrors.CodeOOMKilled)
 		if g.UID != string(old.UID) || !g.Recoverable || g.Node != nodes[0] || g.Index != 1 {
 			t.Errorf("report %+v", g)
 		}
@@ -75,7 +76,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		if now := e.pod(t, "worker-0"); now == nil || now.UID != worker0.UID {
 			t.Error("worker-0 was replaced; only worker-1 was OOM-killed")
 		}
-		e.noReport(t, CodePreempted) // deleting the stale replacement is ours, not a preemption
+		e.noReport(t, kferrors.CodePreempted) // deleting the stale replacement is ours, not a preemption
 	})
 
 	t.Run("FaultyNodeReplacementAvoidsItsHost", func(t *testing.T) {
@@ -117,7 +118,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		e := newJobEnv(t, cfg, "idem")
 		e.watch(t)
 		old := e.waitRunning(t, "worker-1", "")
-		a := Action{Seq: 7, Kind: relaunch.MoreMemory, Rank: 1, Pod: e.name("worker-1"), UID: string(old.UID), Reason: CodeOOMKilled, Time: time.Now()}
+		a := Action{Seq: 7, Kind: relaunch.MoreMemory, Rank: 1, Pod: e.name("worker-1"), UID: string(old.UID), Reason: kferrors.CodeOOMKilled, Time: time.Now()}
 		for range 2 {
 			if err := e.owner.Carry(e.ctx, a); err != nil {
 				t.Fatal(err)
@@ -207,7 +208,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 			exited(137, "Error")(s)
 			s.Reason, s.Message = "Evicted", "The node was low on resource: memory."
 		})
-		g := e.waitGone(t, "worker-0", CodeEvicted)
+		g := e.waitGone(t, "worker-0", kferrors.CodeEvicted)
 		if g.UID != string(w0.UID) || !g.Recoverable || !strings.Contains(g.Message, "low on resource") {
 			t.Errorf("evicted: %+v", g)
 		}
@@ -215,7 +216,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		if err := e.admin.Delete(e.ctx, w1); err != nil {
 			t.Fatal(err)
 		}
-		g = e.waitGone(t, "worker-1", CodePreempted)
+		g = e.waitGone(t, "worker-1", kferrors.CodePreempted)
 		if g.UID != string(w1.UID) || !g.Recoverable {
 			t.Errorf("deleted: %+v", g)
 		}
@@ -232,7 +233,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		e.setStatus(t, "worker-1", exited(1, "Error")) // a user error: the operator fails the job and keeps the pod
 		e.waitPod(t, "worker-1", "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 		e.watch(t)
-		g := e.waitGone(t, "worker-1", CodeNonZeroExit)
+		g := e.waitGone(t, "worker-1", kferrors.CodeNonZeroExit)
 		if g.UID != string(w1.UID) || g.Recoverable {
 			t.Errorf("%+v", g)
 		}
@@ -282,7 +283,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		})
 		var actions []Action
 		for i, w := range []string{"worker-0", "worker-1"} {
-			g := e.waitGone(t, w, CodeNodeLost)
+			g := e.waitGone(t, w, kferrors.CodeNodeLost)
 			if g.UID != string(was[i].UID) || g.Node != lost {
 				t.Errorf("%s: %+v", w, g)
 			}

@@ -44,7 +44,7 @@ func (k *MasterOwner) Carry(ctx context.Context, d master.Decision) error {
 func (k *MasterOwner) WatchFor(ctx context.Context, s *master.Server) {
 	err := k.owner.Watch(ctx, func(g PodGone) {
 		go func() {
-			if err := s.PodGone(ctx, g.Pod, master.Failure{Code: g.Code, Message: g.Message, Recoverable: g.Recoverable, Time: g.Time}); err != nil && ctx.Err() == nil {
+			if err := s.PodGone(ctx, g.Pod, g.Failure); err != nil && ctx.Err() == nil {
 				k.log.Warn("cannot report a pod's end to the master", "pod", g.Pod, "err", err)
 			}
 		}()

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/mastertest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -47,7 +48,7 @@ func TestMasterOwnsItsDecisions(t *testing.T) {
 		d := m.waitDecision(t, e.ctx, "RELAUNCH_MORE_MEMORY for rank 1", func(d *masterpb.Decision) bool {
 			return d.GetKind() == masterpb.Decision_RELAUNCH_MORE_MEMORY && d.GetRank() == 1
 		})
-		if d.GetReason() != CodeOOMKilled || !d.GetCounted() || d.GetPod() != e.name("worker-1") {
+		if d.GetReason() != kferrors.CodeOOMKilled || !d.GetCounted() || d.GetPod() != e.name("worker-1") {
 			t.Errorf("decision %v, want OOMKilled, counted, for %s", d, e.name("worker-1"))
 		}
 		// The round lost a member: the survivor restarts into the next.
@@ -108,13 +109,13 @@ func TestMasterOwnsItsDecisions(t *testing.T) {
 			}
 		}
 		ex := a1.next(t, e.ctx, 0).GetExcluded()
-		if ex.GetCode() != master.CodeNodeCheckFailed || !ex.GetRelaunch() {
+		if ex.GetCode() != kferrors.CodeNodeCheckFailed || !ex.GetRelaunch() {
 			t.Fatalf("faulty node's join: excluded %v, want NodeCheckFailed with relaunch", ex)
 		}
 		d := m.waitDecision(t, e.ctx, "RELAUNCH_AVOID_HOST for rank 1", func(d *masterpb.Decision) bool {
 			return d.GetKind() == masterpb.Decision_RELAUNCH_AVOID_HOST && d.GetRank() == 1
 		})
-		if d.GetHost() != nodes[0] || d.GetReason() != master.CodeNodeCheckFailed {
+		if d.GetHost() != nodes[0] || d.GetReason() != kferrors.CodeNodeCheckFailed {
 			t.Errorf("decision %v, want host %s, reason NodeCheckFailed", d, nodes[0])
 		}
 		// The master carries it out: the template avoids the host, and the

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
@@ -91,13 +92,11 @@ type PodGone struct {
 	// Index is the pod's replica index (-1 if unlabelled).
 	Index int
 	// Node is the node the pod ran on.
-	Node        string
-	Code        string
-	Message     string
-	Recoverable bool
-	// Time is when the pod ended: the container's finish time, else the
+	Node string
+	// Failure is the pod's failure as errors.ClassifyPod reads its status;
+	// its Time is when the pod ended: the container's finish time, else the
 	// pod's last condition transition, else when the owner saw it.
-	Time time.Time
+	kferrors.Failure
 }
 
 // Owner carries out relaunch decisions for one PyTorchJob by editing its
@@ -705,7 +704,7 @@ func (o *Owner) observe(ctx context.Context, typ string, p *pod, gone func(PodGo
 	o.mu.Lock()
 	_, byUs := o.deleted[uid]
 	g, dead := classify(p, o.cfg.Container, deleting && !byUs, now)
-	if deleting && byUs && dead && g.Code == CodePreempted {
+	if deleting && byUs && dead && g.Code == kferrors.CodePreempted {
 		dead = false // our own deletion carries out a decision
 	}
 	report := dead && !o.reported[uid]

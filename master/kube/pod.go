@@ -1,9 +1,10 @@
 package kube
 
 import (
-	"fmt"
 	"strconv"
 	"time"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -64,10 +65,13 @@ type nodeSelectorRequirement struct {
 }
 
 type containerStatus struct {
-	Name  string `json:"name"`
-	State struct {
-		Terminated *terminatedState `json:"terminated"`
-	} `json:"state"`
+	Name      string         `json:"name"`
+	State     containerState `json:"state"`
+	LastState containerState `json:"lastState"`
+}
+
+type containerState struct {
+	Terminated *terminatedState `json:"terminated"`
 }
 
 type terminatedState struct {
@@ -84,19 +88,6 @@ type podList struct {
 	} `json:"metadata"`
 	Items []pod `json:"items"`
 }
-
-// Failure codes of pods that died without their agent saying so. They are
-// the codes of errors/ (kfoperator.Synthesize, errors.Classify) and of the
-// master's relaunch policy.
-const (
-	CodeOOMKilled   = "OOMKilled"
-	CodeEvicted     = "Evicted"
-	CodePreempted   = "Preempted"
-	CodeNodeLost    = "NodeLost"
-	CodeNonZeroExit = "NonZeroExit"
-	// CodeDeadlineExceeded: the pod outlived activeDeadlineSeconds.
-	CodeDeadlineExceeded = "DeadlineExceeded"
-)
 
 // memory is a container's memory as the OOM policy sees it: its limit, or
 // its request where it has no limit; 0 if neither (or unparsable).
@@ -182,141 +173,43 @@ func (p *pod) disruption() string {
 }
 
 // classify maps a pod's state to the failure the master should hear of, for a
-// pod that died without its agent saying so. deleted: the pod is being or
-// has been deleted, and not by the owner itself (a deletion by the owner
-// carries out a decision and is not reported). ok is false for a pod that is
-// alive or ended well. Pure: now is the fallback time.
-//
-// Order: what the runtime says of the primary container's death (OOMKilled)
-// wins, then what the system says of the pod (evicted, node lost, preempted
-// by the scheduler), then an outside deletion (Preempted), then the
-// container's exit code (≥128: a signal, 128+n; 1–127: the user's error,
-// not recoverable).
+// pod that died without its agent saying so, by kferrors.ClassifyPod.
+// deleted: the pod is being or has been deleted, and not by the owner
+// itself (a deletion by the owner carries out a decision and is not
+// reported). ok is false for a pod that is alive or ended well. Pure: now
+// is the fallback time.
 func classify(p *pod, container string, deleted bool, now time.Time) (g PodGone, ok bool) {
-	g = PodGone{Pod: p.Metadata.Name, UID: p.Metadata.UID, Index: p.index(), Node: p.Spec.NodeName, Time: now}
-	if p.Status.Phase == "Succeeded" {
-		return g, false
-	}
-	term := terminated(p, container)
-	if t := p.lastTransition(); !t.IsZero() {
-		g.Time = t
-	}
-	if term != nil && term.FinishedAt != nil && !term.FinishedAt.IsZero() {
-		g.Time = *term.FinishedAt
-	}
-	sys := func(code, format string, args ...any) (PodGone, bool) {
-		g.Code, g.Recoverable = code, true
-		g.Message = fmt.Sprintf("pod %s ", g.Pod) + fmt.Sprintf(format, args...)
-		return g, true
-	}
-	if term != nil && term.Reason == "OOMKilled" {
-		return sys(CodeOOMKilled, "was OOM-killed (container %s, exit code %d, memory %s)", container, term.ExitCode, formatBytes(p.memory(container)))
-	}
-	detail := p.Status.Message
-	switch p.Status.Reason {
-	case "Evicted":
-		return sys(CodeEvicted, "was evicted: %s", detail)
-	case "NodeLost", "Shutdown", "Terminated", "NodeShutdown":
-		return sys(CodeNodeLost, "lost its node %s (%s): %s", p.Spec.NodeName, p.Status.Reason, detail)
-	case "DeadlineExceeded":
-		return sys(CodeDeadlineExceeded, "exceeded its active deadline: %s", detail)
-	}
-	if p.Status.Phase == "Unknown" {
-		return sys(CodeNodeLost, "is in phase Unknown: its node %s stopped reporting", p.Spec.NodeName)
-	}
-	switch r := p.disruption(); r {
-	case "EvictionByEvictionAPI", "TerminationByKubelet":
-		return sys(CodeEvicted, "was evicted (%s)", r)
-	case "PreemptionByScheduler", "PreemptionByKubeScheduler":
-		return sys(CodePreempted, "was preempted by the scheduler (%s)", r)
-	case "DeletionByTaintManager", "DeletionByPodGC":
-		return sys(CodeNodeLost, "is deleted because its node %s is gone (%s)", p.Spec.NodeName, r)
-	}
-	if term == nil || (term.ExitCode == 0 && term.Signal == 0) {
-		switch {
-		case deleted && p.Status.Phase == "Pending" && term == nil:
-			// Deleted before it ever ran: it had no agent and held no rank,
-			// so there is nothing to relaunch or count (the training
-			// operator replaces it, and deletes its own extras this way).
-			return g, false
-		case deleted:
-			if p.Metadata.DeletionTimestamp != nil && p.Metadata.DeletionGracePeriodSeconds != nil && term == nil {
-				g.Time = p.Metadata.DeletionTimestamp.Add(-time.Duration(*p.Metadata.DeletionGracePeriodSeconds) * time.Second)
-			}
-			return sys(CodePreempted, "was deleted from outside while %s", orUnknown(p.Status.Phase))
-		case p.Status.Phase == "Failed":
-			return sys(CodeNodeLost, "failed without a container exit (%s): %s", p.Status.Reason, detail)
-		}
-		return g, false
-	}
-	code := term.ExitCode
-	sig := term.Signal
-	if sig == 0 && code > 128 {
-		sig = code - 128 // how a shell or the runtime reports death by signal n
-	}
-	switch {
-	case sig == 15:
-		return sys(CodePreempted, "was terminated by SIGTERM from outside (exit code %d)", code)
-	case sig != 0:
-		return sys("Signal"+signalName(sig), "was killed by signal %d (%s), exit code %d", sig, signalName(sig), code)
-	}
-	g.Code, g.Recoverable = CodeNonZeroExit, false
-	g.Message = fmt.Sprintf("pod %s exited with code %d (container %s, reason %s)", g.Pod, code, container, term.Reason)
-	return g, true
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "in an unknown phase"
-	}
-	return s
-}
-
-// lastTransition is the latest condition transition time, or zero.
-func (p *pod) lastTransition() time.Time {
-	var at time.Time
+	s := kferrors.PodStatus{Name: p.Metadata.Name, Node: p.Spec.NodeName, Phase: p.Status.Phase, Reason: p.Status.Reason,
+		Message: p.Status.Message, Disruption: p.disruption(), Deleted: deleted, Primary: container, Memory: p.memory(container),
+		InitContainers: statuses(p.Status.InitContainerStatuses), Containers: statuses(p.Status.ContainerStatuses)}
 	for _, c := range p.Status.Conditions {
-		if c.LastTransitionTime != nil && c.LastTransitionTime.After(at) {
-			at = *c.LastTransitionTime
+		if c.LastTransitionTime != nil && c.LastTransitionTime.After(s.LastTransition) {
+			s.LastTransition = *c.LastTransitionTime
 		}
 	}
-	return at
+	if m := p.Metadata; m.DeletionTimestamp != nil && m.DeletionGracePeriodSeconds != nil {
+		s.DeletionStart = m.DeletionTimestamp.Add(-time.Duration(*m.DeletionGracePeriodSeconds) * time.Second)
+	}
+	g = PodGone{Pod: p.Metadata.Name, UID: p.Metadata.UID, Index: p.index(), Node: p.Spec.NodeName}
+	g.Failure, ok = kferrors.ClassifyPod(s, now)
+	return g, ok
 }
 
-// terminated is the terminated state of the named container, else of the
-// first container (or init container) that ended non-zero; nil if none.
-func terminated(p *pod, container string) *terminatedState {
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == container && cs.State.Terminated != nil {
-			return cs.State.Terminated
-		}
+func statuses(list []containerStatus) []kferrors.ContainerStatus {
+	out := make([]kferrors.ContainerStatus, len(list))
+	for i, cs := range list {
+		out[i] = kferrors.ContainerStatus{Name: cs.Name, Terminated: cs.State.Terminated.termination(), LastTerminated: cs.LastState.Terminated.termination()}
 	}
-	for _, list := range [][]containerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
-		for _, cs := range list {
-			if t := cs.State.Terminated; t != nil && (t.ExitCode != 0 || t.Signal != 0 || t.Reason == "OOMKilled") {
-				return t
-			}
-		}
-	}
-	return nil
+	return out
 }
 
-// signalName is the Linux name of signal n (golang.org/x/sys/unix's
-// SignalName, as errors.Classify names codes), or SIG<n>.
-func signalName(n int) string {
-	names := [...]string{1: "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
-		"SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD",
-		"SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM",
-		"SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS"}
-	if n > 0 && n < len(names) {
-		return names[n]
+func (t *terminatedState) termination() *kferrors.Termination {
+	if t == nil {
+		return nil
 	}
-	return "SIG" + strconv.Itoa(n)
-}
-
-func formatBytes(b int64) string {
-	if b <= 0 {
-		return "unknown"
+	k := &kferrors.Termination{ExitCode: t.ExitCode, Signal: t.Signal, Reason: t.Reason}
+	if t.FinishedAt != nil {
+		k.FinishedAt = *t.FinishedAt
 	}
-	return resource.NewQuantity(b, resource.BinarySI).String()
+	return k
 }

@@ -9,6 +9,8 @@ package relaunch
 import (
 	"fmt"
 	"math"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // Kind is what happens to a failed pod's rank.
@@ -39,17 +41,6 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
-// Failure codes the policy tells apart (docs/DESIGN.md §2.4; errors.Code*).
-const (
-	codePreempted       = "Preempted"
-	codeEvicted         = "Evicted"
-	codeOOMKilled       = "OOMKilled"
-	codeNodeCheckFailed = "NodeCheckFailed"
-	codeStraggler       = "Straggler"
-	codeRendezvous      = "RendezvousTimeout"
-	codeJobStopped      = "JobStopped"
-)
-
 // Policy is the relaunch policy of one job.
 type Policy struct {
 	// MaxPerRank is how many counted relaunches one rank gets (DLRover:
@@ -69,20 +60,20 @@ var DefaultPolicy = Policy{MaxPerRank: 5, OOM: DefaultOOM}
 // is never relaunched: the same code would fail the same way.
 func (p Policy) Decide(code string, recoverable bool, spent int) (kind Kind, counted bool, why string) {
 	switch {
-	case code == codePreempted || code == codeEvicted:
+	case code == kferrors.CodePreempted || code == kferrors.CodeEvicted:
 		return Relaunch, false, "preempted pods are relaunched without spending budget"
 	case !recoverable:
 		return None, false, "a user error is not relaunched"
-	case code == codeRendezvous:
+	case code == kferrors.CodeRendezvousTimeout:
 		return None, false, "a pod that found no round in time would wait in vain elsewhere too"
-	case code == codeJobStopped:
+	case code == kferrors.CodeJobStopped:
 		return None, false, "the job stopped"
 	}
 	kind = Relaunch
 	switch code {
-	case codeOOMKilled:
+	case kferrors.CodeOOMKilled:
 		kind = MoreMemory
-	case codeNodeCheckFailed, codeStraggler:
+	case kferrors.CodeNodeCheckFailed, kferrors.CodeStraggler:
 		kind = AvoidHost
 	}
 	if spent >= p.MaxPerRank {
