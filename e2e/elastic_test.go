@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,21 +19,23 @@ import (
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 
-// E1: an elastic task, Elastic(nnodes="2:3", nproc_per_node=2), trains to
-// its last step on two worker pods beside the kfelastic master, and
-// succeeds. The training operator numbers the workers from 1 beside a
-// Master replica; the agents must still form ranks 0 and 1 (they used to
-// hang: the last was refused as rank 2 of 2).
+// E1: an elastic task, Elastic(nnodes="2:3", nproc_per_node=2), runs as
+// Flyte runs it: a FlyteWorkflow that flytepropeller hands to the plugin.
+// It trains to its last step on two worker pods beside the kfelastic
+// master, and the workflow's node succeeds. The training operator numbers
+// the workers from 1 beside a Master replica; the agents must still form
+// ranks 0 and 1 (they used to hang: the last was refused as rank 2 of 2).
 func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 	e := newEnv(t, "e1")
-	j := e.launch("e1", e.template("elastic-2-3", nil))
-	first := j.waitStep(j.name+"-worker-0", 0, 5*time.Minute)
-	t.Logf("E1: job created → first training step: %.1fs", first.Sub(j.created).Seconds())
-	info := j.waitTerminal(5 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
+	j := e.launchWorkflow("e1", e.template("elastic-2-3", nil))
+	w0, w1 := j.name+"-worker-0", j.name+"-worker-1"
+	first := j.waitStep(w0, 0, 5*time.Minute)
+	t.Logf("E1: workflow created → first training step: %.1fs", first.Sub(j.created).Seconds())
+	o := j.outcome(5 * time.Minute)
+	if o.Phase != v1alpha1.WorkflowPhaseSuccess || o.NodePhase != v1alpha1.NodePhaseSucceeded {
+		t.Fatalf("want the workflow and its node succeeded, got %v", o)
 	}
-	for _, pod := range []string{j.name + "-worker-0", j.name + "-worker-1"} {
+	for _, pod := range []string{w0, w1} {
 		log := j.logs(pod)
 		if !strings.Contains(log, "step = 59") {
 			t.Errorf("%s did not train to step 59:\n%s", pod, tail(log, 2000))
@@ -40,14 +43,15 @@ func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 	}
 	// The agents formed one group of 2 nodes × 2 workers, worker-1 as node
 	// rank 1 (the operator's PET_NODE_RANK there is 2).
-	if log := j.logs(j.name + "-worker-1"); !strings.Contains(log, "group_rank=1\n  group_world_size=2") {
+	if log := j.logs(w1); !strings.Contains(log, "group_rank=1\n  group_world_size=2") {
 		t.Errorf("worker-1's agent did not join as node 1 of 2:\n%s", tail(log, 3000))
 	}
 }
 
-// E2: one rank raises ValueError; the task fails with the earliest root
-// cause, `[pod, time] ValueError: …`, not retryable, and the other pods'
-// secondary failures are in the tally.
+// E2: one rank raises ValueError under a FlyteWorkflow: the workflow's node
+// fails with the earliest root cause, `[pod, time] ValueError: …`, a USER
+// error that propeller does not retry, and the other pods' secondary
+// failures are in the tally.
 func TestE2RootCause(t *testing.T) {
 	e := newEnv(t, "e2")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
@@ -57,14 +61,18 @@ func TestE2RootCause(t *testing.T) {
 		addEnv(c, "FAIL_RANK", "3")
 		addEnv(c, "FAIL_STEP", "3")
 	})
-	j := e.launch("e2", tmpl)
-	info := j.waitTerminal(5 * time.Minute)
-	if info.Phase() != pluginsCore.PhasePermanentFailure {
-		t.Fatalf("phase %s (%v), want a permanent failure", info.Phase(), info.Err())
+	j := e.launchWorkflow("e2", tmpl)
+	o := j.outcome(5 * time.Minute)
+	if o.Phase != v1alpha1.WorkflowPhaseFailed || o.NodePhase != v1alpha1.NodePhaseFailed || o.NodeError == nil {
+		t.Fatalf("want the workflow and its node failed with an error, got %v", o)
 	}
-	msg := info.Err().GetMessage()
-	if !strings.Contains(msg, "ValueError: loss is NaN at step 3 on rank 3") || !strings.Contains(msg, "[e2-worker-1") {
-		t.Errorf("root cause %q: want worker-1's ValueError (global rank 3 is node 1's second worker)", msg)
+	msg := o.NodeError.GetMessage()
+	if !strings.Contains(msg, "ValueError: loss is NaN at step 3 on rank 3") || !strings.Contains(msg, "["+j.name+"-worker-1") ||
+		o.NodeError.GetKind() != core.ExecutionError_USER {
+		t.Errorf("node error %s %q: want worker-1's USER ValueError (global rank 3 is node 1's second worker)", o.NodeError.GetKind(), msg)
+	}
+	if o.Attempts > 1 {
+		t.Errorf("a user error was retried: %v", o)
 	}
 	t.Logf("E2: the UI shows: %s", msg)
 }

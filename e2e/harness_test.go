@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
+	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
 	flytek8sconfig "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/flytek8s/config"
 	"github.com/flyteorg/flyte/flytestdlib/config"
@@ -58,6 +59,10 @@ type env struct {
 	store   *storage.DataStore
 	image   string // the agent image
 	ckpt    string // host folder mounted at /ckpt in the workers
+	// prop is the env's flytepropeller (propeller), flyte a client that
+	// knows FlyteWorkflows; nil until a scenario runs a workflow.
+	prop  *testenv.Propeller
+	flyte client.Client
 }
 
 var agentImage struct {
@@ -141,13 +146,16 @@ func (e *env) pluginConfig() *plugin.Config {
 	return &c
 }
 
-// job is one launched task: its plugin, task context and PyTorchJob.
+// job is one launched task: its PyTorchJob's name, and either the plugin
+// and task context it was built with (launch) or its FlyteWorkflow
+// (launchWorkflow).
 type job struct {
 	e        *env
 	name     string
 	taskType string
 	plugin   *plugin.Plugin
 	tctx     *flytetest.Context
+	wf       *v1alpha1.FlyteWorkflow
 	created  time.Time
 }
 
@@ -374,4 +382,63 @@ func (j *job) waitRecreated(old corev1.Pod, limit time.Duration) time.Time {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// propeller is the env's flytepropeller with the plugin, started on first
+// use: the cluster's kube-config, the env's bucket as its store (pods reach
+// it at the same address), its namespace only, and the agent image
+// imported here.
+func (e *env) propeller() *testenv.Propeller {
+	e.t.Helper()
+	if e.prop == nil {
+		e.prop = testenv.StartPropeller(e.t, testenv.PropellerOptions{Kubeconfig: testenv.Kubeconfig(e.t, e.cluster.Config),
+			Store: e.minio, Namespace: e.ns, AgentImage: e.image, LateDocumentGrace: 20 * time.Second})
+		c, err := client.New(e.cluster.Config, client.Options{Scheme: testenv.FlyteScheme()})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.flyte = c
+		e.t.Cleanup(func() {
+			if e.t.Failed() {
+				e.t.Logf("flytepropeller output:\n%s", tail(e.prop.Logs(), 6000))
+			}
+		})
+	}
+	return e.prop
+}
+
+// launchWorkflow runs the task as Flyte does: the FlyteWorkflow flyteadmin
+// would create for a one-task execution named name (compiled by
+// propeller's own compiler), which propeller hands to the plugin. It
+// returns once propeller has created the job; the job's name is the task
+// execution's, not name.
+func (e *env) launchWorkflow(name string, tmpl *core.TaskTemplate) *job {
+	e.t.Helper()
+	e.propeller()
+	fw, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: e.ns, Name: name,
+		RawOutputPrefix: "s3://" + e.minio.Bucket + "/raw"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	created := time.Now()
+	if err := e.flyte.Create(e.t.Context(), fw); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.t.Context(), 3*time.Minute)
+	defer cancel()
+	pj := waitOwned(ctx, e.t, e.flyte, fw, &kubeflowv1.PyTorchJobList{}).(*kubeflowv1.PyTorchJob)
+	return &job{e: e, name: pj.Name, taskType: "pytorch", wf: fw, created: created}
+}
+
+// outcome waits up to limit for the workflow's terminal outcome: what the
+// Flyte UI shows, read from the FlyteWorkflow's node status.
+func (j *job) outcome(limit time.Duration) testenv.WorkflowOutcome {
+	j.e.t.Helper()
+	ctx, cancel := context.WithTimeout(j.e.t.Context(), limit)
+	defer cancel()
+	o, err := testenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
+	if err != nil {
+		j.e.t.Fatalf("workflow %s not terminal after %v: %v (%v)", j.wf.Name, limit, o, err)
+	}
+	return o
 }

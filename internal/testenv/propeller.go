@@ -234,13 +234,17 @@ plugins:
     inject-finalizer: true
     default-cpus: 100m
     default-memory: 128Mi
+    # A list of one-key maps, as Flyte's own deployments write it: viper
+    # lowercases the keys of a plain map (aws_access_key_id), which no
+    # AWS client then reads.
     default-env-vars:
-      AWS_ACCESS_KEY_ID: {{q .AccessKey}}
-      AWS_SECRET_ACCESS_KEY: {{q .SecretKey}}
-      AWS_REGION: {{q .Region}}
-      FLYTE_AWS_ENDPOINT: {{q .PodEndpoint}}
-      FLYTE_AWS_ACCESS_KEY_ID: {{q .AccessKey}}
-      FLYTE_AWS_SECRET_ACCESS_KEY: {{q .SecretKey}}
+      - AWS_ACCESS_KEY_ID: {{q .AccessKey}}
+      - AWS_SECRET_ACCESS_KEY: {{q .SecretKey}}
+      - AWS_REGION: {{q .Region}}
+      - AWS_EC2_METADATA_DISABLED: "true"
+      - FLYTE_AWS_ENDPOINT: {{q .PodEndpoint}}
+      - FLYTE_AWS_ACCESS_KEY_ID: {{q .AccessKey}}
+      - FLYTE_AWS_SECRET_ACCESS_KEY: {{q .SecretKey}}
   kfelastic:
 {{- if .AgentImage}}
     agentImage: {{q .AgentImage}}
