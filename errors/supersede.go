@@ -3,7 +3,6 @@ package errors
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -36,15 +35,17 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 	}
 	keyWorker := SanitizeWorker(pod)
 	var candidates []string
-	it := b.List(&blob.ListOptions{Prefix: KeyPrefix, Delimiter: "/"})
-	for {
-		obj, err := it.Next(ctx)
-		if err == io.EOF {
-			break
+	var page []*blob.ListObject
+	for token := blob.FirstPageToken; len(page) > 0 || token != nil; {
+		if len(page) == 0 {
+			var err error
+			if page, token, err = ListPage(ctx, b, token, 1000, &blob.ListOptions{Prefix: KeyPrefix, Delimiter: "/"}); err != nil {
+				return nil, fmt.Errorf("list error documents: %w", err)
+			}
+			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("list error documents: %w", err)
-		}
+		obj := page[0]
+		page = page[1:]
 		if obj.IsDir || !IsDocumentKey(obj.Key) || Irregular(obj) != "" {
 			continue // a link or a FIFO is no document to move: left for the reader to report
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"gocloud.dev/blob"
 	_ "gocloud.dev/blob/fileblob" // file:// URLs
@@ -277,4 +278,25 @@ func putNew(ctx context.Context, b *blob.Bucket, key string, data []byte, conten
 		return ErrExists
 	}
 	return err
+}
+
+// ListPage is one page of bucket.ListPage, listed again when an entry
+// vanished while fileblob walked the folder (a write's temporary file
+// renamed into place, a document moved to superseded/): fileblob then fails
+// the whole page with NotFound, which a retry of the same page gets past
+// (with writers busy in the folder, after a few: the window is short, and
+// each retry waits a little longer).
+func ListPage(ctx context.Context, b *blob.Bucket, token []byte, size int, opts *blob.ListOptions) ([]*blob.ListObject, []byte, error) {
+	const attempts = 10
+	for attempt := 1; ; attempt++ {
+		page, next, err := b.ListPage(ctx, token, size, opts)
+		if err == nil || attempt == attempts || gcerrors.Code(err) != gcerrors.NotFound || ctx.Err() != nil {
+			return page, next, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(time.Duration(attempt) * time.Millisecond):
+		}
+	}
 }

@@ -229,6 +229,9 @@ type ReadOptions struct {
 	CallTimeout time.Duration
 }
 
+// listPageSize is how many keys one listing call returns.
+const listPageSize = 1000
+
 // Read lists and reads every event under bucket's events/ folder. An
 // unusable object (not *.json, empty, too large, corrupt, of a newer
 // version, vanished, unreadable: a link, a special file, no permission) is
@@ -260,20 +263,28 @@ func Read(ctx context.Context, bucket *blob.Bucket, opts *ReadOptions) (*Log, er
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	it := bucket.List(&blob.ListOptions{Prefix: Prefix})
-	for {
-		lctx, cancel := within(gctx)
-		obj, err := it.Next(lctx)
-		cancel()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if werr := g.Wait(); werr != nil {
-				return nil, werr
+	// By pages, each listed again if an entry vanished during its walk (a
+	// writer's temporary file renamed into place: kferrors.ListPage).
+	var page []*blob.ListObject
+	for token := blob.FirstPageToken; ; {
+		if len(page) == 0 {
+			if token == nil {
+				break
 			}
-			return nil, fmt.Errorf("list events: %w", err)
+			lctx, cancel := within(gctx)
+			var err error
+			page, token, err = kferrors.ListPage(lctx, bucket, token, listPageSize, &blob.ListOptions{Prefix: Prefix})
+			cancel()
+			if err != nil {
+				if werr := g.Wait(); werr != nil {
+					return nil, werr
+				}
+				return nil, fmt.Errorf("list events: %w", err)
+			}
+			continue
 		}
+		obj := page[0]
+		page = page[1:]
 		switch {
 		case obj.IsDir, kferrors.IsPartialWrite(obj.Key):
 			continue

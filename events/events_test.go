@@ -333,3 +333,45 @@ func TestReadSilentStoreWithinCallTimeout(t *testing.T) {
 		t.Fatalf("Read: %v after %v, want a failure within about 300ms", err, took)
 	}
 }
+
+// A reader lists a file:// prefix while a writer appends: each write's
+// temporary file, renamed into place while fileblob walks the folder, used
+// to fail the whole listing ("list events: … .tmp: no such file"); the
+// page is listed again instead.
+func TestReadWhileAppending(t *testing.T) {
+	ctx := context.Background()
+	b, err := kferrors.OpenPrefix(ctx, "file://"+t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const n = 300
+	w := events.NewWriter(b)
+	done := make(chan error, 1)
+	go func() {
+		for i := range n {
+			if _, err := w.Append(ctx, events.Event{Time: t0.Add(time.Duration(i) * time.Millisecond), Pod: "job-worker-1", Kind: events.GroupStarted}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for writing := true; writing; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			writing = false
+		default:
+		}
+		if _, err := events.Read(ctx, b, nil); err != nil {
+			t.Fatalf("read while appending: %v", err)
+		}
+	}
+	log, err := events.Read(ctx, b, nil)
+	if err != nil || len(log.Events) != n {
+		t.Fatalf("%d events (%v), want %d", len(log.Events), err, n)
+	}
+}

@@ -113,16 +113,10 @@ func (s *bucketSource) List(ctx context.Context, yield func(Object) error) error
 	}
 }
 
-// listPage lists one page, again when an entry vanished while fileblob
-// walked the folder (a document moved to superseded/ meanwhile): fileblob
-// then fails the whole page, which a retry of the same page gets past.
+// listPage is one page of the listing (kferrors.ListPage: again when an
+// entry vanished meanwhile).
 func (s *bucketSource) listPage(ctx context.Context, token []byte, opts *blob.ListOptions) ([]*blob.ListObject, []byte, error) {
-	for attempt := 1; ; attempt++ {
-		page, next, err := s.b.ListPage(ctx, token, listPageSize, opts)
-		if err == nil || attempt == 3 || gcerrors.Code(err) != gcerrors.NotFound || ctx.Err() != nil {
-			return page, next, err
-		}
-	}
+	return kferrors.ListPage(ctx, s.b, token, listPageSize, opts)
 }
 
 func (s *bucketSource) Read(ctx context.Context, key string, max int) ([]byte, error) {
