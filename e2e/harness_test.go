@@ -63,6 +63,19 @@ type env struct {
 	// knows FlyteWorkflows; nil until a scenario runs a workflow.
 	prop  *testenv.Propeller
 	flyte client.Client
+	// defaultPyTorch is the plugin propeller runs pytorch tasks with; ""
+	// is ours, "pytorch" upstream's (the comparisons).
+	defaultPyTorch string
+}
+
+// inNamespace is e in another namespace of the same cluster, operator and
+// bucket, with its own propeller (started on first use) whose pytorch
+// tasks go to defaultPyTorch.
+func (e *env) inNamespace(ns, defaultPyTorch string) *env {
+	e.t.Helper()
+	o := *e
+	o.ns, o.prop, o.flyte, o.defaultPyTorch = e.cluster.Namespace(e.t, ns), nil, nil, defaultPyTorch
+	return &o
 }
 
 var agentImage struct {
@@ -392,7 +405,8 @@ func (e *env) propeller() *testenv.Propeller {
 	e.t.Helper()
 	if e.prop == nil {
 		e.prop = testenv.StartPropeller(e.t, testenv.PropellerOptions{Kubeconfig: testenv.Kubeconfig(e.t, e.cluster.Config),
-			Store: e.minio, Namespace: e.ns, AgentImage: e.image, LateDocumentGrace: 20 * time.Second})
+			Store: e.minio, Namespace: e.ns, AgentImage: e.image, LateDocumentGrace: 20 * time.Second,
+			DefaultPyTorch: e.defaultPyTorch})
 		c, err := client.New(e.cluster.Config, client.Options{Scheme: testenv.FlyteScheme()})
 		if err != nil {
 			e.t.Fatal(err)
@@ -439,6 +453,16 @@ func (j *job) outcome(limit time.Duration) testenv.WorkflowOutcome {
 	o, err := testenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
 	if err != nil {
 		j.e.t.Fatalf("workflow %s not terminal after %v: %v (%v)", j.wf.Name, limit, o, err)
+	}
+	return o
+}
+
+// outcomeNow is the workflow's outcome as its status says it now.
+func (j *job) outcomeNow() testenv.WorkflowOutcome {
+	j.e.t.Helper()
+	o, err := testenv.Outcome(j.e.t.Context(), j.e.flyte, client.ObjectKeyFromObject(j.wf))
+	if err != nil {
+		j.e.t.Fatal(err)
 	}
 	return o
 }
