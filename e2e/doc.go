@@ -19,9 +19,11 @@
 //
 // `make e2e` runs them; `make test` includes them. They skip under -short.
 // The scenarios E1–E8 (elastic_test.go) run on a one-node Kubernetes whose
-// pods really run (testenv.UseCluster): the plugin builds the job, the real
+// pods really run (testenv.UseCluster): each creates a FlyteWorkflow,
+// flytepropeller hands it to the plugin, which builds the job, the real
 // training operator creates the pods, the kubelet runs `kfelastic install`,
 // `kfelastic agent`, `kfelastic master` and torch in them, and each
 // scenario injects a fault a user meets on a real cluster and asserts what
-// the user sees.
+// the user sees. bench_test.go is `make bench-e2e`: E4's fault beside
+// upstream's PyTorch plugin in the same propeller.
 package e2e

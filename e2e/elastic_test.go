@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
-	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -86,23 +86,20 @@ func TestE3DeletedWorkerComesBack(t *testing.T) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
 	})
-	j := e.launch("e3", tmpl)
-	j.waitStep("e3-worker-0", 20, 5*time.Minute)
-	victim := j.pod("e3-worker-1")
+	j := e.launchWorkflow("e3", tmpl)
+	j.waitStep(j.name+"-worker-0", 20, 5*time.Minute)
+	victim := j.pod(j.name + "-worker-1")
 	fault := time.Now()
 	if err := e.kube.Delete(t.Context(), &victim); err != nil {
 		t.Fatal(err)
 	}
 	// The replacement has the same name and a new UID.
 	j.waitRecreated(victim, 3*time.Minute)
-	before := strings.Count(j.logs("e3-worker-0"), "step = ")
-	resumed := j.waitNewSteps("e3-worker-0", before+1, 3*time.Minute)
+	before := strings.Count(j.logs(j.name+"-worker-0"), "step = ")
+	resumed := j.waitNewSteps(j.name+"-worker-0", before+1, 3*time.Minute)
 	t.Logf("E3: pod deleted → first training step after recovery: %.1fs", resumed.Sub(fault).Seconds())
-	info := j.waitTerminal(6 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
-	}
-	if log := j.logs("e3-worker-1"); !strings.Contains(log, "step = 149") {
+	j.succeeds(6 * time.Minute)
+	if log := j.logs(j.name + "-worker-1"); !strings.Contains(log, "step = 149") {
 		t.Errorf("the replacement did not train to the end:\n%s", tail(log, 2000))
 	}
 }
@@ -116,24 +113,21 @@ func TestE5MasterPodDeleted(t *testing.T) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
 	})
-	j := e.launch("e5", tmpl)
-	j.waitStep("e5-worker-0", 20, 5*time.Minute)
-	rounds := strings.Count(j.logs("e5-worker-0"), "Rendezvous complete")
-	master := j.pod("e5-master-0")
+	j := e.launchWorkflow("e5", tmpl)
+	j.waitStep(j.name+"-worker-0", 20, 5*time.Minute)
+	rounds := strings.Count(j.logs(j.name+"-worker-0"), "Rendezvous complete")
+	master := j.pod(j.name + "-master-0")
 	fault := time.Now()
 	if err := e.kube.Delete(t.Context(), &master); err != nil {
 		t.Fatal(err)
 	}
 	running := j.waitRecreated(master, 3*time.Minute)
 	t.Logf("E5: master pod deleted → replacement running: %.1fs", running.Sub(fault).Seconds())
-	info := j.waitTerminal(6 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
-	}
-	if after := strings.Count(j.logs("e5-worker-0"), "Rendezvous complete"); after != rounds {
+	j.succeeds(6 * time.Minute)
+	if after := strings.Count(j.logs(j.name+"-worker-0"), "Rendezvous complete"); after != rounds {
 		t.Errorf("training restarted: %d rendezvous rounds before the master went, %d at the end", rounds, after)
 	}
-	if log := e.cluster.PodLogs(e.ns, "e5-master-0", ""); !strings.Contains(log, "state") {
+	if log := e.cluster.PodLogs(e.ns, j.name+"-master-0", ""); !strings.Contains(log, "state") {
 		t.Logf("new master's log:\n%s", tail(log, 2000))
 	}
 }
@@ -148,13 +142,12 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "60", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5", "--alloc-at", "15:1800:2")
+		// The task's resources, as @task(requests=…, limits=…) gives them.
+		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "1Gi"}, "limits": map[string]any{"memory": "1536Mi"}})
+		c["resources"] = structpb.NewStructValue(res)
 	})
-	// The task's resources, as @task(requests=…, limits=…) gives them.
-	j := e.launch("e6", tmpl, withResources(corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi")},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1536Mi")},
-	}))
-	j.waitStep("e6-worker-1", 10, 5*time.Minute)
+	j := e.launchWorkflow("e6", tmpl)
+	j.waitStep(j.name+"-worker-1", 10, 5*time.Minute)
 	var fault time.Time
 	var oom corev1.Pod
 	for deadline := time.Now().Add(3 * time.Minute); fault.IsZero(); {
@@ -172,44 +165,39 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	before := strings.Count(j.logs("e6-worker-0"), "step = ")
-	resumed := j.waitNewSteps("e6-worker-0", before+1, 4*time.Minute)
+	before := strings.Count(j.logs(j.name+"-worker-0"), "step = ")
+	resumed := j.waitNewSteps(j.name+"-worker-0", before+1, 4*time.Minute)
 	t.Logf("E6: %s OOMKilled at %s → first training step after recovery: %.1fs (the kubelet's finish time is whole seconds)",
 		oom.Name, fault.Format(time.RFC3339), resumed.Sub(fault).Seconds())
-	info := j.waitTerminal(8 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
-	}
+	j.succeeds(8 * time.Minute)
 	got := j.pod(oom.Name)
 	if lim := got.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; lim.Cmp(resource.MustParse("3Gi")) < 0 {
 		t.Errorf("%s relaunched with memory limit %s, want 3Gi (twice 1536Mi)", oom.Name, lim.String())
 	}
 }
 
-// E8: when the workflow is deleted, everything the task made goes with it:
-// the job, its pods, and the plugin's Secret, ServiceAccount, Role and
-// RoleBinding (owner references, the garbage collector).
+// E8: when the FlyteWorkflow is deleted, everything the task made goes
+// with it: the job, its pods, and the plugin's Secret, ServiceAccount, Role
+// and RoleBinding (owner references, the garbage collector).
 func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 	e := newEnv(t, "e8")
-	j := e.launch("e8", e.template("elastic-2-3", nil))
-	j.waitStep("e8-worker-0", 0, 5*time.Minute)
-	owner := &corev1.ConfigMap{}
-	if err := e.kube.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: "e8-workflow"}, owner); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.kube.Delete(t.Context(), owner, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+	j := e.launchWorkflow("e8", e.template("elastic-2-3", nil))
+	j.waitStep(j.name+"-worker-0", 0, 5*time.Minute)
+	// As `flytectl delete execution` ends in flyteadmin: the FlyteWorkflow
+	// goes; propeller aborts the task and lets go of its finalizer.
+	if err := e.flyte.Delete(t.Context(), j.wf, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		var left []string
 		for _, o := range []client.Object{&kubeflowv1.PyTorchJob{}, &corev1.Secret{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
-			name := "e8"
+			name := j.name
 			switch o.(type) {
 			case *corev1.Secret:
-				name = kfoperator.TokenSecretName("e8")
+				name = kfoperator.TokenSecretName(j.name)
 			case *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding:
-				name = kfoperator.MasterAccountName("e8")
+				name = kfoperator.MasterAccountName(j.name)
 			}
 			if err := e.kube.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: name}, o); err == nil {
 				left = append(left, fmt.Sprintf("%T %s", o, name))
@@ -235,20 +223,17 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 // a job: worker 0's pod hosts torch's c10d store.
 func TestE4FlytekitWorker0Deleted(t *testing.T) {
 	e := newEnv(t, "e4")
-	j := e.launch("e4", e.template("flytekit-2-3", nil))
-	j.waitStep("e4-worker-1", 20, 5*time.Minute)
-	victim := j.pod("e4-worker-0")
-	before := strings.Count(j.logs("e4-worker-1"), "step = ")
+	j := e.launchWorkflow("e4", e.template("flytekit-2-3", nil))
+	j.waitStep(j.name+"-worker-1", 20, 5*time.Minute)
+	victim := j.pod(j.name + "-worker-0")
+	before := strings.Count(j.logs(j.name+"-worker-1"), "step = ")
 	fault := time.Now()
 	if err := e.kube.Delete(t.Context(), &victim); err != nil {
 		t.Fatal(err)
 	}
-	resumed := j.waitNewSteps("e4-worker-1", before+1, 4*time.Minute)
+	resumed := j.waitNewSteps(j.name+"-worker-1", before+1, 4*time.Minute)
 	t.Logf("E4: worker 0's pod deleted → first training step after recovery (worker 1): %.1fs", resumed.Sub(fault).Seconds())
-	info := j.waitTerminal(6 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
-	}
+	j.succeeds(6 * time.Minute)
 }
 
 // E7: a TFJob of parameter-server training (one ps, three workers, worker 0
@@ -258,19 +243,16 @@ func TestE4FlytekitWorker0Deleted(t *testing.T) {
 // the deletion), and training goes on to the last step.
 func TestE7TFWorkerDeleted(t *testing.T) {
 	e := newEnv(t, "e7")
-	j := e.launchAs("tensorflow", "e7", e.template("tf-ps", nil))
-	j.waitStep("e7-worker-0", 30, 5*time.Minute)
-	victim := j.pod("e7-worker-1")
-	before := strings.Count(j.logs("e7-worker-1"), "step = ")
+	j := e.launchWorkflow("e7", e.template("tf-ps", nil))
+	j.waitStep(j.name+"-worker-0", 30, 5*time.Minute)
+	victim := j.pod(j.name + "-worker-1")
+	before := strings.Count(j.logs(j.name+"-worker-1"), "step = ")
 	fault := time.Now()
 	if err := e.kube.Delete(t.Context(), &victim); err != nil {
 		t.Fatal(err)
 	}
 	j.waitRecreated(victim, 3*time.Minute)
-	resumed := j.waitNewSteps("e7-worker-1", before+1, 3*time.Minute)
+	resumed := j.waitNewSteps(j.name+"-worker-1", before+1, 3*time.Minute)
 	t.Logf("E7: TF worker pod deleted → its first step after recovery: %.1fs", resumed.Sub(fault).Seconds())
-	info := j.waitTerminal(6 * time.Minute)
-	if info.Phase() != pluginsCore.PhaseSuccess {
-		t.Fatalf("phase %s: %v", info.Phase(), info.Err())
-	}
+	j.succeeds(6 * time.Minute)
 }

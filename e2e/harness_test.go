@@ -12,38 +12,17 @@ import (
 	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
-	pluginsCore "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/core"
-	flytek8sconfig "github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/flytek8s/config"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
-	"github.com/flyteorg/flyte/flytestdlib/config"
-	"github.com/flyteorg/flyte/flytestdlib/promutils"
-	"github.com/flyteorg/flyte/flytestdlib/storage"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kfelastic/kfelastic/internal/flytetest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
-	"github.com/kfelastic/kfelastic/plugin"
 )
 
-func TestMain(m *testing.M) {
-	flytetest.SetMetricKeys()
-	// What a deployment's propeller config gives every container it builds
-	// (plugins.k8s.default-env-vars): the store's credentials.
-	k8scfg := *flytek8sconfig.GetK8sPluginConfig()
-	k8scfg.DefaultEnvVars = map[string]string{}
-	for _, e := range testenv.PodCredentialEnv() {
-		k8scfg.DefaultEnvVars[e.Name] = e.Value
-	}
-	if err := flytek8sconfig.SetK8sPluginConfig(&k8scfg); err != nil {
-		panic(err)
-	}
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // agentVersion is stamped into the agent image the tests import, so that a
 // plugin built with it defaults to that image.
@@ -56,7 +35,6 @@ type env struct {
 	kube    client.Client
 	ns      string
 	minio   *testenv.MinIOServer
-	store   *storage.DataStore
 	image   string // the agent image
 	ckpt    string // host folder mounted at /ckpt in the workers
 	// prop is the env's flytepropeller (propeller), flyte a client that
@@ -102,11 +80,6 @@ func newEnv(t *testing.T, ns string) *env {
 	testenv.StartOperator(t, c.Config, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
 	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
 		image: agentImage.name, ckpt: t.TempDir()}
-	store, err := storage.NewDataStore(e.minio.DataStoreConfig(e.minio.Bucket), promutils.NewTestScope())
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.store = store
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, name := range []string{"kubelet", "containerd"} {
@@ -147,110 +120,14 @@ func (e *env) template(name string, edit func(*core.TaskTemplate)) *core.TaskTem
 	return tmpl
 }
 
-// pluginConfig is the plugin's config section as a deployment sets it: the
-// agent image imported here, the error prefix's S3 endpoint the pods reach.
-func (e *env) pluginConfig() *plugin.Config {
-	cfg := plugin.GetConfig()
-	c := *cfg
-	c.AgentImage = e.image
-	c.ListPods = true
-	c.LateDocumentGrace = config.Duration{Duration: 20 * time.Second}
-	c.ErrorPrefixQuery = strings.SplitN(e.minio.URL, "?", 2)[1]
-	return &c
-}
-
-// job is one launched task: its PyTorchJob's name, and either the plugin
-// and task context it was built with (launch) or its FlyteWorkflow
-// (launchWorkflow).
+// job is one launched task: its FlyteWorkflow and the name of the job
+// (PyTorchJob, TFJob) propeller made of it, which names its pods.
 type job struct {
 	e        *env
 	name     string
 	taskType string
-	plugin   *plugin.Plugin
-	tctx     *flytetest.Context
 	wf       *v1alpha1.FlyteWorkflow
 	created  time.Time
-}
-
-// launch builds the task's job with the plugin, as propeller's k8s plugin
-// manager does (BuildResource: the master's objects, then the job), and
-// creates it with the execution's owner reference.
-func (e *env) launch(name string, tmpl *core.TaskTemplate, opts ...func(*flytetest.Task)) *job {
-	e.t.Helper()
-	return e.launchAs("pytorch", name, tmpl, opts...)
-}
-
-// withResources is the task node's resources as propeller passes them to
-// the plugin (the task's requests and limits, which flytek8s applies to
-// the primary container over the pod template's own).
-func withResources(res corev1.ResourceRequirements) func(*flytetest.Task) {
-	return func(t *flytetest.Task) { t.Resources = &res }
-}
-
-// launchAs is launch for the plugin of taskType (pytorch, tensorflow).
-func (e *env) launchAs(taskType, name string, tmpl *core.TaskTemplate, opts ...func(*flytetest.Task)) *job {
-	e.t.Helper()
-	ctx := e.t.Context()
-	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-workflow", Namespace: e.ns}}
-	if err := e.kube.Create(ctx, owner); err != nil {
-		e.t.Fatal(err)
-	}
-	p := plugin.New(taskType, e.pluginConfig(), e.kube)
-	task := flytetest.Task{Template: tmpl, Name: name, Namespace: e.ns,
-		Owner:  metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true)},
-		Labels: map[string]string{"execution-id": name},
-		Prefix: storage.DataReference(fmt.Sprintf("s3://%s/metadata/%s", e.minio.Bucket, name)), Store: e.store}
-	for _, o := range opts {
-		o(&task)
-	}
-	tctx := task.Context(ctx)
-	obj, err := p.BuildResource(ctx, tctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	obj.SetName(name)
-	obj.SetNamespace(e.ns)
-	obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: ptr(true)}})
-	if err := e.kube.Create(ctx, obj); err != nil {
-		e.t.Fatal(err)
-	}
-	return &job{e: e, name: name, taskType: taskType, plugin: p, tctx: tctx, created: time.Now()}
-}
-
-func ptr[T any](v T) *T { return &v }
-
-// phase is what Flyte shows for the job now: the plugin's GetTaskPhase on
-// the job as the API server has it.
-func (j *job) phase() pluginsCore.PhaseInfo {
-	j.e.t.Helper()
-	var obj client.Object = &kubeflowv1.PyTorchJob{}
-	if j.taskType == "tensorflow" {
-		obj = &kubeflowv1.TFJob{}
-	}
-	if err := j.e.kube.Get(j.e.t.Context(), client.ObjectKey{Namespace: j.e.ns, Name: j.name}, obj); err != nil {
-		j.e.t.Fatal(err)
-	}
-	info, err := j.plugin.GetTaskPhase(j.e.t.Context(), j.tctx, obj)
-	if err != nil {
-		j.e.t.Fatal(err)
-	}
-	return info
-}
-
-// waitTerminal waits for the task's terminal phase, as propeller polls it.
-func (j *job) waitTerminal(limit time.Duration) pluginsCore.PhaseInfo {
-	j.e.t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		info := j.phase()
-		if info.Phase().IsTerminal() {
-			return info
-		}
-		if time.Now().After(deadline) {
-			j.e.t.Fatalf("job %s not terminal after %v: %s %s", j.name, limit, info.Phase(), info.Reason())
-		}
-		time.Sleep(time.Second)
-	}
 }
 
 // pods are the job's pods now.
@@ -440,8 +317,21 @@ func (e *env) launchWorkflow(name string, tmpl *core.TaskTemplate) *job {
 	}
 	ctx, cancel := context.WithTimeout(e.t.Context(), 3*time.Minute)
 	defer cancel()
-	pj := waitOwned(ctx, e.t, e.flyte, fw, &kubeflowv1.PyTorchJobList{}).(*kubeflowv1.PyTorchJob)
-	return &job{e: e, name: pj.Name, taskType: "pytorch", wf: fw, created: created}
+	var list client.ObjectList = &kubeflowv1.PyTorchJobList{}
+	if tmpl.GetType() == "tensorflow" {
+		list = &kubeflowv1.TFJobList{}
+	}
+	kj := waitOwned(ctx, e.t, e.flyte, fw, list)
+	return &job{e: e, name: kj.GetName(), taskType: tmpl.GetType(), wf: fw, created: created}
+}
+
+// succeeds waits up to limit for the workflow's end and fails the test
+// unless it and its node succeeded.
+func (j *job) succeeds(limit time.Duration) {
+	j.e.t.Helper()
+	if o := j.outcome(limit); o.Phase != v1alpha1.WorkflowPhaseSuccess || o.NodePhase != v1alpha1.NodePhaseSucceeded {
+		j.e.t.Fatalf("want the workflow and its node succeeded, got %v", o)
+	}
 }
 
 // outcome waits up to limit for the workflow's terminal outcome: what the
