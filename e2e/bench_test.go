@@ -38,10 +38,7 @@ func TestBenchWorker0DeletedBesideUpstream(t *testing.T) {
 			log := j.logs(w1)
 			return strings.Count(log, "restart ") > restarts && strings.Contains(log[strings.LastIndex(log, "restart "):], "step = ")
 		}
-		fault := time.Now()
-		if err := e.kube.Delete(t.Context(), &victim); err != nil {
-			t.Fatal(err)
-		}
+		fault := j.deletePod(victim)
 		row := fmt.Sprintf("%-18s", side.name)
 		for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 			if recovered() {

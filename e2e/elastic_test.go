@@ -89,10 +89,7 @@ func TestE3DeletedWorkerComesBack(t *testing.T) {
 	j := e.launchWorkflow("e3", tmpl)
 	j.waitStep(j.name+"-worker-0", 20, 5*time.Minute)
 	victim := j.pod(j.name + "-worker-1")
-	fault := time.Now()
-	if err := e.kube.Delete(t.Context(), &victim); err != nil {
-		t.Fatal(err)
-	}
+	fault := j.deletePod(victim)
 	// The replacement has the same name and a new UID.
 	j.waitRecreated(victim, 3*time.Minute)
 	before := strings.Count(j.logs(j.name+"-worker-0"), "step = ")
@@ -117,10 +114,7 @@ func TestE5MasterPodDeleted(t *testing.T) {
 	j.waitStep(j.name+"-worker-0", 20, 5*time.Minute)
 	rounds := strings.Count(j.logs(j.name+"-worker-0"), "Rendezvous complete")
 	master := j.pod(j.name + "-master-0")
-	fault := time.Now()
-	if err := e.kube.Delete(t.Context(), &master); err != nil {
-		t.Fatal(err)
-	}
+	fault := j.deletePod(master)
 	running := j.waitRecreated(master, 3*time.Minute)
 	t.Logf("E5: master pod deleted → replacement running: %.1fs", running.Sub(fault).Seconds())
 	j.succeeds(6 * time.Minute)
@@ -227,10 +221,7 @@ func TestE4FlytekitWorker0Deleted(t *testing.T) {
 	j.waitStep(j.name+"-worker-1", 20, 5*time.Minute)
 	victim := j.pod(j.name + "-worker-0")
 	before := strings.Count(j.logs(j.name+"-worker-1"), "step = ")
-	fault := time.Now()
-	if err := e.kube.Delete(t.Context(), &victim); err != nil {
-		t.Fatal(err)
-	}
+	fault := j.deletePod(victim)
 	resumed := j.waitNewSteps(j.name+"-worker-1", before+1, 4*time.Minute)
 	t.Logf("E4: worker 0's pod deleted → first training step after recovery (worker 1): %.1fs", resumed.Sub(fault).Seconds())
 	j.succeeds(6 * time.Minute)
@@ -247,10 +238,7 @@ func TestE7TFWorkerDeleted(t *testing.T) {
 	j.waitStep(j.name+"-worker-0", 30, 5*time.Minute)
 	victim := j.pod(j.name + "-worker-1")
 	before := strings.Count(j.logs(j.name+"-worker-1"), "step = ")
-	fault := time.Now()
-	if err := e.kube.Delete(t.Context(), &victim); err != nil {
-		t.Fatal(err)
-	}
+	fault := j.deletePod(victim)
 	j.waitRecreated(victim, 3*time.Minute)
 	resumed := j.waitNewSteps(j.name+"-worker-1", before+1, 3*time.Minute)
 	t.Logf("E7: TF worker pod deleted → its first step after recovery: %.1fs", resumed.Sub(fault).Seconds())

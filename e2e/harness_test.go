@@ -356,3 +356,14 @@ func (j *job) outcomeNow() testenv.WorkflowOutcome {
 	}
 	return o
 }
+
+// deletePod deletes the pod as `kubectl delete pod` does (its grace period)
+// and returns when: the time of the fault.
+func (j *job) deletePod(p corev1.Pod) time.Time {
+	j.e.t.Helper()
+	fault := time.Now()
+	if err := j.e.kube.Delete(j.e.t.Context(), &p); err != nil {
+		j.e.t.Fatal(err)
+	}
+	return fault
+}
