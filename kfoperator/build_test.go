@@ -323,6 +323,11 @@ func checkElastic(t *testing.T, specs map[kubeflowv1.ReplicaType]*kubeflowv1.Rep
 	if mc.Image != image || strings.Join(mc.Command, " ") != AgentBinaryInImage || mc.Args[0] != "master" {
 		t.Errorf("master container %v %v %v", mc.Image, mc.Command, mc.Args)
 	}
+	// The master knows how many pods the operator starts (their round
+	// need not wait out the last call).
+	if margs := strings.Join(mc.Args, " "); !strings.Contains(margs, "--expected-nodes "+itoa(*ws.Replicas)+" ") {
+		t.Errorf("master args %q, want --expected-nodes %d", margs, *ws.Replicas)
+	}
 	if m.Template.Spec.ServiceAccountName != MasterAccountName("job1") || !mounted(mc, TokenDir) {
 		t.Errorf("master account %q mounts %+v", m.Template.Spec.ServiceAccountName, mc.VolumeMounts)
 	}

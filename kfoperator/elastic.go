@@ -286,6 +286,9 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 		"--rdzv-id", opts.Name,
 		"--listen", fmt.Sprintf(":%d", MasterPort),
 		"--nnodes", fmt.Sprintf("%d:%d", min, max),
+		// The pods the operator starts: once they all wait, the first round
+		// need not wait out the last call for a node that is not coming.
+		"--expected-nodes", strconv.Itoa(int(*worker.Replicas)),
 		"--token-file", TokenFile,
 		"--state", MasterStateURL(opts.ErrorPrefix),
 		"--error-prefix", opts.ErrorPrefix,

@@ -24,6 +24,11 @@ type Config struct {
 	// WaitingTimeout is the last call: a round with at least MinNodes (and
 	// fewer than MaxNodes) completes once this passed since the last join.
 	WaitingTimeout time.Duration
+	// ExpectedNodes (0: unknown) is how many nodes the job was created with,
+	// its Worker replicas on Kubernetes: once that many wait, nobody else is
+	// coming (short of someone scaling the job, which a later round
+	// absorbs), and the last call would only delay the start.
+	ExpectedNodes int
 	// JoinTimeout: a node that waited this long without a round exits with
 	// RendezvousTimeout.
 	JoinTimeout time.Duration
@@ -81,6 +86,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MinNodes%c.NodeUnit != 0 && c.MinNodes < c.NodeUnit {
 		return fmt.Errorf("node unit %d is larger than min nodes %d", c.NodeUnit, c.MinNodes)
+	}
+	if c.ExpectedNodes != 0 && (c.ExpectedNodes < c.MinNodes || c.ExpectedNodes > c.MaxNodes) {
+		return fmt.Errorf("expected nodes %d outside nnodes %d:%d", c.ExpectedNodes, c.MinNodes, c.MaxNodes)
 	}
 	for _, d := range []*time.Duration{&c.WaitingTimeout, &c.JoinTimeout, &c.PendTimeout, &c.HeartbeatTimeout, &c.CheckTimeout} {
 		if *d < 0 {
@@ -815,6 +823,8 @@ func (j *Job) tryForm(now time.Time) {
 	complete := false
 	switch {
 	case n >= j.cfg.MaxNodes:
+		complete = true
+	case j.cfg.ExpectedNodes > 0 && n >= j.cfg.ExpectedNodes:
 		complete = true
 	case j.latest != nil && j.nRunning == 0 && j.nRelaunching == 0:
 		// A re-rendezvous: every living node is here and no replacement is

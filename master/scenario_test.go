@@ -179,6 +179,9 @@ func (s *scenario) run(command string) string {
 		if v, ok := a["unit"]; ok {
 			cfg.NodeUnit = s.num(v)
 		}
+		if v, ok := a["expected"]; ok {
+			cfg.ExpectedNodes = s.num(v)
+		}
 		for k, d := range map[string]*time.Duration{"waiting": &cfg.WaitingTimeout, "join-timeout": &cfg.JoinTimeout,
 			"pend-timeout": &cfg.PendTimeout, "heartbeat-timeout": &cfg.HeartbeatTimeout, "check-timeout": &cfg.CheckTimeout} {
 			if v, ok := a[k]; ok {

@@ -29,6 +29,7 @@ type masterFlags struct {
 	state             string
 	nodeUnit          int
 	waitingTimeout    time.Duration
+	expectedNodes     int
 	joinTimeout       time.Duration
 	pendTimeout       time.Duration
 	heartbeatInterval time.Duration
@@ -87,6 +88,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the job token every call must carry (required)")
 	fl.StringVar(&f.state, "state", "", "URL of the durable state (file://, s3://, mem://) (required; mem:// does not survive a restart)")
 	fl.IntVar(&f.nodeUnit, "node-unit", 1, "rounds have a multiple of this many nodes (≥ 1)")
+	fl.IntVar(&f.expectedNodes, "expected-nodes", 0, "how many nodes the job was created with (its Worker replicas; 0: unknown): once that many wait, the round completes without the last call")
 	fl.DurationVar(&f.waitingTimeout, "waiting-timeout", master.DefaultWaitingTimeout, "last call: with at least MIN nodes, complete the round once this passed since the last join (> 0)")
 	fl.DurationVar(&f.joinTimeout, "join-timeout", master.DefaultJoinTimeout, "a node waiting this long for a round exits with RendezvousTimeout (> 0)")
 	fl.DurationVar(&f.pendTimeout, "pend-timeout", master.DefaultPendTimeout, "the job stops when fewer than MIN nodes wait this long, and a replacement waits at most this long for the rank its old pod still holds (> 0)")
@@ -143,6 +145,9 @@ func (f *masterFlags) options() (master.Options, error) {
 	if f.heartbeatTimeout <= f.heartbeatInterval {
 		return o, fmt.Errorf("--heartbeat-timeout %s must exceed --heartbeat-interval %s", f.heartbeatTimeout, f.heartbeatInterval)
 	}
+	if f.expectedNodes != 0 && (f.expectedNodes < lo || f.expectedNodes > hi) {
+		return o, fmt.Errorf("--expected-nodes %d: want 0 or MIN ≤ N ≤ MAX (%d:%d)", f.expectedNodes, lo, hi)
+	}
 	if f.nodeUnit < 1 || f.nodeUnit > hi {
 		return o, fmt.Errorf("--node-unit %d: want 1 ≤ N ≤ MAX (%d)", f.nodeUnit, hi)
 	}
@@ -171,7 +176,7 @@ func (f *masterFlags) options() (master.Options, error) {
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Job: master.Config{
 			JobID: f.rdzvID, MinNodes: lo, MaxNodes: hi, NodeUnit: f.nodeUnit,
-			WaitingTimeout: f.waitingTimeout, JoinTimeout: f.joinTimeout, PendTimeout: f.pendTimeout,
+			WaitingTimeout: f.waitingTimeout, ExpectedNodes: f.expectedNodes, JoinTimeout: f.joinTimeout, PendTimeout: f.pendTimeout,
 			HeartbeatTimeout: f.heartbeatTimeout, NetworkCheck: f.networkCheck, ExcludeStraggler: f.excludeStraggler,
 			CheckTimeout: f.checkTimeout,
 			Relaunch: relaunch.Policy{MaxPerRank: f.maxRelaunches,
@@ -231,7 +236,7 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	}
 	cfg := s.Job()
 	log.Info("master serving", "listen", lis.Addr().String(), "job", cfg.JobID, "nnodes", strconv.Itoa(cfg.MinNodes)+":"+strconv.Itoa(cfg.MaxNodes),
-		"node_unit", cfg.NodeUnit, "waiting_timeout", cfg.WaitingTimeout, "heartbeat_interval", opts.HeartbeatInterval,
+		"node_unit", cfg.NodeUnit, "waiting_timeout", cfg.WaitingTimeout, "expected_nodes", cfg.ExpectedNodes, "heartbeat_interval", opts.HeartbeatInterval,
 		"heartbeat_timeout", cfg.HeartbeatTimeout, "network_check", cfg.NetworkCheck, "exclude_straggler", cfg.ExcludeStraggler,
 		"state", opts.StateURL, "metrics", f.metricsListen)
 	if err := s.Serve(ctx, lis); err != nil {

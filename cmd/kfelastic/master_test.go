@@ -100,6 +100,8 @@ func TestMasterFlagErrors(t *testing.T) {
 		"negative waiting":   with("--waiting-timeout", "-1s"),
 		"zero heartbeat":     with("--heartbeat-interval", "0s"),
 		"timeout < interval": with("--heartbeat-interval", "10s", "--heartbeat-timeout", "5s"),
+		"expected > max":     with("--expected-nodes", "3"),
+		"expected < min":     with("--nnodes", "2:3", "--expected-nodes", "1"),
 		"node unit 0":        with("--node-unit", "0"),
 		"node unit > max":    with("--node-unit", "3"),
 		"negative relaunch":  with("--max-relaunches", "-1"),
