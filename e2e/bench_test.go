@@ -3,61 +3,71 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestBenchWorker0DeletedBesideUpstream is `make bench-e2e`: E4's fault
-// (worker 0's pod deleted under a flytekit-style elastic task) through a
-// real flytepropeller, once with kfelastic-pytorch and once, in another
-// namespace of the same cluster in the same run, with flyteplugins' own
-// PyTorch plugin (same version, linked into the same propeller) and plain
-// torch elastic, whose c10d store lives in worker 0's pod. It prints
-// fault → first training step after recovery for each, or what upstream's
+// TestBenchPodDeletedBesideUpstream is `make bench-e2e`: E3's and E4's
+// faults (worker 1's, then worker 0's pod deleted under a flytekit-style
+// elastic task) through a real flytepropeller, each once with
+// kfelastic-pytorch and once, in another namespace of the same cluster in
+// the same run, with flyteplugins' own PyTorch plugin (same version, linked
+// into the same propeller) and plain torch elastic, whose c10d store lives
+// in worker 0's pod. Every job runs the same task template, one after the
+// other. It prints fault → first training step after recovery, or what the
 // workflow came to instead. A figure, not a timed assertion: it runs only
 // with KFELASTIC_BENCH_E2E=1.
-func TestBenchWorker0DeletedBesideUpstream(t *testing.T) {
+func TestBenchPodDeletedBesideUpstream(t *testing.T) {
 	if os.Getenv("KFELASTIC_BENCH_E2E") == "" {
 		t.Skip("a benchmark: make bench-e2e")
 	}
-	base := newEnv(t, "b4")
+	base := newEnv(t, "bench")
 	var rows []string
-	for _, side := range []struct{ name, plugin string }{{"kfelastic-pytorch", ""}, {"upstream pytorch", "pytorch"}} {
-		e := base.inNamespace("b4-"+strings.Fields(side.name)[0], side.plugin)
-		j := e.launchWorkflow("b4", e.template("flytekit-2-3", nil))
-		w0, w1 := j.name+"-worker-0", j.name+"-worker-1"
-		j.waitStep(w1, 20, 5*time.Minute)
-		victim := j.pod(w0)
-		// Recovered: worker 1's torch started its workers again (the
-		// stand-in prints "restart R rank N …" once their process group is
-		// up) and they trained a step; steps already in flight at the fault
-		// do not count.
-		restarts := strings.Count(j.logs(w1), "restart ")
-		recovered := func() bool {
-			log := j.logs(w1)
-			return strings.Count(log, "restart ") > restarts && strings.Contains(log[strings.LastIndex(log, "restart "):], "step = ")
+	for _, fault := range []struct{ name, victim, survivor string }{
+		{"E3 worker 1's pod deleted", "worker-1", "worker-0"},
+		{"E4 worker 0's pod deleted", "worker-0", "worker-1"},
+	} {
+		for _, side := range []struct{ name, plugin string }{{"kfelastic-pytorch", ""}, {"upstream pytorch", "pytorch"}} {
+			ns := fmt.Sprintf("b%s-%s", strings.Fields(fault.name)[0][1:], strings.Fields(side.name)[0])
+			e := base.inNamespace(ns, side.plugin)
+			rows = append(rows, fmt.Sprintf("%-26s %-18s %s", fault.name, side.name,
+				benchPodDeleted(e, e.launchWorkflow(ns, e.template("flytekit-2-3", nil)), fault.victim, fault.survivor)))
 		}
-		fault := j.deletePod(victim)
-		row := fmt.Sprintf("%-18s", side.name)
-		for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-			if recovered() {
-				row += fmt.Sprintf("  first step after recovery %6.1fs", time.Since(fault).Seconds())
-				o := j.outcome(6 * time.Minute)
-				row += fmt.Sprintf(", then %s", o.Phase)
-				break
-			}
-			if o := j.outcomeNow(); o.Terminal() {
-				row += fmt.Sprintf("  no recovery: %s after %.1fs (%s)", o.Phase, time.Since(fault).Seconds(), tail(o.String(), 300))
-				break
-			}
-			if time.Now().After(deadline) {
-				row += fmt.Sprintf("  no step and not terminal after %v: %s", 4*time.Minute, j.outcomeNow())
-				break
-			}
-		}
-		rows = append(rows, row)
 	}
-	t.Logf("E4's fault, worker 0's pod deleted (fault → first training step of worker 1 after it):\n%s\n"+
+	t.Logf("fault → first training step of a surviving worker after it (one run, one after the other):\n%s\n"+
 		"DLRover's reference: about 2 minutes to a replacement pod on Kubernetes.", strings.Join(rows, "\n"))
+}
+
+// restartRE is the stand-in's line once a worker's process group is up
+// (not torch's "will restart worker group").
+var restartRE = regexp.MustCompile(`restart \d+ rank \d+`)
+
+// benchPodDeleted deletes the job's victim pod once the survivor trains and
+// says how long until the survivor's workers trained again: the stand-in
+// prints "restart R rank N …" once a new process group is up, and steps
+// already in flight at the fault do not count.
+func benchPodDeleted(e *env, j *job, victim, survivor string) string {
+	victim, survivor = j.name+"-"+victim, j.name+"-"+survivor
+	j.waitStep(survivor, 20, 5*time.Minute)
+	restarts := len(restartRE.FindAllStringIndex(j.logs(survivor), -1))
+	recovered := func() bool {
+		log := j.logs(survivor)
+		starts := restartRE.FindAllStringIndex(log, -1)
+		return len(starts) > restarts && strings.Contains(log[starts[len(starts)-1][0]:], "step = ")
+	}
+	fault := j.deletePod(j.pod(victim))
+	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if recovered() {
+			took := time.Since(fault)
+			return fmt.Sprintf("first step after recovery %6.1fs, then %s", took.Seconds(), j.outcome(6*time.Minute).Phase)
+		}
+		if o := j.outcomeNow(); o.Terminal() {
+			return fmt.Sprintf("no recovery: %s after %.1fs (%s)", o.Phase, time.Since(fault).Seconds(), tail(o.String(), 300))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("no step and not terminal after %v: %s", 4*time.Minute, j.outcomeNow())
+		}
+	}
 }

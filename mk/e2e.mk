@@ -12,10 +12,10 @@ e2e: deps
 flytepropeller:
 	$(GO) build -o bin/flytepropeller-kfelastic ./cmd/flytepropeller-kfelastic
 
-# E4's fault (worker 0's pod deleted under a flytekit-style task) through
+# E3's and E4's faults (worker 1's, worker 0's pod deleted under a flytekit-style task) through
 # propeller with our plugin and, in the same run, with flyteplugins' own
 # PyTorch plugin and plain torch elastic (e2e/bench_test.go).
 BENCHES += e2e
 .PHONY: bench-e2e
 bench-e2e: deps
-	KFELASTIC_BENCH_E2E=1 $(GO) test -count=1 -timeout 30m -run TestBenchWorker0DeletedBesideUpstream -v ./e2e/
+	KFELASTIC_BENCH_E2E=1 $(GO) test -count=1 -timeout 45m -run TestBenchPodDeletedBesideUpstream -v ./e2e/

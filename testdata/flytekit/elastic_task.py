@@ -75,6 +75,7 @@ import datetime
 import faulthandler
 import hashlib
 import hmac
+import logging
 import os
 import signal
 import sys
@@ -271,9 +272,19 @@ def save(path, step):
 EXCEPTIONS = {"FlyteRecoverableException": FlyteRecoverableException}
 
 
+def debug_timing(what):
+    # The stand-in's own diagnostic, not flytekit's: with LOGLEVEL set (as
+    # for torch's elastic loggers), say when each phase of a start is
+    # reached, so that a slow recovery shows where its time goes.
+    if os.environ.get("LOGLEVEL"):
+        sys.stderr.write(f"{datetime.datetime.now().isoformat()} pid {os.getpid()}: {what}\n")
+        sys.stderr.flush()
+
+
 def train(steps, sleep, ckpt, fail=""):
     """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
+    debug_timing("process group ready")
     rank, world = dist.get_rank(), dist.get_world_size()
     start = 0
     if ckpt and os.path.exists(ckpt):
@@ -331,6 +342,7 @@ def recoverable_marker():
 def run_task(kwargs):
     """The spawn entrypoint (flytekit's spawn_helper): module level, so that
     spawn can pickle it; the worker imports this module again."""
+    debug_timing("worker imported, entrypoint called")
     try:
         return train(**kwargs)
     except FlyteRecoverableException:
@@ -412,6 +424,10 @@ def main():
     p.add_argument("--raise", default="")
     p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
     a = p.parse_args()
+    if os.environ.get("LOGLEVEL"):
+        # torch's elastic loggers take their level from LOGLEVEL but have no
+        # handler; give them one, as torchrun's users see them.
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         try:
             result = execute(a)
