@@ -47,12 +47,18 @@ type env struct {
 }
 
 // inNamespace is e in another namespace of the same cluster, operator and
-// bucket, with its own propeller (started on first use) whose pytorch
+// bucket, with its own checkpoint folder and its own propeller (started on
+// first use) whose pytorch
 // tasks go to defaultPyTorch.
 func (e *env) inNamespace(ns, defaultPyTorch string) *env {
 	e.t.Helper()
 	o := *e
 	o.ns, o.prop, o.flyte, o.defaultPyTorch = e.cluster.Namespace(e.t, ns), nil, nil, defaultPyTorch
+	// A checkpoint folder of its own: a job must not resume from another's.
+	o.ckpt = filepath.Join(e.ckpt, ns)
+	if err := os.MkdirAll(o.ckpt, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
 	return &o
 }
 
