@@ -48,8 +48,7 @@ type env struct {
 
 // inNamespace is e in another namespace of the same cluster, operator and
 // bucket, with its own checkpoint folder and its own propeller (started on
-// first use) whose pytorch
-// tasks go to defaultPyTorch.
+// first use) whose pytorch tasks go to defaultPyTorch.
 func (e *env) inNamespace(ns, defaultPyTorch string) *env {
 	e.t.Helper()
 	o := *e
