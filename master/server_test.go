@@ -598,3 +598,34 @@ func TestRoundSaysDeparted(t *testing.T) {
 		}
 	}
 }
+
+// An owner in the master's process hears of each round the master
+// completes, with its members' pods by group rank: the local engine learns
+// rounds so, not from the agents' output.
+func TestOnRoundTellsTheMembers(t *testing.T) {
+	told := make(chan master.CompletedRound, 4)
+	m := mastertest.StartWith(t, master.Options{Job: master.Config{JobID: "told", MinNodes: 2, MaxNodes: 2},
+		OnRound: func(r master.CompletedRound) { told <- r }})
+	c := dial(t, m.Addr, token)
+	ctx := t.Context()
+	var g errgroup.Group
+	for i := range 2 {
+		g.Go(func() error { _, err := join(ctx, c, node(i), 0); return err })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-told:
+		if r.Number != 1 || strings.Join(r.Pods, " ") != "job-worker-0 job-worker-1" || r.WorldSize != 4 || r.At.IsZero() {
+			t.Errorf("told %+v; want round 1 of job-worker-0 and job-worker-1, 4 workers", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no round told")
+	}
+	select {
+	case r := <-told:
+		t.Errorf("a second round told: %+v", r)
+	default:
+	}
+}
