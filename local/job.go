@@ -524,10 +524,11 @@ func (j *Job) Finished() bool { return j.finished }
 // relaunch waiting.
 func (j *Job) Done() bool { return j.book.Done() && len(j.waiting) == 0 }
 
-// LatestRound is the latest round the master told; MaxStep the highest step
-// any pod printed.
+// LatestRound is the latest round the master told.
 func (j *Job) LatestRound() int64 { return j.round }
-func (j *Job) MaxStep() int64     { return j.maxStep }
+
+// MaxStep is the highest step any pod printed.
+func (j *Job) MaxStep() int64 { return j.maxStep }
 
 // rows is the view's table: every pod, what it did.
 func (j *Job) rows() []row {
