@@ -25,6 +25,10 @@ type Pod struct {
 	State  PodState
 	// Replaces is the pod it was relaunched for ("" for the first ones).
 	Replaces string
+	// Incarnation counts the pods of this name before it: a TF pod
+	// recreated under its name is its next incarnation (and gets a cgroup
+	// of its own while the old one's is removed).
+	Incarnation int
 }
 
 // Book is the pods of one job and the slots they run in, as the training

@@ -1,7 +1,6 @@
 package local
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,14 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -177,7 +171,8 @@ const minHeartbeatTimeout = 8 * time.Second
 // Result is how a local job ended.
 type Result struct {
 	// Succeeded: the master did not stop the job and at least MinNodes
-	// ranks' last pods finished their training.
+	// ranks' last pods finished their training (a TF job: its chief
+	// succeeded).
 	Succeeded bool
 	// Message is the root cause as the Flyte UI shows it ("" without any
 	// error document); Recoverable as the plugin would retry.
@@ -197,9 +192,12 @@ type Result struct {
 
 // Engine runs one elastic job on this machine: the master in-process, one
 // kfelastic agent process per pod, each pod its own process group (and
-// cgroup where there are cgroups). It is the master's PodOwner: it carries
+// cgroup where there are cgroups). It is the I/O around the Job's
+// bookkeeping: it feeds the Job what its processes and the master do, and
+// carries out what the Job asks. It is the master's PodOwner (it carries
 // out relaunch decisions as the training operator would, and reports pods
-// that die without their agent saying so.
+// that die without their agent saying so) and hears the master's rounds
+// (master.Options.OnRound); a TF job's pods have their own owner (tfOwner).
 type Engine struct {
 	opts   Options
 	log    *slog.Logger
@@ -213,51 +211,20 @@ type Engine struct {
 	errURL    string
 	tokenPath string
 	token     string
-	policy    relaunch.OOM
+	wake      chan struct{}
+	mctx      context.Context
 
-	mu      sync.Mutex
-	server  *master.Server
-	addr    string
-	mstop   context.CancelFunc
-	mdone   chan error
-	book    pods
-	tf      *tfJob // a TF PS job's replicas (nil: an elastic job)
-	procs   map[string]*podProc
-	carried map[int64]bool
-	onExit  map[string]master.Decision
-	fired   []bool
-	maxStep int64
-	failing map[int]bool // fail-pod ranks: their relaunches fail too
-	// recovered are pods whose replacement joined a round: their failure
-	// is recovered from.
-	recovered map[string]bool
-	later     map[int][]Chaos // chaos for a rank whose pod is not running yet
-	extras    []kferrors.Failure
-	stopped   string
-	finished  bool
-	// faults are the times the chaos actions fired; recoveredAt[i] the
-	// first step after a round that formed after faults[i] (zero: none
-	// yet); lastRound when a pod last printed a completed rendezvous.
-	faults, recoveredAt []time.Time
-	lastRound           time.Time
-	wake                chan struct{}
-	started             time.Time
-	mctx                context.Context
-}
-
-// podProc is one pod's agent process.
-type podProc struct {
-	pod  Pod
-	cmd  *exec.Cmd
-	cg   *Cgroup
-	done chan struct{}
-	// cause is what the engine did to the pod (its failure when it dies
-	// of it): a Failure code, "" if nothing.
-	cause string
-	// Parsed from the agent's output.
-	step, restartCount, groupWorldSize int64
-	round                              bool
-	exit                               string
+	mu sync.Mutex
+	// job is the bookkeeping; procs the pods' processes.
+	job   *Job
+	procs map[string]*podProc
+	// tf decides a TF job's relaunches (nil: the master does).
+	tf *tfOwner
+	// The master, while it serves.
+	server *master.Server
+	addr   string
+	mstop  context.CancelFunc
+	mdone  chan error
 }
 
 // Run runs the job until every pod ended (or ctx ends: every process it
@@ -266,9 +233,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, procs: map[string]*podProc{}, carried: map[int64]bool{}, onExit: map[string]master.Decision{},
-		failing: map[int]bool{}, recovered: map[string]bool{}, later: map[int][]Chaos{}, fired: make([]bool, len(opts.Chaos)), wake: make(chan struct{}, 1),
-		policy: relaunch.DefaultOOM}
+	e := &Engine{opts: opts, procs: map[string]*podProc{}, wake: make(chan struct{}, 1)}
 	return e.run(ctx)
 }
 
@@ -310,15 +275,15 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 	if e.net != nil {
 		defer e.net.close()
 	}
-	e.book = NewBook(o.Job, o.MaxNodes, o.Slots, o.Memory)
+	e.job = NewJob(JobConfig{Job: o.Job, MinNodes: o.MinNodes, MaxNodes: o.MaxNodes, Slots: o.Slots, Memory: o.Memory, TF: o.TF,
+		Chaos: o.Chaos, OOM: e.relaunchPolicy().OOM, Limits: e.limits.Mode})
 	if o.TF != nil {
-		if e.tf, err = newTFJob(*o.TF); err != nil {
+		addrs, err := freeLoopbackPorts(o.TF.Replicas())
+		if err != nil {
 			return nil, err
 		}
-		e.book = NewTFBook(o.Job, *o.TF, o.Memory)
+		e.tf = newTFOwner(*o.TF, addrs, e.relaunchPolicy())
 	}
-
-	e.started = time.Now()
 
 	mctx, cancelMaster := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelMaster()
@@ -330,34 +295,32 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 		e.note("master", "master serving on %s (state %s, documents %s)", e.addr, filepath.Join(out, "state"), e.errURL)
 	}
 
-	e.mu.Lock()
-	for i, c := range o.Chaos {
-		if c.Step == 0 {
-			i, c := i, c
-			time.AfterFunc(c.After, func() { e.fire(i) })
-		}
-	}
-	e.schedule()
-	e.mu.Unlock()
-
+	e.update(func(j *Job) { j.Begin(time.Now()) })
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
+	chaosDue := time.NewTimer(time.Hour)
+	defer chaosDue.Stop()
 	interrupted := false
-	for !e.done(mctx) {
+	for !interrupted && !e.done(mctx) {
+		var due <-chan time.Time
+		e.mu.Lock()
+		next := e.job.Deadline()
+		e.mu.Unlock()
+		if !next.IsZero() {
+			chaosDue.Reset(time.Until(next))
+			due = chaosDue.C
+		}
 		select {
 		case <-ctx.Done():
 			interrupted = true
 		case <-e.wake:
+		case <-due:
+			e.update(func(j *Job) { j.Tick(time.Now()) })
 		case <-tick.C:
-			e.refresh(mctx)
-		}
-		if interrupted {
-			break
+			e.refresh()
 		}
 	}
-	e.mu.Lock()
-	e.finished = true
-	e.mu.Unlock()
+	e.update(func(j *Job) { j.Finish() })
 	if interrupted {
 		e.note("stop", "interrupted: stopping every pod")
 		e.stopAll(syscall.SIGINT)
@@ -368,6 +331,60 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 		return res, context.Cause(ctx)
 	}
 	return res, nil
+}
+
+// update feeds the Job an event and carries out what it asks.
+func (e *Engine) update(event func(j *Job)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	event(e.job)
+	e.carryOut()
+}
+
+// carryOut does what the Job asks (with e.mu held): lines, then pods to
+// start (which the Job hears of at once), then the rest beside.
+func (e *Engine) carryOut() {
+	for r := e.job.Ready(); !r.empty(); r = e.job.Ready() {
+		for _, n := range r.Notes {
+			e.note(n.Kind, "%s", n.Text)
+		}
+		for _, p := range r.Start {
+			if pid, err := e.start(p); err != nil {
+				e.job.StartFailed(p.Name, err)
+			} else {
+				e.job.Started(p.Name, pid, time.Now())
+			}
+		}
+		for _, in := range r.Inject {
+			if p := e.procs[in.Pod]; p != nil {
+				go e.apply(in.Chaos, p)
+			}
+		}
+		for _, pod := range r.FailOnJoin {
+			if p := e.procs[pod]; p != nil {
+				go e.failOnJoin(p)
+			}
+		}
+		for _, s := range r.Supersede {
+			go e.supersede(s.Old, s.By, s.Before)
+		}
+		for _, rp := range r.Reap {
+			if p := e.procs[rp.Pod]; p != nil {
+				go e.reap(p, rp)
+			}
+		}
+		if r.RestartMaster {
+			go e.restartMaster(e.mctx)
+		}
+	}
+	e.signal()
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
 }
 
 func limitsNote(mode string) string {
@@ -388,7 +405,8 @@ func (e *Engine) startMaster(ctx context.Context) error {
 		HeartbeatTimeout: o.HeartbeatTimeout, NetworkCheck: o.NetworkCheck, ExcludeStraggler: o.ExcludeStraggler,
 		CheckTimeout: o.CheckTimeout, Relaunch: e.relaunchPolicy()}
 	s, err := master.NewServer(ctx, master.Options{Job: cfg, Token: e.token, StateURL: "file://" + filepath.Join(o.Out, "state"),
-		HeartbeatInterval: o.HeartbeatInterval, Owner: e, EventsURL: e.errURL, Logger: e.mlog.With("component", "master")})
+		HeartbeatInterval: o.HeartbeatInterval, Owner: e, EventsURL: e.errURL, Logger: e.mlog.With("component", "master"),
+		OnRound: e.round})
 	if err != nil {
 		return err
 	}
@@ -457,536 +475,20 @@ func (e *Engine) masterServer() *master.Server {
 }
 
 // Carry is the master's decision, carried out as the training operator
-// would: a relaunch gets a new pod with the next index and the same rank
-// (twice the memory after an OOM kill); a stop drops the pods not started.
-// Decisions carried again (after a master restart) are recognised by seq.
+// would (Job.Carry).
 func (e *Engine) Carry(_ context.Context, d master.Decision) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.carry(d)
+	e.update(func(j *Job) { j.Carry(d, time.Now()) })
 	return nil
 }
 
-func (e *Engine) carry(d master.Decision) {
-	if e.carried[d.Seq] || e.finished {
-		return
-	}
-	e.carried[d.Seq] = true
-	switch d.Kind {
-	case master.StopJob:
-		e.stopped = d.Message
-		for _, p := range e.book.Pods() {
-			if p.State == Pending {
-				e.book.Drop(p.Name)
-			}
-		}
-		e.note("master", "the master stopped the job: %s", d.Message)
-	case relaunch.None:
-		e.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, shortMessage(d.Message))
-	default:
-		if p := e.procs[d.Pod]; p != nil && p.pod.State == Running {
-			// Its agent has not exited yet (it is leaving, or it is lost):
-			// the replacement starts once it is gone.
-			e.onExit[d.Pod] = d
-			go e.reap(p, d)
-			return
-		}
-		e.relaunch(d)
-	}
-	e.signal()
+// round is a round the master completed (master.Options.OnRound).
+func (e *Engine) round(r master.CompletedRound) {
+	e.update(func(j *Job) { j.Round(r) })
 }
 
-// reap kills a pod the master gave up on if it has not exited by itself
-// within the grace (a pod lost to the network, a frozen one).
-func (e *Engine) reap(p *podProc, d master.Decision) {
-	select {
-	case <-p.done:
-	case <-time.After(e.opts.Grace):
-		e.note("pod", "%s still runs after the master's %s decision; killing it", p.pod.Name, master.KindName(d.Kind))
-		e.killPod(p, "")
-	}
-}
-
-func (e *Engine) relaunch(d master.Decision) {
-	old := e.book.Current(d.Rank)
-	mem := int64(0)
-	if old != nil {
-		mem = old.Memory
-	}
-	note := ""
-	if d.Kind == relaunch.MoreMemory {
-		if next, ok := e.policy.Raised(mem); ok {
-			note = fmt.Sprintf(", memory %s → %s (%s)", bytesText(mem), bytesText(next), e.limits.Mode)
-			mem = next
-		}
-	}
-	p := e.book.Relaunch(d.Rank, mem)
-	counted := "not counted"
-	if d.Counted {
-		counted = "counted"
-	}
-	e.note("relaunch", "%s replaces %s as rank %d after %s (%s, %s%s)", p.Name, d.Pod, d.Rank, d.Reason, master.KindName(d.Kind), counted, note)
-	e.schedule()
-}
-
-// shortMessage is a message's first clause and last line (a traceback's
-// exception), for one line of the view.
-func shortMessage(m string) string {
-	lines := strings.Split(strings.TrimSpace(m), "\n")
-	first, last := lines[0], strings.TrimSpace(lines[len(lines)-1])
-	if len(lines) > 1 {
-		if head, _, ok := strings.Cut(first, "; "); ok {
-			first = head
-		}
-		first += "; … " + last
-	}
-	if r := []rune(first); len(r) > 240 {
-		first = string(r[:240]) + "…"
-	}
-	return first
-}
-
-func bytesText(b int64) string {
-	switch {
-	case b <= 0:
-		return "none"
-	case b >= 1<<30:
-		return strconv.FormatFloat(float64(b)/(1<<30), 'f', -1, 64) + " GiB"
-	}
-	return strconv.FormatFloat(float64(b)/(1<<20), 'f', -1, 64) + " MiB"
-}
-
-func (e *Engine) signal() {
-	select {
-	case e.wake <- struct{}{}:
-	default:
-	}
-}
-
-// ---- pods ----
-
-// schedule starts the pods that have a slot (with e.mu held).
-func (e *Engine) schedule() {
-	if e.finished || e.stopped != "" {
-		return
-	}
-	for _, p := range e.book.Schedule() {
-		if err := e.start(*p); err != nil {
-			e.note("pod", "%s cannot start: %v", p.Name, err)
-			e.book.Exited(p.Name)
-		}
-	}
-}
-
-// start runs a pod's agent (with e.mu held).
-func (e *Engine) start(p Pod) error {
-	o := &e.opts
-	cg, err := e.limits.Pod(e.cgroupName(p), p.Memory)
-	if err != nil {
-		return fmt.Errorf("its cgroup: %w", err)
-	}
-	logDir := filepath.Join(o.Out, "pods", p.Name)
-	args := []string{"agent", "--nnodes", fmt.Sprintf("%d:%d", o.MinNodes, o.MaxNodes), "--nproc-per-node", strconv.Itoa(o.NProcPerNode),
-		"--max-restarts", strconv.Itoa(o.MaxRestarts), "--rdzv-backend", "kfelastic", "--rdzv-endpoint", e.addr, "--rdzv-id", o.Job,
-		"--token-file", e.tokenPath, "--node-rank", strconv.Itoa(p.Rank), "--error-prefix", e.errURL, "--log-dir", logDir,
-		"--launcher", o.Launcher, "--stop-grace", o.Grace.String()}
-	var prefix []string
-	if e.net != nil {
-		var addr string
-		if prefix, addr, err = e.net.pod(p.Index); err != nil {
-			return fmt.Errorf("its network namespace: %w", err)
-		}
-		// The pod's own address for its store, and gloo's interface.
-		args = append(args, "--master-addr", addr)
-	}
-	args = append(args, o.AgentArgs...)
-	args = append(args, "--")
-	args = append(args, o.Command...)
-	var podEnv []string
-	if e.tf != nil {
-		if args, podEnv, err = e.tfPod(p, logDir); err != nil {
-			return err
-		}
-	}
-	// A shell joins the pod's cgroups (or sets its address-space limit)
-	// and execs the agent, so that no process of the pod ever runs outside.
-	script := `for f in $KFELASTIC_LOCAL_CGROUPS; do echo $$ > "$f" || exit 111; done
-[ -z "$KFELASTIC_LOCAL_RLIMIT_KB" ] || ulimit -v "$KFELASTIC_LOCAL_RLIMIT_KB" || exit 111
-exec "$@"`
-	argv := append([]string{"-c", script, "sh"}, prefix...)
-	cmd := exec.Command("/bin/sh", append(append(argv, o.Binary), args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Env = append(append(os.Environ(), o.Env...), podEnv...)
-	cmd.Env = append(cmd.Env, "POD_NAME="+p.Name, "HOSTNAME="+p.Name,
-		// What the plugin injects into every replica (kfoperator's
-		// addErrorPropagationEnv): flytekit in the pod writes its own
-		// error-<uuid>.pb naming the pod.
-		"_F_WN="+p.Name, "_F_DES=Earliest",
-		// Each pod is its own machine: a relaunch "elsewhere" is another name.
-		"KFELASTIC_NODE_NAME="+fmt.Sprintf("%s-node-%d", o.Job, p.Index),
-		"KFELASTIC_LOCAL_JOB="+e.jobMark, "KFELASTIC_LOCAL_CGROUPS="+strings.Join(cg.ProcsFiles(), " "))
-	if e.net != nil {
-		cmd.Env = append(cmd.Env, "GLOO_SOCKET_IFNAME=eth0")
-	}
-	if e.limits.Mode == "rlimit" && p.Memory > 0 {
-		cmd.Env = append(cmd.Env, "KFELASTIC_LOCAL_RLIMIT_KB="+strconv.FormatInt(p.Memory>>10, 10))
-	}
-	logFile, err := os.OpenFile(filepath.Join(o.Out, "pods", p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		logFile.Close()
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		pr.Close()
-		pw.Close()
-		logFile.Close()
-		return err
-	}
-	pw.Close()
-	pp := &podProc{pod: p, cmd: cmd, cg: cg, done: make(chan struct{})}
-	e.procs[p.Name] = pp
-	mem := ""
-	if p.Memory > 0 {
-		mem = ", memory " + bytesText(p.Memory)
-	}
-	e.note("pod", "%s started: rank %d, pid %d%s", p.Name, p.Rank, cmd.Process.Pid, mem)
-	output := make(chan struct{})
-	go func() {
-		defer close(output)
-		e.follow(pp, pr, logFile)
-	}()
-	go func() {
-		<-output // the agent's last words are in before its exit is handled
-		err := cmd.Wait()
-		e.exited(pp, err)
-	}()
-	if e.limits.Mode == "cgroup v1" && p.Memory > 0 {
-		go e.watchOOM(pp)
-	}
-	for _, c := range e.later[p.Rank] {
-		go e.apply(c, pp)
-	}
-	delete(e.later, p.Rank)
-	if e.failing[p.Rank] {
-		go e.failOnJoin(pp)
-	}
-	return nil
-}
-
-var (
-	stepRE  = regexp.MustCompile(`\bstep(?:\s*=\s*|\s+)(\d+)`)
-	blockRE = regexp.MustCompile(`^\s*(restart_count|group_world_size)=(\d+)`)
-	// commandRoundRE is a round under --launcher command, where the agent
-	// prints no Rendezvous complete block (torch's agent inside the
-	// command logs its own at INFO, which elastic_launch does not show):
-	// the agent's log line for a master round that starts or keeps its
-	// command. torch's own round follows through the master's store.
-	commandRoundRE = regexp.MustCompile(`msg="(?:command started|the master completed a round[^"]*)".*\bgroup_world_size=(\d+)`)
-)
-
-// follow copies a pod's output to its log and reads what the view and the
-// chaos triggers need: steps, and the Rendezvous complete block.
-func (e *Engine) follow(p *podProc, r io.ReadCloser, logFile *os.File) {
-	defer r.Close()
-	defer logFile.Close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		_, _ = logFile.WriteString(line + "\n")
-		if m := blockRE.FindStringSubmatch(line); m != nil {
-			n, _ := strconv.ParseInt(m[2], 10, 64)
-			e.mu.Lock()
-			if m[1] == "restart_count" {
-				p.restartCount = n
-			} else {
-				e.roundSeen(p, n, fmt.Sprintf("Rendezvous complete: group_world_size=%d restart_count=%d", n, p.restartCount))
-			}
-			e.mu.Unlock()
-			continue
-		}
-		if m := commandRoundRE.FindStringSubmatch(line); m != nil {
-			n, _ := strconv.ParseInt(m[1], 10, 64)
-			e.mu.Lock()
-			e.roundSeen(p, n, fmt.Sprintf("a master round: group_world_size=%d (torch's own rendezvous runs in the command, through the master's store)", n))
-			e.mu.Unlock()
-		}
-		if strings.Contains(line, "Rendezvous complete") || strings.Contains(line, "level=") {
-			continue // the agent's own log, not a worker's step
-		}
-		if m := stepRE.FindStringSubmatch(line); m != nil {
-			n, err := strconv.ParseInt(m[1], 10, 64)
-			if err == nil {
-				e.stepSeen(p, n)
-			}
-		}
-	}
-}
-
-// roundSeen notes a round p joined (with e.mu held); a replacement's first
-// recovers the pod it replaces.
-func (e *Engine) roundSeen(p *podProc, size int64, what string) {
-	p.groupWorldSize, p.round = size, true
-	e.lastRound = time.Now()
-	e.note("round", "%s: %s", p.pod.Name, what)
-	if old := p.pod.Replaces; old != "" && !e.recovered[old] {
-		e.recovered[old] = true
-		go e.supersede(old, p.pod.Name, time.Now())
-	}
-}
-
-func (e *Engine) stepSeen(p *podProc, n int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	p.step = n
-	now := time.Now()
-	for i, at := range e.faults {
-		if e.recoveredAt[i].IsZero() && e.lastRound.After(at) {
-			e.recoveredAt[i] = now
-		}
-	}
-	if n <= e.maxStep {
-		return
-	}
-	e.maxStep = n
-	for i, c := range e.opts.Chaos {
-		if c.Step > 0 && c.Step <= n && !e.fired[i] {
-			go e.fire(i)
-		}
-	}
-}
-
-// exited handles an agent's end: the book, the master (a pod that died
-// without its agent saying so), and a relaunch waiting for it.
-func (e *Engine) exited(p *podProc, werr error) {
-	now := time.Now()
-	close(p.done)
-	ws, _ := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	// Whatever the agent left behind (its guardian kills its workers; a
-	// SIGKILLed pod may leave a helper): the pod is gone as a whole.
-	killAll(append(descendants(p.cmd.Process.Pid), p.cg.Procs()...), syscall.SIGKILL)
-	oom := p.cg.OOMKills() > 0
-	e.mu.Lock()
-	cause := p.cause
-	e.book.Exited(p.pod.Name)
-	e.procs[p.pod.Name].pod.State = Exited
-	e.mu.Unlock()
-	var f *kferrors.Failure
-	var exit string
-	switch {
-	case werr == nil:
-		exit = "succeeded"
-	case oom || cause == kferrors.CodeOOMKilled:
-		x := kferrors.SystemFailure(kferrors.CodeOOMKilled, fmt.Sprintf("pod %s was OOMKilled: it went past its memory limit of %s", p.pod.Name, bytesText(p.pod.Memory)), p.pod.Name, now)
-		f = &x
-	case cause == kferrors.CodeNodeLost:
-		x := kferrors.SystemFailure(kferrors.CodeNodeLost, fmt.Sprintf("pod %s failed: its machine is gone", p.pod.Name), p.pod.Name, now)
-		f = &x
-	case ws.Signaled():
-		code := kferrors.SignalCode(ws.Signal())
-		if cause == kferrors.CodePreempted {
-			code = kferrors.CodePreempted
-		}
-		x := kferrors.SystemFailure(code, fmt.Sprintf("pod %s was killed by %s", p.pod.Name, kferrors.SignalName(ws.Signal())), p.pod.Name, now)
-		f = &x
-	default:
-		exit = exitText(ws.ExitStatus())
-	}
-	if e.tf != nil {
-		f = e.tfExited(p, f, werr)
-	}
-	if f != nil {
-		exit = f.Code
-	}
-	e.mu.Lock()
-	p.exit = exit
-	e.mu.Unlock()
-	if f != nil {
-		e.document(*f)
-		if e.tf == nil {
-			e.podGone(p.pod.Name, *f)
-		}
-	}
-	e.note("pod", "%s exited: %s", p.pod.Name, exit)
-	go func() {
-		for range 50 {
-			if os.Remove(p.cg.mem) == nil || p.cg.mem == "" {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		p.cg.Remove()
-	}()
-	e.mu.Lock()
-	if d, ok := e.onExit[p.pod.Name]; ok {
-		delete(e.onExit, p.pod.Name)
-		e.relaunch(d)
-	}
-	e.schedule()
-	e.mu.Unlock()
-	e.signal()
-}
-
-// supersede moves the documents of a pod that was replaced, dated before
-// its replacement joined a round, out of the reader's way, as its agent
-// does for the failures it restarted from (kferrors.Supersede): the
-// replacement's round is their recovery. On Kubernetes the training
-// operator recreates a pod under its own name and the new agent does this;
-// here the replacement has the next index, so its owner does it.
-func (e *Engine) supersede(old, by string, before time.Time) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
-	if err != nil {
-		e.log.Warn("cannot open the documents", "err", err)
-		return
-	}
-	defer b.Close()
-	// The old pod's agent may still be uploading: wait for its exit.
-	e.mu.Lock()
-	p := e.procs[old]
-	e.mu.Unlock()
-	if p != nil && old != by { // (a TF pod recreated under its name: the old one is gone)
-		<-p.done
-	}
-	moved, err := kferrors.Supersede(ctx, b, old, before)
-	if err != nil {
-		e.log.Warn("cannot supersede a replaced pod's documents", "pod", old, "err", err)
-	}
-	if len(moved) > 0 {
-		e.note("recovered", "%s's failure is recovered (%s trains in its place): its documents moved to %s", old, by, kferrors.SupersededPrefix)
-	}
-}
-
-// document writes the document of a pod that died without writing one (its
-// agent was killed with it): what the plugin synthesizes from the pod's
-// status on Kubernetes (OOMKilled, a lost node), written here so that the
-// report draws it and a recovery supersedes it like any other. A document
-// that cannot be written is kept for the root cause all the same.
-func (e *Engine) document(f kferrors.Failure) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := kferrors.OpenPrefix(ctx, e.errURL, true)
-	if err == nil {
-		_, err = kferrors.NewWriter(b, nil).Write(ctx, f)
-		b.Close()
-	}
-	if err != nil {
-		e.log.Warn("cannot write a dead pod's document", "pod", f.Worker, "err", err)
-		e.mu.Lock()
-		e.extras = append(e.extras, f)
-		e.mu.Unlock()
-	}
-}
-
-// podGone tells the master, retried while it restarts.
-func (e *Engine) podGone(pod string, f kferrors.Failure) {
-	for range 100 {
-		s := e.masterServer()
-		if s != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := s.PodGone(ctx, pod, f)
-			cancel()
-			if err == nil {
-				return
-			}
-		}
-		e.mu.Lock()
-		fin := e.finished
-		e.mu.Unlock()
-		if fin {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// exitText names an agent's exit status as the exit-code contract reads
-// it back (kferrors.CodeOfExit): exit 200 (NodeCheckFailed), exit 143
-// (Preempted), exit 139 (SignalSIGSEGV); a plain exit 1 stays bare.
-func exitText(code int) string {
-	name := kferrors.CodeOfExit(code)
-	if name == "" || name == kferrors.CodeNonZeroExit {
-		return fmt.Sprintf("exit %d", code)
-	}
-	return fmt.Sprintf("exit %d (%s)", code, name)
-}
-
-// killPod kills every process of the pod at once (a machine that dies);
-// cause is the failure the engine reports for it ("" keeps what it had).
-func (e *Engine) killPod(p *podProc, cause string) {
-	e.mu.Lock()
-	if cause != "" {
-		p.cause = cause
-	}
-	e.mu.Unlock()
-	pid := p.cmd.Process.Pid
-	for range 3 { // SIGKILL stops nothing from forking in between: twice more
-		killAll(append(descendants(pid), p.cg.Procs()...), syscall.SIGKILL)
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-	}
-}
-
-// deletePod is Kubernetes' pod deletion: SIGTERM to the pod's main
-// process, then SIGKILL to everything after the grace.
-func (e *Engine) deletePod(p *podProc, sig syscall.Signal, cause string) {
-	e.mu.Lock()
-	if cause != "" {
-		p.cause = cause
-	}
-	e.mu.Unlock()
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-	case <-time.After(e.opts.Grace + time.Second):
-		e.killPod(p, "")
-	}
-}
-
-// stopAll stops every running pod with sig, grace, SIGKILL, and waits.
-func (e *Engine) stopAll(sig syscall.Signal) {
-	e.mu.Lock()
-	var ps []*podProc
-	for _, p := range e.procs {
-		select {
-		case <-p.done:
-		default:
-			ps = append(ps, p)
-		}
-	}
-	e.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, p := range ps {
-		wg.Go(func() {
-			e.deletePod(p, sig, "")
-			<-p.done
-		})
-	}
-	wg.Wait()
-}
-
-// watchOOM is memory.oom.group for cgroup v1: when the kernel OOM-kills a
-// process of the pod, the whole pod dies, as a Kubernetes container.
-func (e *Engine) watchOOM(p *podProc) {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.done:
-			return
-		case <-t.C:
-			if p.cg.OOMKills() > 0 {
-				e.note("pod", "%s: the kernel OOM-killed a process (limit %s): the pod is OOMKilled", p.pod.Name, bytesText(p.pod.Memory))
-				e.killPod(p, kferrors.CodeOOMKilled)
-				return
-			}
-		}
-	}
+// relaunchPolicy is the job's relaunch policy: the master's, and a TF job's.
+func (e *Engine) relaunchPolicy() relaunch.Policy {
+	return relaunch.Policy{MaxPerRank: e.opts.MaxRelaunches, OOM: relaunch.DefaultOOM}
 }
 
 // ---- the end ----
@@ -995,11 +497,11 @@ func (e *Engine) watchOOM(p *podProc) {
 // every relaunch the master decided carried out.
 func (e *Engine) done(ctx context.Context) bool {
 	e.mu.Lock()
-	if !e.book.Done() || len(e.onExit) > 0 {
-		e.mu.Unlock()
+	done := e.job.Done()
+	e.mu.Unlock()
+	if !done {
 		return false
 	}
-	e.mu.Unlock()
 	// A decision may be on its way from the master's owner queue: take
 	// them from the source.
 	if s := e.masterServer(); s != nil {
@@ -1007,54 +509,27 @@ func (e *Engine) done(ctx context.Context) bool {
 		if err != nil {
 			return false
 		}
-		e.mu.Lock()
 		for _, d := range st.GetDecisions() {
-			e.carry(master.DecisionFrom(d))
+			e.update(func(j *Job) { j.Carry(master.DecisionFrom(d), time.Now()) })
 		}
-		e.mu.Unlock()
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.book.Done() && len(e.onExit) == 0
+	return e.job.Done()
 }
 
-// refresh updates the view from the master's status.
-func (e *Engine) refresh(ctx context.Context) {
-	s := e.masterServer()
-	var round int64
-	if s != nil {
-		if st, err := s.Status(ctx); err == nil {
-			round = st.GetRound()
-		}
-	}
+// refresh updates the view.
+func (e *Engine) refresh() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.view.table(e.rows(), round, e.maxStep)
+	e.view.table(e.job.rows(), e.job.LatestRound(), e.job.MaxStep())
 }
 
 func (e *Engine) result() *Result {
 	e.mu.Lock()
-	res := &Result{Documents: e.errURL, Pods: e.book.Pods(), Stopped: e.stopped}
-	for i, at := range e.faults {
-		var d time.Duration
-		if !e.recoveredAt[i].IsZero() {
-			d = e.recoveredAt[i].Sub(at)
-		}
-		res.Recovery = append(res.Recovery, d)
-	}
-	extras := e.extras
-	recovered := maps.Clone(e.recovered)
-	finished := map[int]bool{}
-	for _, p := range e.book.Pods() {
-		if pp := e.procs[p.Name]; pp != nil && pp.exit == "succeeded" {
-			finished[p.Rank] = true
-		}
-	}
+	o := e.job.Outcome()
 	e.mu.Unlock()
-	res.Succeeded = e.stopped == "" && len(finished) >= e.opts.MinNodes
-	if e.tf != nil {
-		res.Succeeded = e.tf.over // a TFJob succeeds with its chief
-	}
+	res := &Result{Succeeded: o.Succeeded, Documents: e.errURL, Pods: o.Pods, Stopped: o.Stopped, Recovery: o.Recovery}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, err := kferrors.OpenPrefix(ctx, e.errURL, false)
@@ -1069,8 +544,8 @@ func (e *Engine) result() *Result {
 		return res
 	}
 	var missing []kferrors.Failure
-	for _, f := range extras {
-		if !sum.HasPod(f.Worker) && !recovered[f.Worker] {
+	for _, f := range o.Unwritten {
+		if !sum.HasPod(f.Worker) {
 			missing = append(missing, f)
 		}
 	}

@@ -12,45 +12,6 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
-// fire carries out chaos spec i once: on the job (add-slot, kill-master)
-// or on the pod that holds its rank now (a pod not running yet gets it
-// when it starts).
-func (e *Engine) fire(i int) {
-	e.mu.Lock()
-	if e.fired[i] || e.finished {
-		e.mu.Unlock()
-		return
-	}
-	e.fired[i] = true
-	e.faults = append(e.faults, time.Now())
-	e.recoveredAt = append(e.recoveredAt, time.Time{})
-	c := e.opts.Chaos[i]
-	switch c.Action {
-	case AddSlot:
-		e.book.AddSlot()
-		e.note("chaos", "add-slot: %d slots", e.book.Slots())
-		e.schedule()
-		e.mu.Unlock()
-		return
-	case KillMaster:
-		e.mu.Unlock()
-		e.restartMaster(e.mctx)
-		return
-	}
-	var p *podProc
-	if cur := e.book.Current(c.Node); cur != nil && cur.State == Running {
-		p = e.procs[cur.Name]
-	}
-	if p == nil {
-		e.later[c.Node] = append(e.later[c.Node], c)
-		e.note("chaos", "%s: rank %d has no running pod; it applies to the next one", c, c.Node)
-		e.mu.Unlock()
-		return
-	}
-	e.mu.Unlock()
-	e.apply(c, p)
-}
-
 // apply carries out a pod's chaos for real.
 func (e *Engine) apply(c Chaos, p *podProc) {
 	name := p.pod.Name
@@ -97,20 +58,8 @@ func (e *Engine) apply(c Chaos, p *podProc) {
 	case OOM:
 		e.oom(p)
 	case FailPod:
-		e.mu.Lock()
-		e.failing[p.pod.Rank] = true
-		e.mu.Unlock()
 		e.note("chaos", "fail-pod: %s's machine fails (SIGKILL to every process); its relaunches fail too", name)
 		e.killPod(p, kferrors.CodeNodeLost)
-	}
-}
-
-func isDone(p *podProc) bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
 	}
 }
 

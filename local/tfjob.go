@@ -92,6 +92,7 @@ type pods interface {
 	Slots() int
 	Relaunch(rank int, memory int64) *Pod
 	Current(rank int) *Pod
+	Pod(name string) *Pod
 	Pods() []Pod
 	Done() bool
 	Drop(name string)
@@ -128,7 +129,7 @@ func (b *TFBook) Schedule() []*Pod {
 
 // Exited records that a pod's agent ended.
 func (b *TFBook) Exited(name string) {
-	if p := b.pod(name); p != nil {
+	if p := b.Pod(name); p != nil {
 		p.State = Exited
 	}
 }
@@ -145,6 +146,7 @@ func (b *TFBook) Relaunch(rank int, memory int64) *Pod {
 	p := b.pods[rank]
 	if p.State == Exited {
 		p.State, p.Memory, p.Replaces = Pending, memory, p.Name
+		p.Incarnation++
 	}
 	return p
 }
@@ -173,12 +175,13 @@ func (b *TFBook) Done() bool {
 
 // Drop takes a pending pod off the book.
 func (b *TFBook) Drop(name string) {
-	if p := b.pod(name); p != nil && p.State == Pending {
+	if p := b.Pod(name); p != nil && p.State == Pending {
 		p.State = Exited
 	}
 }
 
-func (b *TFBook) pod(name string) *Pod {
+// Pod is the pod of that name, nil if none.
+func (b *TFBook) Pod(name string) *Pod {
 	for _, p := range b.pods {
 		if p.Name == name {
 			return p
@@ -187,134 +190,110 @@ func (b *TFBook) pod(name string) *Pod {
 	return nil
 }
 
-// tfJob is the engine's state of a TF job.
-type tfJob struct {
+// tfOwner decides what becomes of a TF job's pods, as the master does for
+// an elastic job's: TF replicas do not rendezvous with the master (their
+// cluster is fixed by TF_CONFIG), so the training operator's rules are
+// applied here: a failed pod is recreated under its name by the master's
+// relaunch policy (relaunch.Policy: preemptions not counted, OOM kills get
+// twice the memory), and the job succeeds with its chief. It is pure data
+// and numbers its decisions as the master does.
+type tfOwner struct {
 	TF
-	addrs []string
-	// spent is each rank's counted relaunches; started each pod's start
-	// (its documents are those written since).
-	spent   map[int]int
-	started map[string]time.Time
-	// incarnations counts each name's pods: a recreated pod gets a cgroup
-	// of its own (the old one's is removed in the background).
-	incarnations map[string]int
+	// addrs are the replicas' addresses, by rank: fixed for the job, as
+	// each replica's Service keeps its address.
+	addrs  []string
+	policy relaunch.Policy
+	// spent is each rank's counted relaunches.
+	spent map[int]int
+	seq   int64
 	// over: the chief succeeded, the job is done (the operator's success
 	// policy); the pods still running are cleaned up, not relaunched.
 	over bool
 }
 
-// newTFJob fixes every replica's address: a free loopback port each, kept
-// across relaunches as a replica's Service keeps its address.
-func newTFJob(tf TF) (*tfJob, error) {
-	j := &tfJob{TF: tf, spent: map[int]int{}, started: map[string]time.Time{}, incarnations: map[string]int{}}
-	for range tf.Replicas() {
+func newTFOwner(tf TF, addrs []string, policy relaunch.Policy) *tfOwner {
+	return &tfOwner{TF: tf, addrs: addrs, policy: policy, spent: map[int]int{}}
+}
+
+// freeLoopbackPorts is n free loopback addresses, one per replica.
+func freeLoopbackPorts(n int) ([]string, error) {
+	var addrs []string
+	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		j.addrs = append(j.addrs, l.Addr().String())
+		addrs = append(addrs, l.Addr().String())
 		l.Close()
 	}
-	return j, nil
+	return addrs, nil
 }
 
-// tfPod is the agent's command line and the extra environment of a TF pod:
-// a static single-node agent running one process with TF_CONFIG.
-func (e *Engine) tfPod(p Pod, logDir string) (args, env []string, err error) {
-	o := &e.opts
-	e.tf.started[p.Name] = time.Now()
-	cfg, err := e.tf.TFConfig(p.Rank, e.tf.addrs)
+// Exited is the owner's answer to the end of pod p: failure is its failure
+// (nil: it succeeded). The chief's success ends the job (over); a failure
+// gets a decision (decided), a relaunch or none, unless the job is over.
+func (o *tfOwner) Exited(p Pod, failure *kferrors.Failure, now time.Time) (d master.Decision, decided, over bool) {
+	if failure == nil {
+		if p.Rank == 0 && !o.over {
+			o.over = true
+			return master.Decision{}, false, true
+		}
+		return master.Decision{}, false, false
+	}
+	if o.over {
+		return master.Decision{}, false, false
+	}
+	kind, counted, why := o.policy.Decide(failure.Code, failure.Recoverable, o.spent[p.Rank])
+	if counted {
+		o.spent[p.Rank]++
+	}
+	o.seq++
+	return master.Decision{Seq: o.seq, Kind: kind, Rank: p.Rank, Pod: p.Name, Reason: failure.Code, Message: why, Counted: counted, Time: now}, true, false
+}
+
+// tell gives the Job the owner's answer to the end of pod p, as Exited.
+func (o *tfOwner) tell(j *Job, p Pod, failure *kferrors.Failure, now time.Time) {
+	d, decided, over := o.Exited(p, failure, now)
+	if over {
+		j.Over("the chief succeeded: the job is done")
+	}
+	if decided {
+		j.Carry(d, now)
+	}
+}
+
+// podArgs is the agent's command line and the extra environment of a TF
+// pod: a static single-node agent running one process with TF_CONFIG.
+func (o *tfOwner) podArgs(opts *Options, p Pod, errURL, logDir string) (args, env []string, err error) {
+	cfg, err := o.TFConfig(p.Rank, o.addrs)
 	if err != nil {
 		return nil, nil, err
 	}
-	args = []string{"agent", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "static", "--rdzv-id", o.Job,
-		"--max-restarts", strconv.Itoa(o.MaxRestarts), "--error-prefix", e.errURL, "--log-dir", logDir, "--stop-grace", o.Grace.String(),
+	args = []string{"agent", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "static", "--rdzv-id", opts.Job,
+		"--max-restarts", strconv.Itoa(opts.MaxRestarts), "--error-prefix", errURL, "--log-dir", logDir, "--stop-grace", opts.Grace.String(),
 		// A TF process imports no torch: a fork server preloading it would
 		// only cost the pod memory (counted against its limit) and time.
 		"--fork-server=false"}
-	args = append(args, o.AgentArgs...)
-	args = append(append(args, "--"), o.Command...)
+	args = append(args, opts.AgentArgs...)
+	args = append(append(args, "--"), opts.Command...)
 	return args, []string{"TF_CONFIG=" + cfg}, nil
 }
 
-// tfExited decides what happens to a TF pod that ended, with the master's
-// relaunch policy, and returns the failure to record for it (nil: none).
-// A relaunch is left in e.onExit for exited to carry out.
-func (e *Engine) tfExited(p *podProc, f *kferrors.Failure, werr error) *kferrors.Failure {
-	e.mu.Lock()
-	over, cause, started := e.tf.over, p.cause, e.tf.started[p.pod.Name]
-	e.mu.Unlock()
-	if over && cause == tfCleanup {
-		p.exit = "cleaned up"
+// tfFailure is a failed TF pod's failure, for its owner's decision: the
+// engine's document, else the one its agent wrote since the pod started (a
+// Preempted one after a deletion's SIGTERM, the process's error otherwise),
+// else a plain one.
+func (e *Engine) tfFailure(p *podProc, end Ending, now time.Time) *kferrors.Failure {
+	switch {
+	case end.Succeeded:
 		return nil
+	case end.Document != nil:
+		return end.Document
 	}
-	if werr == nil {
-		if p.pod.Rank == 0 {
-			e.tfSucceeded()
-		}
-		return f
+	if doc, ok := e.podDocument(p.pod.Name, p.started); ok {
+		return &doc
 	}
-	failure := f
-	if failure == nil {
-		// The agent wrote the pod's document (a Preempted one after a
-		// deletion's SIGTERM, the process's error otherwise).
-		if doc, ok := e.podDocument(p.pod.Name, started); ok {
-			failure = &doc
-		} else {
-			x := kferrors.SystemFailure("Error", fmt.Sprintf("pod %s failed: %s", p.pod.Name, p.exit), p.pod.Name, time.Now())
-			failure = &x
-		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if over {
-		return f
-	}
-	kind, counted, why := e.relaunchPolicy().Decide(failure.Code, failure.Recoverable, e.tf.spent[p.pod.Rank])
-	if counted {
-		e.tf.spent[p.pod.Rank]++
-	}
-	d := master.Decision{Kind: kind, Rank: p.pod.Rank, Pod: p.pod.Name, Reason: failure.Code, Message: why, Counted: counted, Time: time.Now()}
-	if kind == relaunch.None {
-		e.note("relaunch", "%s is not relaunched after %s: %s", p.pod.Name, failure.Code, why)
-		return f
-	}
-	e.onExit[p.pod.Name] = d
-	return f
-}
-
-// relaunchPolicy is the job's relaunch policy: the master's, and a TF job's.
-func (e *Engine) relaunchPolicy() relaunch.Policy {
-	return relaunch.Policy{MaxPerRank: e.opts.MaxRelaunches, OOM: e.policy}
-}
-
-// tfCleanup is the cause of a pod stopped because the job is over.
-const tfCleanup = "Cleanup"
-
-// tfSucceeded is the operator's success policy for a TFJob with a chief:
-// the job succeeded when the chief did; pods still running are deleted
-// (cleanPodPolicy Running) after a grace to finish by themselves.
-func (e *Engine) tfSucceeded() {
-	e.mu.Lock()
-	e.tf.over = true
-	var left []*podProc
-	for _, pp := range e.procs {
-		if !isDone(pp) {
-			left = append(left, pp)
-		}
-	}
-	e.mu.Unlock()
-	e.note("tf", "the chief succeeded: the job is done")
-	for _, pp := range left {
-		go func() {
-			select {
-			case <-pp.done:
-			case <-time.After(e.opts.Grace):
-				e.note("tf", "%s still runs after the chief finished: deleting it", pp.pod.Name)
-				e.killPod(pp, tfCleanup)
-			}
-		}()
-	}
+	return failure("Error", fmt.Sprintf("pod %s failed: %s", p.pod.Name, end.Exit), p.pod.Name, now)
 }
 
 // podDocument is the latest error document the agent of pod wrote since.
@@ -349,14 +328,4 @@ func (e *Engine) podDocument(pod string, since time.Time) (kferrors.Failure, boo
 		}
 	}
 	return best, found
-}
-
-// cgroupName is the name of a pod's cgroup: its own, or for a TF pod its
-// name and incarnation.
-func (e *Engine) cgroupName(p Pod) string {
-	if e.tf == nil {
-		return p.Name
-	}
-	e.tf.incarnations[p.Name]++
-	return fmt.Sprintf("%s.%d", p.Name, e.tf.incarnations[p.Name])
 }

@@ -62,18 +62,6 @@ type row struct {
 	restarts, groupWorldSize, lastStep int64
 }
 
-func (e *Engine) rows() []row {
-	var out []row
-	for _, p := range e.book.Pods() {
-		r := row{pod: p.Name, state: string(p.State), rank: p.Rank}
-		if pp := e.procs[p.Name]; pp != nil {
-			r.restarts, r.groupWorldSize, r.lastStep, r.exit = pp.restartCount, pp.groupWorldSize, pp.step, pp.exit
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
 // table redraws the pods (a terminal) or, elsewhere, writes a progress line
 // when training moved on (at most every 5 s).
 func (v *view) table(rows []row, round, step int64) {

@@ -206,6 +206,28 @@ func (r *Round) build() {
 	}
 }
 
+// CompletedRound is a round as Options.OnRound tells it.
+type CompletedRound struct {
+	Number int64
+	// Pods are its members' pods, by group rank (GroupWorldSize is their
+	// number); WorldSize counts their workers.
+	Pods      []string
+	WorldSize int
+	// At is when the master completed it.
+	At time.Time
+}
+
+// completed is r as OnRound tells it (a round completed by this master:
+// its pods are known).
+func (r *Round) completed() CompletedRound {
+	c := CompletedRound{Number: r.Number, WorldSize: r.world, At: r.CompletedAt}
+	for _, p := range r.pods {
+		pod, _, _ := strings.Cut(p, "/") // pod/incarnation; a pod's name has no "/"
+		c.Pods = append(c.Pods, pod)
+	}
+	return c
+}
+
 // Assignment is one member's view of a round.
 type Assignment struct {
 	Number          int64

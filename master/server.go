@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +48,13 @@ type Options struct {
 	Store store.Limits
 	// Owner carries out decisions; nil: they are only logged.
 	Owner PodOwner
+	// OnRound, when set, hears of each round this master completes, once
+	// the round is durable: an owner in the same process (the local engine)
+	// learns the rounds and their members from the master, not from the
+	// agents' output. It is called in the master's loop: it must return at
+	// once and must not call the Server. A round reloaded from the state is
+	// not told again.
+	OnRound func(CompletedRound)
 	// EventsURL is the job's error prefix: the master appends a relaunch
 	// event (package events) there for each relaunch it decides, so that
 	// the failure report shows it in the pod's lane. Empty: none.
@@ -265,7 +273,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		batch = batch[:0]
-		woken, decided, wrote, err := s.settle(ctx)
+		woken, ready, wrote, err := s.settle(ctx)
 		answered = append(answered, woken...)
 		if err == nil && !wrote && len(answered) > 0 {
 			// Nothing written, so nothing fenced this batch: its answers
@@ -284,12 +292,13 @@ func (s *Server) Run(ctx context.Context) error {
 		for _, c := range answered {
 			c.release()
 		}
-		for _, d := range decided {
+		for _, d := range ready.Decided {
 			owner(d)
 			if ev, ok := relaunchEvent(d); ok {
 				evlog.Append(ev)
 			}
 		}
+		s.tellRound(ready.Rounds)
 		if s.opts.ExitOnSuccess && s.job.Succeeded() {
 			s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
 			s.succeeded.Store(true)
@@ -301,9 +310,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 // settle takes the job's Ready: logs, metrics, wake-ups, then persists the
 // batch. The woken calls' answers are returned to be released with the
-// batch's own, once durable.
-func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decision, wrote bool, err error) {
-	r := s.job.Ready()
+// batch's own, once durable, and the Ready for the decisions and rounds.
+func (s *Server) settle(ctx context.Context) (answered []*call, r Ready, wrote bool, err error) {
+	r = s.job.Ready()
 	for _, l := range r.Log {
 		level := slog.LevelInfo
 		if l.Level == "warn" {
@@ -348,11 +357,23 @@ func (s *Server) settle(ctx context.Context) (answered []*call, decided []Decisi
 	records = append(records, storeRecords(kvs, sessions)...)
 	if len(records) > 0 && s.durable != nil {
 		if err := s.persist(ctx, records); err != nil {
-			return nil, nil, false, err
+			return nil, Ready{}, false, err
 		}
 		wrote = true
 	}
-	return answered, r.Decided, wrote, nil
+	return answered, r, wrote, nil
+}
+
+// tellRound tells Options.OnRound of the latest round if this batch
+// completed it. Only the latest can have been seen by a pod: a round that
+// another outdated in the same batch was never answered to anyone (the
+// woken calls are answered from the state after the batch).
+func (s *Server) tellRound(completed []int64) {
+	l := s.job.Latest()
+	if s.opts.OnRound == nil || l == nil || !slices.Contains(completed, l.Number) {
+		return
+	}
+	s.opts.OnRound(l.completed())
 }
 
 // confirmHeld checks that no other master has written the state since this

@@ -122,6 +122,20 @@ func join(ctx context.Context, c masterpb.MasterClient, n *masterpb.Node, after 
 	}
 }
 
+// joinAll joins nodes 0..n-1 at once, each until it gets its round.
+func joinAll(t *testing.T, c masterpb.MasterClient, n int) []*masterpb.Round {
+	t.Helper()
+	rounds := make([]*masterpb.Round, n)
+	var g errgroup.Group
+	for i := range n {
+		g.Go(func() (err error) { rounds[i], err = join(t.Context(), c, node(i), 0); return err })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	return rounds
+}
+
 // Every call without the job's token, or with another, is refused, and
 // the refusal says nothing about the job.
 func TestWrongTokenRefused(t *testing.T) {
@@ -530,13 +544,7 @@ func TestRelaunchEventWritten(t *testing.T) {
 	m := mastertest.StartWith(t, master.Options{Job: master.Config{JobID: "ev", MinNodes: 1, MaxNodes: 2}, EventsURL: "file://" + dir})
 	c := dial(t, m.Addr, token)
 	ctx := t.Context()
-	var g errgroup.Group
-	for i := range 2 {
-		g.Go(func() error { _, err := join(ctx, c, node(i), 0); return err })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	joinAll(t, c, 2)
 	res, err := c.Leave(ctx, &masterpb.LeaveRequest{Node: node(1), Failure: &masterpb.Failure{Code: "Preempted", Recoverable: true, Message: "SIGTERM"}})
 	if err != nil || !res.GetRelaunch() {
 		t.Fatalf("leave: %v %v", res, err)
@@ -574,19 +582,13 @@ func TestRoundSaysDeparted(t *testing.T) {
 	addr, _ := startServer(t, master.Config{JobID: "departed", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond}, "")
 	c := dial(t, addr, token)
 	ctx := t.Context()
-	rounds := make([]*masterpb.Round, 2)
-	var g errgroup.Group
-	for i := range 2 {
-		g.Go(func() (err error) { rounds[i], err = join(ctx, c, node(i), 0); return err })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	rounds := joinAll(t, c, 2)
 	if rounds[0].GetDeparted() != 0 {
 		t.Errorf("first round: departed %d", rounds[0].GetDeparted())
 	}
 	restarted := node(1)
 	restarted.Incarnation = "2"
+	var g errgroup.Group
 	g.Go(func() (err error) { rounds[0], err = join(ctx, c, node(0), 1); return err })
 	g.Go(func() (err error) { rounds[1], err = join(ctx, c, restarted, 0); return err })
 	if err := g.Wait(); err != nil {
@@ -596,5 +598,28 @@ func TestRoundSaysDeparted(t *testing.T) {
 		if r.GetNumber() != 2 || r.GetDeparted() != 1 {
 			t.Errorf("member %d: round %d, departed %d; want round 2, 1 departed", i, r.GetNumber(), r.GetDeparted())
 		}
+	}
+}
+
+// An owner in the master's process hears of each round the master
+// completes, with its members' pods by group rank: the local engine learns
+// rounds so, not from the agents' output.
+func TestOnRoundTellsTheMembers(t *testing.T) {
+	told := make(chan master.CompletedRound, 4)
+	m := mastertest.StartWith(t, master.Options{Job: master.Config{JobID: "told", MinNodes: 2, MaxNodes: 2},
+		OnRound: func(r master.CompletedRound) { told <- r }})
+	joinAll(t, dial(t, m.Addr, token), 2)
+	select {
+	case r := <-told:
+		if r.Number != 1 || strings.Join(r.Pods, " ") != "job-worker-0 job-worker-1" || r.WorldSize != 4 || r.At.IsZero() {
+			t.Errorf("told %+v; want round 1 of job-worker-0 and job-worker-1, 4 workers", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no round told")
+	}
+	select {
+	case r := <-told:
+		t.Errorf("a second round told: %+v", r)
+	default:
 	}
 }
