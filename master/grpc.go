@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"time"
 
@@ -41,31 +42,30 @@ const maxHeaderListBytes = 16 << 10
 // it arrives, however large. The interceptor checks again, in case a call
 // ever reaches a handler some other way.
 func (s *Server) GRPCServer() *grpc.Server {
-	g := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.InTapHandle(s.tapAuthorize),
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.UnaryInterceptor(s.authorize),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
-		// Agents hold one connection each, mostly idle or in a long poll:
-		// no read buffer, and small write buffers returned to a pool after
-		// each flush. Measured in bench-master: default buffers 459 MiB at
-		// 10,000 agents; no buffers at all 389 MiB but a syscall per frame
-		// (10k store ops/s); these 430 MiB and 16k ops/s. What remains is
-		// grpc-go's three goroutines per connection and one blocked handler
-		// per long poll. Sampled every 0.7 s through a 10,000-agent run
-		// (bench-master, KFELASTIC_PPROF=1): connected and idle, before any
-		// Join, 30,011 goroutines, heap 120–140 MiB, stacks 123 MiB, RSS
-		// ≈310 MiB (≈12 KiB of stacks and ≈12 KiB of heap per connection,
-		// grpc-go's transport); with the Joins held, 36,000 goroutines,
-		// stacks 203 MiB, heap 203–229 MiB, peak RSS 420–432 MiB.
-		// HeaderTableSize(0) (no HPACK table per connection) measured 410
-		// against 420 MiB, within the noise of one run: not taken.
-		grpc.ReadBufferSize(0),
-		grpc.WriteBufferSize(4<<10),
+		// Agents hold one connection each, mostly idle or in a long poll,
+		// so no buffer stays with a connection: reads take a 1 KiB buffer
+		// from a pool only once data is there (grpc-go's ready reader; a
+		// call's headers and message usually fit, and larger reads bypass
+		// it), writes a 4 KiB one until the flush. Without a read buffer
+		// every frame took two read(2)s; with one, a get costs the master
+		// ≈10% less CPU. Larger buffers cost peaks at 10,000 agents (16 KiB:
+		// up to 465 MiB, as thousands of reads hold one at once). Handlers
+		// run on GOMAXPROCS workers instead of a new goroutine per call,
+		// which grew each new goroutine's stack (another ≈10% of a get's
+		// CPU). Where the rest of the memory goes: docs/DESIGN.md §5.11.
+		grpc.ReadBufferSize(1 << 10),
+		grpc.WriteBufferSize(4 << 10),
 		grpc.SharedWriteBuffer(true),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	g := grpc.NewServer(opts...)
 	masterpb.RegisterMasterServer(g, &service{s: s})
 	return g
 }
@@ -102,10 +102,11 @@ const TokenHeader = "authorization"
 // nothing about the job in it.
 var errUnauthenticated = status.Error(codes.Unauthenticated, "missing or wrong job token")
 
-// authentic reports whether a call's headers carry the job's token.
-func (s *Server) authentic(md metadata.MD) bool {
+// authentic reports whether a call's token headers (their values) carry
+// the job's token.
+func (s *Server) authentic(values []string) bool {
 	ok := false
-	for _, v := range md.Get(TokenHeader) {
+	for _, v := range values {
 		if tok, found := strings.CutPrefix(v, "Bearer "); found &&
 			subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.Token)) == 1 {
 			ok = true
@@ -117,7 +118,7 @@ func (s *Server) authentic(md metadata.MD) bool {
 // tapAuthorize refuses a call without the token as its stream opens, on
 // the transport's goroutine, before any of its message is read.
 func (s *Server) tapAuthorize(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if !s.authentic(info.Header) {
+	if !s.authentic(info.Header.Get(TokenHeader)) {
 		s.metrics.refused.Inc()
 		return ctx, errUnauthenticated
 	}
@@ -125,8 +126,9 @@ func (s *Server) tapAuthorize(ctx context.Context, info *tap.Info) (context.Cont
 }
 
 func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if !s.authentic(md) {
+	// ValueFromIncomingContext, not FromIncomingContext: no copy of every
+	// header per call.
+	if !s.authentic(metadata.ValueFromIncomingContext(ctx, TokenHeader)) {
 		s.metrics.refused.Inc()
 		return nil, errUnauthenticated
 	}

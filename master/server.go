@@ -169,15 +169,21 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 			return nil, fmt.Errorf("--state: %w", err)
 		}
 		s.bucket = b
-		dir := ""
-		if u, err := url.Parse(opts.StateURL); err == nil && u.Scheme == "file" {
-			dir = u.Path
+		dir, scheme := "", ""
+		if u, err := url.Parse(opts.StateURL); err == nil {
+			scheme = u.Scheme
+			if scheme == "file" {
+				dir = u.Path
+			}
 		}
 		d, recs, err := loadState(ctx, b, opts.Job.JobID, dir)
 		if err != nil {
 			b.Close()
 			return nil, err
 		}
+		// A mem:// bucket is this master's own (each open is a new one):
+		// no other master can write it, so there is no fence to check for.
+		d.private = scheme == "mem"
 		s.durable, records = d, recs
 	}
 	job, err := RestoreJob(opts.Job, records, now)

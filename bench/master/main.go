@@ -10,11 +10,19 @@
 //     the c10d backend, the store hosted by a separate TCPStore process)
 //     and ours at that same count;
 //   - store: p50/p99 latency and throughput of set/get/add/compare_set from
-//     -clients concurrent clients, against the master (durable: file://
-//     state; and mem://) and against torch's TCPStore server (python3
-//     TCPStore(is_master=True)), both driven by Go clients (ours over gRPC,
-//     torch's in its 1.13 wire protocol), so that the client language is
-//     the same on both sides.
+//     1 and 16 concurrent clients (-clients), against the master (durable:
+//     file:// state; and mem://) and against torch's TCPStore server
+//     (python3 TCPStore(is_master=True)), both driven by Go clients (ours
+//     the agent's own gRPC client, as its store relay uses it; torch's in
+//     its 1.13 wire protocol), so that the client language is the same on
+//     both sides; with each side's CPU time per operation and, for the
+//     master, the operations per state write (group commit). One client is
+//     what a single torch worker waits for; 16 share this machine's cores
+//     with the server, so their latency includes waiting for a core.
+//
+// With -v, the rendezvous rows also say where the master's memory goes:
+// its heap and stacks when every agent is connected and idle, and the
+// peaks sampled through the run.
 //
 // Run it with `make bench-master` (needs bin/kfelastic and /usr/bin/python3
 // with torch: scripts/deps.sh apt).
@@ -43,6 +51,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kfelastic/kfelastic/agent"
 	"github.com/kfelastic/kfelastic/api/masterpb"
 )
 
@@ -52,8 +61,9 @@ var (
 	binary_ = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary")
 	sizes   = flag.String("n", "100,1000,10000", "simulated agent counts")
 	torchN  = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
-	clients = flag.Int("clients", 16, "concurrent store clients")
+	clients = flag.String("clients", "1,16", "concurrent store client counts: one table each")
 	ops     = flag.Int("ops", 2000, "store operations per client and kind")
+	kinds   = flag.String("kinds", "set,get,add,compare_set", "store operations to measure, in order")
 	verbose = flag.Bool("v", false, "also print the master's memory breakdown")
 )
 
@@ -159,26 +169,54 @@ func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
 	}
 }
 
-// memory is the master's own account of its memory (Go runtime metrics):
-// heap in use, goroutine stacks, goroutines.
-func (m *masterProc) memory() string {
+// scrape reads the master's metrics (name → value, unlabelled ones).
+func (m *masterProc) scrape() map[string]float64 {
+	out := map[string]float64{}
 	res, err := http.Get("http://" + m.metrics + "/metrics")
 	if err != nil {
-		return ""
+		return out
 	}
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
-	val := func(name string) float64 {
-		for _, l := range strings.Split(string(body), "\n") {
-			if f := strings.Fields(l); len(f) == 2 && f[0] == name {
-				v, _ := strconv.ParseFloat(f[1], 64)
-				return v
+	for _, l := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			out[f[0]] = v
+		}
+	}
+	return out
+}
+
+// memory is the master's own account of its memory (Go runtime metrics):
+// heap in use, goroutine stacks, goroutines.
+func (m *masterProc) memory() string {
+	v := m.scrape()
+	return fmt.Sprintf("heap %.0f MiB, stacks %.0f MiB, %0.f goroutines", v["go_memstats_heap_inuse_bytes"]/(1<<20),
+		v["go_memstats_stack_inuse_bytes"]/(1<<20), v["go_goroutines"])
+}
+
+// memoryPeaks samples the master's RSS and runtime metrics until ctx ends,
+// and returns the peak of each: where the peak RSS comes from.
+func (m *masterProc) memoryPeaks(ctx context.Context) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		var rss, heap, stacks, goroutines float64
+		for {
+			v := m.scrape()
+			rss = max(rss, float64(vmRSS(m.cmd.Process.Pid)))
+			heap = max(heap, v["go_memstats_heap_inuse_bytes"])
+			stacks = max(stacks, v["go_memstats_stack_inuse_bytes"])
+			goroutines = max(goroutines, v["go_goroutines"])
+			select {
+			case <-ctx.Done():
+				out <- fmt.Sprintf("peaks sampled: RSS %.0f MiB, heap in use %.0f MiB, stacks %.0f MiB, %.0f goroutines",
+					rss/(1<<20), heap/(1<<20), stacks/(1<<20), goroutines)
+				return
+			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		return 0
-	}
-	return fmt.Sprintf("heap %.0f MiB, stacks %.0f MiB, %0.f goroutines", val("go_memstats_heap_inuse_bytes")/(1<<20),
-		val("go_memstats_stack_inuse_bytes")/(1<<20), val("go_goroutines"))
+	}()
+	return out
 }
 
 func (m *masterProc) stop() int64 {
@@ -215,6 +253,12 @@ func oursRendezvous(dir, tokenFile string, n, perConn int) (time.Duration, int64
 	if err != nil {
 		return 0, 0, err
 	}
+	var peaks <-chan string
+	sampling, stopSampling := context.WithCancel(context.Background())
+	defer stopSampling()
+	if *verbose {
+		peaks = m.memoryPeaks(sampling)
+	}
 	var conns []*grpc.ClientConn
 	defer func() {
 		for _, c := range conns {
@@ -240,6 +284,9 @@ func oursRendezvous(dir, tokenFile string, n, perConn int) (time.Duration, int64
 			m.stop()
 			return 0, 0, err
 		}
+	}
+	if *verbose {
+		fmt.Printf("    (master at %d agents, connected and idle: %s)\n", n, m.memory())
 	}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -279,6 +326,10 @@ func oursRendezvous(dir, tokenFile string, n, perConn int) (time.Duration, int64
 				res.Body.Close()
 			}
 		}
+	}
+	if peaks != nil {
+		stopSampling()
+		fmt.Printf("    (%s)\n", <-peaks)
 	}
 	rss := m.stop()
 	select {
@@ -394,7 +445,7 @@ type storeClient interface {
 }
 
 type grpcStore struct {
-	conn   *grpc.ClientConn
+	m      *agent.Master
 	c      masterpb.MasterClient
 	client string
 	seq    uint64
@@ -423,7 +474,7 @@ func (g *grpcStore) compareSet(key string, e, d []byte) ([]byte, error) {
 	r, err := g.do(&masterpb.StoreRequest{Op: &masterpb.StoreRequest_CompareSet{CompareSet: &masterpb.StoreCompareSet{Key: key, Expected: e, Desired: d}}})
 	return r.GetValue(), err
 }
-func (g *grpcStore) close() { g.conn.Close() }
+func (g *grpcStore) close() { g.m.Close() }
 
 // tcpStore speaks torch 1.13's TCPStore protocol (TORCH-STORE.md): a
 // command byte, u64-length-prefixed strings, little-endian integers.
@@ -513,12 +564,22 @@ func (t *tcpStore) close() { t.conn.Close() }
 type storeResult struct {
 	p50, p99 map[string]time.Duration
 	opsPerS  map[string]float64
+	// cpuPerOp is the server process's CPU time (user and system) per
+	// operation, clientCPUPerOp this process's (the clients'); opsPerWrite
+	// the operations per state write (group commit).
+	cpuPerOp, clientCPUPerOp map[string]time.Duration
+	opsPerWrite              map[string]float64
 }
 
+// serverCounters reads what drive reports per kind: the server's CPU
+// seconds and, for the master, its state writes.
+type serverCounters func() (cpu, writes float64)
+
 // drive runs -ops of each kind from every client at once, kind by kind.
-func drive(newClient func(i int) (storeClient, error)) (storeResult, error) {
-	res := storeResult{p50: map[string]time.Duration{}, p99: map[string]time.Duration{}, opsPerS: map[string]float64{}}
-	cs := make([]storeClient, *clients)
+func drive(n int, newClient func(i int) (storeClient, error), counters serverCounters) (storeResult, error) {
+	res := storeResult{p50: map[string]time.Duration{}, p99: map[string]time.Duration{}, opsPerS: map[string]float64{},
+		cpuPerOp: map[string]time.Duration{}, clientCPUPerOp: map[string]time.Duration{}, opsPerWrite: map[string]float64{}}
+	cs := make([]storeClient, n)
 	for i := range cs {
 		c, err := newClient(i)
 		if err != nil {
@@ -528,10 +589,19 @@ func drive(newClient func(i int) (storeClient, error)) (storeResult, error) {
 		defer c.close()
 	}
 	value := []byte(strings.Repeat("v", 64))
-	for _, kind := range []string{"set", "get", "add", "compare_set"} {
+	// Each client's key exists before any kind runs, so that -kinds may
+	// start with get or compare_set.
+	for i, c := range cs {
+		if err := c.set(fmt.Sprintf("/bench/%d", i), value); err != nil {
+			return res, fmt.Errorf("set: %w", err)
+		}
+	}
+	for _, kind := range strings.Split(*kinds, ",") {
 		lat := make([][]time.Duration, len(cs))
 		errs := make(chan error, len(cs))
 		var wg sync.WaitGroup
+		cpu0, writes0 := counters()
+		self0 := procCPU(os.Getpid())
 		t0 := time.Now()
 		for i, c := range cs {
 			wg.Add(1)
@@ -566,6 +636,8 @@ func drive(newClient func(i int) (storeClient, error)) (storeResult, error) {
 		}
 		wg.Wait()
 		wall := time.Since(t0)
+		cpu1, writes1 := counters()
+		self1 := procCPU(os.Getpid())
 		select {
 		case err := <-errs:
 			return res, err
@@ -576,12 +648,28 @@ func drive(newClient func(i int) (storeClient, error)) (storeResult, error) {
 		res.p50[kind] = all[len(all)/2]
 		res.p99[kind] = all[len(all)*99/100]
 		res.opsPerS[kind] = float64(len(all)) / wall.Seconds()
+		res.cpuPerOp[kind] = time.Duration((cpu1 - cpu0) / float64(len(all)) * 1e9)
+		res.clientCPUPerOp[kind] = time.Duration((self1 - self0) / float64(len(all)) * 1e9)
+		if writes1 > writes0 {
+			res.opsPerWrite[kind] = float64(len(all)) / (writes1 - writes0)
+		}
 	}
 	return res, nil
 }
 
 func storeBench(dir, tokenFile string) error {
-	fmt.Printf("Store: %d concurrent clients, %d operations of each kind per client, 64-byte values\n", *clients, *ops)
+	for _, n := range ints(*clients) {
+		if err := storeBenchAt(dir, tokenFile, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// storeBenchAt runs the store kinds from n concurrent clients against each
+// server and prints one table.
+func storeBenchAt(dir, tokenFile string, n int) error {
+	fmt.Printf("Store: %d concurrent clients, %d operations of each kind per client, 64-byte values\n", n, *ops)
 	results := map[string]storeResult{}
 	for _, state := range []string{"file", "mem"} {
 		url := "file://" + filepath.Join(dir, fmt.Sprintf("store-%d", time.Now().UnixNano()))
@@ -604,18 +692,22 @@ func storeBench(dir, tokenFile string) error {
 					return
 				}
 				defer res.Body.Close()
-				if f, err := os.Create(p + "." + state); err == nil {
+				if f, err := os.Create(fmt.Sprintf("%s.%s.%d", p, state, n)); err == nil {
 					io.Copy(f, res.Body)
 					f.Close()
 				}
 			}()
 		}
-		r, err := drive(func(i int) (storeClient, error) {
-			conn, err := dial(m.addr)
+		r, err := drive(n, func(i int) (storeClient, error) {
+			// The agent's own client, as its store relay uses it: what a
+			// torch worker's operation goes through after the relay.
+			am, err := agent.DialMaster(agent.MasterConfig{Endpoint: m.addr, Token: token})
 			if err != nil {
 				return nil, err
 			}
-			return &grpcStore{conn: conn, c: masterpb.NewMasterClient(conn), client: fmt.Sprintf("bench-%d", i)}, nil
+			return &grpcStore{m: am, c: am.Client(), client: fmt.Sprintf("bench-%d", i)}, nil
+		}, func() (float64, float64) {
+			return procCPU(m.cmd.Process.Pid), m.scrape()["kfelastic_master_state_writes_total"]
 		})
 		if profiled != nil {
 			<-profiled
@@ -637,21 +729,30 @@ func storeBench(dir, tokenFile string) error {
 		return err
 	}
 	bufio.NewReader(out).ReadString('\n')
-	r, err := drive(func(int) (storeClient, error) { return dialTCPStore(fmt.Sprintf("127.0.0.1:%d", port)) })
+	r, err := drive(n, func(int) (storeClient, error) { return dialTCPStore(fmt.Sprintf("127.0.0.1:%d", port)) },
+		func() (float64, float64) { return procCPU(storeCmd.Process.Pid), 0 })
 	storeCmd.Process.Kill()
 	storeCmd.Wait()
 	if err != nil {
 		return fmt.Errorf("torch TCPStore: %w", err)
 	}
 	results["torch"] = r
-	fmt.Printf("%-12s %-34s %10s %10s %12s\n", "op", "server", "p50", "p99", "ops/s")
-	for _, kind := range []string{"set", "get", "add", "compare_set"} {
+	fmt.Printf("%-12s %-34s %10s %10s %10s %12s %12s %10s\n", "op", "server", "p50", "p99", "ops/s", "server CPU", "client CPU", "ops/write")
+	for _, kind := range strings.Split(*kinds, ",") {
 		for _, s := range []struct{ key, name string }{{"file", "kfelastic master (durable, file://)"}, {"mem", "kfelastic master (mem://)"}, {"torch", "torch TCPStore (1.13, in memory)"}} {
 			r := results[s.key]
-			fmt.Printf("%-12s %-34s %10s %10s %12.0f\n", kind, s.name, r.p50[kind].Round(time.Microsecond), r.p99[kind].Round(time.Microsecond), r.opsPerS[kind])
+			perWrite := "-"
+			if w := r.opsPerWrite[kind]; w > 0 {
+				perWrite = fmt.Sprintf("%.1f", w)
+			}
+			fmt.Printf("%-12s %-34s %10s %10s %10.0f %9.0fµs/op %9.0fµs/op %10s\n", kind, s.name, r.p50[kind].Round(time.Microsecond),
+				r.p99[kind].Round(time.Microsecond), r.opsPerS[kind], float64(r.cpuPerOp[kind].Nanoseconds())/1e3,
+				float64(r.clientCPUPerOp[kind].Nanoseconds())/1e3, perWrite)
 		}
 	}
 	fmt.Println("(torch's SET has no reply: its latency is the time to send; ours is the durable acknowledgement)")
+	fmt.Println("(server CPU, client CPU: user and system time per operation of the server process and of the clients (this process); ops/write: operations per state write, the group commit)")
+	fmt.Println()
 	return nil
 }
 
@@ -676,13 +777,36 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func vmHWM(pid int) int64 {
+// procCPU is a process's CPU time so far (user and system), in seconds.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's closing parenthesis; utime and stime
+	// are the 14th and 15th of the whole line, in clock ticks (100 Hz).
+	_, rest, _ := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100
+}
+
+func vmHWM(pid int) int64 { return procStatus(pid, "VmHWM:") }
+
+func vmRSS(pid int) int64 { return procStatus(pid, "VmRSS:") }
+
+// procStatus is one kB figure of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb << 10
 		}
