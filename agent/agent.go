@@ -20,6 +20,8 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
@@ -95,11 +97,12 @@ type Config struct {
 	// local engine).
 	Rendezvous Rendezvous
 	// Stdout, Stderr receive the workers' tee and the rendezvous block;
-	// os.Stdout/os.Stderr when nil. Run writes to them through an Output,
-	// which never blocks (pass Outputs to share them with the Logger).
+	// os.Stdout/os.Stderr when nil. Run writes to them through a
+	// nonblocking.Output, which never blocks (pass Outputs to share them
+	// with the Logger).
 	Stdout, Stderr io.Writer
 	// Logger is the agent's own log; a text log on Stderr when nil. Its
-	// writer should be an Output too, or never block.
+	// writer should be a nonblocking.Output too, or never block.
 	Logger *slog.Logger
 	// Env is the base environment of the workers; os.Environ() when nil.
 	Env []string
@@ -245,16 +248,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	// Never blocked by a reader that does not read (output.go); the Outputs
-	// made here are closed here.
+	// Never blocked by a reader that does not read (nonblocking.Output);
+	// the Outputs made here are closed here.
 	var own []io.Writer
 	for _, w := range []*io.Writer{&cfg.Stdout, &cfg.Stderr} {
-		if o := NewOutput(*w); o != *w {
+		if o := nonblocking.NewOutput(*w); o != *w {
 			*w = o
 			own = append(own, o)
 		}
 	}
-	defer CloseOutputs(time.Second, own...)
+	defer nonblocking.CloseOutputs(time.Second, own...)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	}
@@ -495,7 +498,7 @@ func (l *loop) step(ev Event) []Action {
 
 // terminate feeds the stop signal that ended ctx to the policy.
 func (l *loop) terminate(ctx context.Context) []Action {
-	sig := stopSignal(ctx)
+	sig := stopsignal.Of(ctx)
 	l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
 	return l.policy.Step(Terminate{Signal: sig}, time.Now())
 }

@@ -21,6 +21,8 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -99,13 +101,13 @@ func runAgentProcess(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	ctx, stop := NotifyContext(context.Background())
+	ctx, stop := stopsignal.NotifyContext(context.Background())
 	defer stop()
 	if p.Command == nil {
 		p.Command = []string{os.Args[0]}
 	}
-	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
-	defer CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
+	stdout, stderr := nonblocking.NewOutput(os.Stdout), nonblocking.NewOutput(os.Stderr)
+	defer nonblocking.CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
 	err := Run(ctx, Config{
 		Command: p.Command, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
 		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,

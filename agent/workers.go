@@ -109,8 +109,8 @@ type output struct {
 	stdout, stderr io.Writer
 }
 
-// line writes one teed line, prefixed, in one write: w is an Output, which
-// never blocks (output.go), and keeps a write whole.
+// line writes one teed line, prefixed, in one write: w is a nonblocking.Output,
+// which never blocks, and keeps a write whole.
 func (o *output) line(w io.Writer, prefix string, line []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
