@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -288,13 +289,13 @@ func Run(ctx context.Context, cfg Config) error {
 		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
 
 	// Nothing the workers start outlives the agent, even a SIGKILLed one
-	// (procs.go).
-	agentID := newAgentID()
-	guard, err := startGuardian(agentID, filepath.Join(runDir, "guardian.log"))
+	// (package guardian).
+	agentID := guardian.NewAgentID()
+	guard, err := guardian.Start(agentID, filepath.Join(runDir, "guardian.log"))
 	if err != nil {
 		log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
 	}
-	defer guard.stop()
+	defer guard.Stop()
 
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -385,9 +386,9 @@ type loop struct {
 	// stopping is closed by a stop signal (Run's ctx).
 	stopping <-chan struct{}
 	// agentID marks the workers' processes; guard is the guardian, nil
-	// without one (procs.go).
+	// without one (package guardian).
 	agentID string
-	guard   *guardian
+	guard   *guardian.Guardian
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
@@ -805,7 +806,7 @@ func (l *loop) cleanup() {
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
-	sweep([]string{l.agentID + "/"}, true, nil)
+	guardian.Sweep([]string{l.agentID + "/"}, true, nil)
 	l.superseding.Wait()
 }
 
@@ -867,7 +868,7 @@ func (l *loop) startForkServer() {
 		l.log.Warn("no fork server: workers are started with exec", "err", err)
 		return
 	}
-	l.guard.register(s.pid, true)
+	l.guard.Register(s.pid, true)
 	l.fork = s
 	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
 }
@@ -892,14 +893,14 @@ func (l *loop) forkServer() *forkServer {
 	if why := s.refused(); why != "" {
 		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
 		s.stop()
-		l.guard.register(s.pid, false)
+		l.guard.Register(s.pid, false)
 		l.fork = nil
 		return nil
 	}
 	if !s.isDead() {
 		return s
 	}
-	l.guard.register(s.pid, false)
+	l.guard.Register(s.pid, false)
 	l.fork = nil
 	select {
 	case <-s.ready:
@@ -955,7 +956,7 @@ func (l *loop) startSpares(gs groupStart, a StartGroup) {
 		probe := newWorker(gs, next.Attempt, local)
 		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
 			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
-			mark: attemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
+			mark: guardian.AttemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
 		w, err := startSpare(gs, next.Attempt, local, env, preload)
 		if err != nil {
 			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
@@ -63,7 +64,7 @@ import (
 const helperEnv = "KFELASTIC_AGENT_HELPER"
 
 func TestMain(m *testing.M) {
-	MaybeGuard()
+	guardian.MaybeRun()
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kfelastic/kfelastic/agent/guardian"
 )
 
 // --launcher command (docs/DESIGN.md §4.4).
@@ -152,7 +154,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
 	env[ProgressFileEnv] = s.progressFile
 	if s.mark != "" {
-		env[agentMarkEnv] = s.mark
+		env[guardian.MarkEnv] = s.mark
 	}
 	return envList(env)
 }

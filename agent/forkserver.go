@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/internal/procmem"
 )
 
@@ -39,14 +40,14 @@ import (
 // a double fork with the agent as PR_SET_CHILD_SUBREAPER, would make
 // the workers the agent's own children, but also every orphan of theirs
 // (data loader processes), which the agent would then have to reap beside
-// os/exec's waits without stealing their statuses (procs.go). The price of
-// this way is that a worker's status is only known through the server:
+// os/exec's waits without stealing their statuses (package guardian). The
+// price of this way is that a worker's status is only known through the server:
 // each worker dies with the server (PR_SET_PDEATHSIG), so a dead server is
 // a SIGKILL of its workers, reported as such, and the group restarts with
 // a new server (and exec for that attempt, while the new one imports).
 //
 // A forked process's /proc/PID/environ is its parent's: the server's, with
-// its mark (procs.go). A worker writes its own environment over it
+// its mark (package guardian). A worker writes its own environment over it
 // (forkserver.py), so that it and what it forks carry the attempt's mark, and
 // tools that find workers by their environment (LOCAL_RANK) find them. Where
 // that could not be done the server's mark stays: when a group has ended,
@@ -160,7 +161,7 @@ func startForkServer(python string, env []string, preload, mark, logPath string,
 	// The pad makes room in the server's environment block for each
 	// worker's, which a forked worker writes over it (forkserver.py,
 	// expose): its torchrun variables are the difference.
-	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark,
+	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, guardian.MarkEnv+"="+mark,
 		"KFELASTIC_FORK_PAD="+strings.Repeat("-", forkEnvPad))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{theirs}

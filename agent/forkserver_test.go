@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -266,7 +267,7 @@ func torchForkServerRestarts(t *testing.T, py string) {
 		t.Fatalf("want a second fork server after the first died:\n%s", s)
 	}
 	server := []string{ms[0][1], ms[0][1], "", ms[1][1]} // restart 2 is exec'd: no server yet
-	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", guardian.MarkEnv}
 	pgids := map[int]bool{}
 	for restart := range 4 {
 		for rank := range 2 {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -200,7 +201,7 @@ func torchEnvMatchesTorchrun(t *testing.T, py string) {
 		// (False; WorkerEnv says why both work).
 		differ = append(differ, "TORCHELASTIC_USE_AGENT_STORE")
 	}
-	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", agentMarkEnv}
+	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", guardian.MarkEnv}
 	for rank := range 2 {
 		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
 		for _, k := range sortedKeys(a, b) {
@@ -344,7 +345,7 @@ func torchWarmSpareRestart(t *testing.T, py string) {
 	if !strings.Contains(out.String(), "[default1]:step 39 ") {
 		t.Errorf("training did not resume to step 39:\n%s", out)
 	}
-	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", guardian.MarkEnv}
 	for rank := range 2 {
 		cold, warm := readEnv(t, dir, 0, rank), readEnv(t, dir, 1, rank)
 		if warm["TORCHELASTIC_RESTART_COUNT"] != "1" {

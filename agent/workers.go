@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -27,7 +28,7 @@ type group struct {
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
 	proxy *storeProxy
-	// mark is what every process of the group carries (procs.go).
+	// mark is what every process of the group carries (package guardian).
 	mark string
 	// command: the one worker is --launcher command's child, whose
 	// children get the dump signal (command.go).
@@ -67,7 +68,7 @@ func (g *group) end() {
 	if len(marks) > 0 {
 		// The fork server carries its mark and lives on: it forks the
 		// next group.
-		sweep(marks, false, nil, g.forkPid)
+		guardian.Sweep(marks, false, nil, g.forkPid)
 	}
 }
 
@@ -144,7 +145,7 @@ type groupStart struct {
 	// agentID names the agent in its workers' marks; guard is its guardian
 	// (nil without one), told of every worker's process group.
 	agentID string
-	guard   *guardian
+	guard   *guardian.Guardian
 	// stop, closed by a stop signal, interrupts a start in progress.
 	stop <-chan struct{}
 	// launch, when set, makes the one worker --launcher command's child,
@@ -166,7 +167,7 @@ type groupStart struct {
 func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
 	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt), command: gs.launch != nil}
 	if gs.agentID != "" {
-		g.mark = attemptMark(gs.agentID, sg.Attempt)
+		g.mark = guardian.AttemptMark(gs.agentID, sg.Attempt)
 	}
 	if gs.fork != nil {
 		if !gs.fork.waitReady(gs.stop) {
@@ -360,7 +361,7 @@ func (w *worker) started(gs groupStart, pid int, active bool) {
 	if os.MkdirAll(w.dir, 0o755) == nil {
 		_ = os.WriteFile(filepath.Join(w.dir, "pid"), []byte(strconv.Itoa(pid)+"\n"), 0o644)
 	}
-	gs.guard.register(w.pgid, true)
+	gs.guard.Register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
 	w.startedAt.Store(time.Now().UnixNano())
 	w.active.Store(active)
@@ -400,7 +401,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 	w.exited.Store(true)
 	// The group's leader is gone: whatever it left in its group is an orphan.
 	_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
-	gs.guard.register(w.pgid, false)
+	gs.guard.Register(w.pgid, false)
 	// Let the last lines (a traceback) reach the log before the event, but
 	// never wait long: a grandchild may hold the pipe.
 	done := make(chan struct{})

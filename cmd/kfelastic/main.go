@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
 	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
@@ -24,8 +24,8 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
-	// The agent's guardian is this binary, re-executed (agent/procs.go).
-	agent.MaybeGuard()
+	// The agent's guardian is this binary, re-executed (agent/guardian).
+	guardian.MaybeRun()
 	// SIGTERM, SIGINT, SIGHUP and SIGQUIT end the context, with the signal
 	// as its cause: the agent tells a preemption from an interruption by it.
 	ctx, stop := stopsignal.NotifyContext(context.Background())

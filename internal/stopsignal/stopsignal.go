@@ -31,8 +31,8 @@ import (
 //	others Go ignores
 //	SIGKILL           cannot be caught: the workers die with the agent
 //	                  (their parent-death signal) and the guardian kills
-//	                  whatever they started (procs.go); no document, the
-//	                  pod's status says 137.
+//	                  whatever they started (package guardian); no
+//	                  document, the pod's status says 137.
 //
 // Crash signals (SIGSEGV, SIGABRT, …) keep Go's default, a stack dump; the
 // guardian cleans up after them as after SIGKILL.
