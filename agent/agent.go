@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -83,7 +84,7 @@ type Config struct {
 	// default the agent of group rank 0 listens on the round's MASTER_PORT
 	// and forwards to the rank-0 worker's store on a private port, so that
 	// no worker meets torch's one-second retry of a refused store connection
-	// (see storeproxy.go). The visible difference from torchrun is global
+	// (package storeproxy). The visible difference from torchrun is global
 	// rank 0's MASTER_PORT, which is that private port.
 	NoStoreProxy bool
 	// Launcher is who starts the workers (docs/DESIGN.md §4.4, --launcher): "agent"
@@ -684,7 +685,7 @@ func (l *loop) start(a StartGroup) {
 	if l.group != nil {
 		l.group.stopProxy() // frees the port if the new round reuses it
 	}
-	var proxy *storeProxy
+	var proxy *storeproxy.Proxy
 	if !l.cfg.NoStoreProxy && r.GroupRank == 0 {
 		proxy, gs.storePort = l.startProxy(r)
 	}
@@ -757,14 +758,14 @@ func (l *loop) startCommand(a StartGroup) {
 // returns it with the private port for rank 0's store. If either port is
 // unavailable the group runs without a proxy (rank 0 binds MASTER_PORT, as
 // under torchrun) and only pays torch's connect retry.
-func (l *loop) startProxy(r Round) (*storeProxy, int) {
+func (l *loop) startProxy(r Round) (*storeproxy.Proxy, int) {
 	// The private port stays reserved until the proxy listens, so the two
 	// differ; like freePort it is closed before rank 0 binds it.
 	hold, err := net.Listen("tcp", ":0")
 	if err == nil {
 		port := hold.Addr().(*net.TCPAddr).Port
-		var p *storeProxy
-		p, err = startStoreProxy(r.MasterPort, port, l.log)
+		var p *storeproxy.Proxy
+		p, err = storeproxy.Start(r.MasterPort, port, l.log)
 		hold.Close()
 		if err == nil {
 			l.log.Info("store proxy started", "port", r.MasterPort, "rank0_port", port)

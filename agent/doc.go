@@ -34,7 +34,7 @@
 // kill -9 that is most of a restart. The agent of group rank 0 therefore
 // listens on the round's MASTER_PORT itself, accepts at once, and forwards
 // each connection, once rank 0's store accepts, to that store on a private
-// port (storeproxy.go). The one visible difference from torchrun: global rank
+// port (package storeproxy). The one visible difference from torchrun: global rank
 // 0's MASTER_PORT is the private port; torchrun gives every rank the same.
 // With the static backend on several nodes the proxy listens on the
 // operator's PET_MASTER_PORT on the node of group rank 0.

@@ -30,7 +30,7 @@ type workerSpec struct {
 	errorFile    string
 	progressFile string
 	// storePort, when not 0, is global rank 0's MASTER_PORT: the private
-	// port its store binds behind the agent's store proxy (storeproxy.go).
+	// port its store binds behind the agent's store proxy (storeproxy).
 	storePort int
 	// mark is the attempt's KFELASTIC_AGENT value (package guardian).
 	mark string

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -27,7 +28,7 @@ type group struct {
 	workers []*worker
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
-	proxy *storeProxy
+	proxy *storeproxy.Proxy
 	// mark is what every process of the group carries (package guardian).
 	mark string
 	// command: the one worker is --launcher command's child, whose
