@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
@@ -209,7 +210,7 @@ func (c *Config) validate() error {
 		}
 		m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: nodeHost(), Logger: c.Logger,
 			HeartbeatInterval: c.HeartbeatInterval,
-			Check:             &NodeCheck{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
+			Check:             &nodecheck.Checker{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
 		if err != nil {
 			return err
 		}

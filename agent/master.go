@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -42,7 +43,7 @@ type MasterConfig struct {
 	Unreachable time.Duration
 	// Check runs this node's part of a health-check round; nil: the Go
 	// check with no interpreter.
-	Check  *NodeCheck
+	Check  *nodecheck.Checker
 	Logger *slog.Logger
 }
 
@@ -324,7 +325,7 @@ func (m *Master) exclusion() *ExcludedError {
 
 // runCheck runs one health-check round and reports its result.
 func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.CheckTask) error {
-	task := CheckTask{Check: t.GetCheck(), Round: int(t.GetRound()), Group: int(t.GetGroup()), GroupRank: int(t.GetGroupRank()),
+	task := nodecheck.Task{Check: t.GetCheck(), Round: int(t.GetRound()), Group: int(t.GetGroup()), GroupRank: int(t.GetGroupRank()),
 		GroupSize: int(t.GetGroupSize()), LeaderAddr: t.GetLeaderAddr(), LeaderPort: int(t.GetLeaderPort()),
 		Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond}
 	// The master's deadline covers the whole round; the process gets a
@@ -334,7 +335,7 @@ func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.Ch
 	}
 	check := m.cfg.Check
 	if check == nil {
-		check = &NodeCheck{Logger: m.cfg.Logger}
+		check = &nodecheck.Checker{Logger: m.cfg.Logger}
 	}
 	m.cfg.Logger.Info("node check round", "check", task.Check, "round", task.Round, "group", task.Group,
 		"group_rank", task.GroupRank, "group_size", task.GroupSize, "leader", fmt.Sprintf("%s:%d", task.LeaderAddr, task.LeaderPort))
