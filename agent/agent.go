@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kfelastic/kfelastic/agent/forkserver"
 	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/agent/storeproxy"
@@ -403,10 +404,12 @@ type loop struct {
 	// relayAddr is the store relay's address (--launcher command with the
 	// master), the child's PET_RDZV_ENDPOINT.
 	relayAddr string
-	// fork is the fork server, nil without one; forkStarts counts the
-	// servers started, for their marks and the restart limit; forkWanted:
-	// the command can be forked and the fork server is not turned off.
-	fork       *forkServer
+	// fork is the fork server, nil without one, and forkMark its mark;
+	// forkStarts counts the servers started, for their marks and the
+	// restart limit; forkWanted: the command can be forked and the fork
+	// server is not turned off.
+	fork       *forkserver.Server
+	forkMark   string
 	forkStarts int
 	forkWanted bool
 }
@@ -672,7 +675,8 @@ func (l *loop) start(a StartGroup) {
 	l.out.mu.Unlock()
 	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
 		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log, torch2: l.torch2()}
+		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), forkMark: l.forkMark, log: l.log,
+		torch2: l.torch2()}
 	if l.cfg.WarmSpares {
 		gs.spoke = func(w *worker) {
 			select {
@@ -799,7 +803,7 @@ func (l *loop) cleanup() {
 		l.group.stopProxy()
 	}
 	if l.fork != nil {
-		l.fork.stop()
+		l.fork.Stop()
 	}
 	for _, w := range l.spares {
 		if w != nil {
@@ -855,7 +859,7 @@ func (l *loop) torch2() bool {
 	return l.torchIs2
 }
 
-// startForkServer starts a fork server (forkserver.go) for the command's
+// startForkServer starts a fork server (agent/forkserver) for the command's
 // interpreter, or goes on without one.
 func (l *loop) startForkServer() {
 	preload := l.cfg.Preload
@@ -865,21 +869,22 @@ func (l *loop) startForkServer() {
 	l.forkStarts++
 	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
 	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
-	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), preload, mark, logPath, l.log)
+	env := append(serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), guardian.MarkEnv+"="+mark)
+	s, err := forkserver.Start(l.cfg.Command[0], env, preload, logPath, l.log)
 	if err != nil {
 		l.log.Warn("no fork server: workers are started with exec", "err", err)
 		return
 	}
-	l.guard.Register(s.pid, true)
-	l.fork = s
-	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
+	l.guard.Register(s.Pid(), true)
+	l.fork, l.forkMark = s, mark
+	l.log.Info("fork server starting", "pid", s.Pid(), "preload", preload, "log", logPath)
 }
 
 // forkServer returns the fork server for the next group, nil for exec; the
 // first group starts the first server. A server that refused to fork is
 // given up; one that died is replaced, at most maxForkRestarts times, and
 // that group is exec'd while the new one imports.
-func (l *loop) forkServer() *forkServer {
+func (l *loop) forkServer() *forkserver.Server {
 	if l.forkWanted && l.forkStarts == 0 {
 		// Not before the first round: its imports would compete for the
 		// CPU with the master's node check, a timing test, and skew it.
@@ -892,35 +897,37 @@ func (l *loop) forkServer() *forkServer {
 	if s == nil {
 		return nil
 	}
-	if why := s.refused(); why != "" {
+	if why := s.Refused(); why != "" {
 		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
-		s.stop()
-		l.guard.Register(s.pid, false)
+		s.Stop()
+		l.guard.Register(s.Pid(), false)
 		l.fork = nil
 		return nil
 	}
-	if !s.isDead() {
+	if !s.IsDead() {
 		return s
 	}
-	l.guard.Register(s.pid, false)
+	l.guard.Register(s.Pid(), false)
 	l.fork = nil
-	select {
-	case <-s.ready:
-	default:
+	if !s.IsReady() {
 		// It never got as far as forking (an interpreter too old, a broken
 		// environment): a new one would not either.
 		l.log.Error("fork server died before it was ready: workers are started with exec from now on",
-			"its_log", tail(s.logPath, 2048))
+			"its_log", s.LogTail(2048))
 		return nil
 	}
 	if l.forkStarts > maxForkRestarts {
 		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
 		return nil
 	}
-	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.pid)
+	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.Pid())
 	l.startForkServer()
 	return nil
 }
+
+// maxForkRestarts: a fork server that keeps dying is given up; workers are
+// exec'd from then on.
+const maxForkRestarts = 3
 
 // spareDelay is the longest the spares wait for the group to speak.
 const spareDelay = 10 * time.Second

@@ -272,7 +272,7 @@ func runHelper(modes string) int {
 		return 1
 	case "checkdead":
 		data, _ := os.ReadFile(arg)
-		if pid, _ := strconv.Atoi(string(data)); pid == 0 || alive(pid) {
+		if pid, _ := strconv.Atoi(string(data)); pid == 0 || testenv.Alive(pid) {
 			fmt.Fprintf(os.Stderr, "the daemon of the last attempt (pid %s) lives\n", data)
 			return 5
 		}
@@ -531,7 +531,7 @@ func TestNoOrphans(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(string(data))
 	deadline := time.Now().Add(2 * time.Second)
-	for alive(pid) {
+	for testenv.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("grandchild %d still alive after the agent returned", pid)
 		}
@@ -540,17 +540,6 @@ func TestNoOrphans(t *testing.T) {
 	if took > 3*time.Second {
 		t.Errorf("agent took %v for an immediate failure", took)
 	}
-}
-
-// alive: the process exists and is not a zombie.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
 // A worker that ignores SIGTERM is SIGKILLed after the stop grace.

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/forkserver"
 	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -152,10 +153,11 @@ type groupStart struct {
 	// launch, when set, makes the one worker --launcher command's child,
 	// with CommandEnv instead of WorkerEnv (command.go).
 	launch *commandSpec
-	// fork, if set, forks the workers (forkserver.go); a worker it cannot
-	// fork is started with exec.
-	fork *forkServer
-	log  *slog.Logger
+	// fork, if set, forks the workers (agent/forkserver); a worker it cannot
+	// fork is started with exec. forkMark is its mark.
+	fork     *forkserver.Server
+	forkMark string
+	log      *slog.Logger
 }
 
 // startGroup starts the workers of sg, releasing warm spares where there
@@ -171,10 +173,10 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		g.mark = guardian.AttemptMark(gs.agentID, sg.Attempt)
 	}
 	if gs.fork != nil {
-		if !gs.fork.waitReady(gs.stop) {
+		if !gs.fork.WaitReady(gs.stop) {
 			gs.fork = nil
 		} else {
-			g.forkMark, g.forkPid = gs.fork.mark, gs.fork.pid
+			g.forkMark, g.forkPid = gs.forkMark, gs.fork.Pid()
 		}
 	}
 	var failed []WorkerExited
@@ -288,7 +290,7 @@ func (w *worker) fork(gs groupStart, env []string) error {
 	if err != nil {
 		return err
 	}
-	pid, exit, err := gs.fork.fork(gs.command[1:], env, stdout, stderr)
+	pid, exit, err := gs.fork.Fork(gs.command[1:], envMap(env), stdout, stderr)
 	stdout.Close()
 	stderr.Close()
 	if err != nil {
@@ -298,12 +300,12 @@ func (w *worker) fork(gs groupStart, env []string) error {
 	go w.wait(gs, readers, func() (syscall.Signal, int) {
 		e := <-exit
 		switch {
-		case e.lost: // it died with the server (PR_SET_PDEATHSIG)
+		case e.Lost: // it died with the server (PR_SET_PDEATHSIG)
 			return syscall.SIGKILL, 0
-		case e.status.Signaled():
-			return e.status.Signal(), 0
+		case e.Status.Signaled():
+			return e.Status.Signal(), 0
 		}
-		return 0, e.status.ExitStatus()
+		return 0, e.Status.ExitStatus()
 	})
 	return nil
 }

@@ -237,22 +237,12 @@ func TestNodeCheckCancelKillsGroup(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	deadline := time.Now().Add(2 * time.Second)
-	for processAlive(pid) {
+	for testenv.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the check's child %d outlived the round", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// processAlive: pid is a process that is not a zombie.
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
 }
 
 // fakePython is an executable shell script standing in for an interpreter.
