@@ -21,6 +21,7 @@ import (
 	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/agent/storeproxy"
+	"github.com/kfelastic/kfelastic/agent/storerelay"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -398,8 +399,8 @@ type loop struct {
 	// relay is the store relay (command mode with the master), and
 	// outdatedAt when the master outdated the round the command runs in
 	// (zero: not since the last round): c10d's dead nodes are forgotten
-	// from then on (c10dstate.go).
-	relay      *StoreRelay
+	// from then on (storerelay.Relay.ForgetLost).
+	relay      *storerelay.Relay
 	outdatedAt time.Time
 	// relayAddr is the store relay's address (--launcher command with the
 	// master), the child's PET_RDZV_ENDPOINT.
@@ -831,7 +832,7 @@ func (l *loop) current(we WorkerExited) bool {
 const forgetLostLimit = 20 * time.Second
 
 // forgetLost has the relay age the heartbeats of the c10d nodes that were
-// lost when the master outdated the command's round (c10dstate.go): live
+// lost when the master outdated the command's round (Relay.ForgetLost): live
 // nodes are in the master's new round, lost of the round before are not.
 func (l *loop) forgetLost(cutoff time.Time, live, lost int) {
 	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)

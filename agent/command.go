@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/storerelay"
 )
 
 // --launcher command (docs/DESIGN.md §4.4).
@@ -62,14 +63,14 @@ const LauncherCommand = "command"
 
 func (c *Config) command() bool { return c.Launcher == LauncherCommand }
 
-// startCommandRelay starts the child's store relay (storerelay.go) when the
-// rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
-func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*StoreRelay, error) {
+// startCommandRelay starts the child's store relay (agent/storerelay) when
+// the rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
+func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*storerelay.Relay, error) {
 	m, ok := rdzv.(*Master)
 	if !ok {
 		return nil, nil
 	}
-	r, err := StartStoreRelay(ctx, m, log)
+	r, err := storerelay.Start(ctx, m.Client(), m.Incarnation(), log)
 	if err != nil {
 		return nil, err
 	}
