@@ -19,109 +19,14 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent/forkserver"
 	"github.com/kfelastic/kfelastic/agent/guardian"
-	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	"github.com/kfelastic/kfelastic/agent/storerelay"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
-	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
 	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
-
-// Config is the agent's configuration: torchrun's flags plus kfelastic's.
-type Config struct {
-	// Command is the worker command line (after "--").
-	Command []string
-	// NProcPerNode is the number of local workers.
-	NProcPerNode int
-	// MinNodes and MaxNodes are --nnodes MIN:MAX.
-	MinNodes, MaxNodes int
-	// MaxRestarts is the budget of restarts after worker failures.
-	MaxRestarts int
-	// NodeRank is the stable node rank; -1 when unknown.
-	NodeRank int
-	// RdzvBackend, RdzvEndpoint, RdzvID are torchrun's rendezvous settings.
-	RdzvBackend, RdzvEndpoint, RdzvID string
-	// MasterAddr and MasterPort are where the workers meet with the static
-	// backend on several nodes (PET_MASTER_ADDR, PET_MASTER_PORT). For one
-	// node, MasterAddr (default: the host's FQDN, as torchrun) is used with a
-	// free port.
-	MasterAddr string
-	MasterPort int
-	// LogDir holds <run id>_<random>/attempt_<n>/<local rank>/{stdout.log,
-	// stderr.log,error.json}; a temporary folder when empty.
-	LogDir string
-	// ErrorPrefix is the URL where the pod's error document goes (file://,
-	// s3://, mem://); when empty the document is only logged.
-	ErrorPrefix string
-	// Pod names the pod in documents and worker names.
-	Pod string
-	// HangTimeout > 0 turns on the hang watchdog.
-	HangTimeout time.Duration
-	// DumpSignal (0 = none) is sent to the workers on SIGTERM, then they get
-	// DumpTimeout before the stop.
-	DumpSignal  syscall.Signal
-	DumpTimeout time.Duration
-	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
-	StopGrace time.Duration
-	// StorageTimeout bounds the agent's storage work: the upload of the
-	// pod's error document, retried until it has passed (document.go), the
-	// superseding at each group start, and each event write and the events'
-	// drain at exit (eventlog.go). DefaultStorageTimeout when 0.
-	StorageTimeout time.Duration
-	// WarmSpares starts the next attempt's Python interpreters ahead, with
-	// Preload (comma-separated modules, default "torch") imported, so that a
-	// restart skips the interpreter start and imports (see spare.go). The
-	// fork server imports Preload too.
-	WarmSpares bool
-	Preload    string
-	// NoForkServer turns the fork server off (--fork-server=false): by
-	// default, for a `python SCRIPT` or `python -m MODULE` command (and
-	// without WarmSpares), the agent keeps one interpreter with Preload
-	// imported and forks each worker from it, so that a restart skips the
-	// interpreter start and the imports (forkserver.go).
-	NoForkServer bool
-	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
-	// default the agent of group rank 0 listens on the round's MASTER_PORT
-	// and forwards to the rank-0 worker's store on a private port, so that
-	// no worker meets torch's one-second retry of a refused store connection
-	// (package storeproxy). The visible difference from torchrun is global
-	// rank 0's MASTER_PORT, which is that private port.
-	NoStoreProxy bool
-	// Launcher is who starts the workers (docs/DESIGN.md §4.4, --launcher): "agent"
-	// ("" too), or "command", where the command starts its own through
-	// torch elastic and the agent runs it once.
-	Launcher string
-	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
-	// in the command; torchrun's --tee).
-	Tee bool
-
-	// Rendezvous overrides the one chosen from the settings above (tests, the
-	// local engine).
-	Rendezvous Rendezvous
-	// Stdout, Stderr receive the workers' tee and the rendezvous block;
-	// os.Stdout/os.Stderr when nil. Run writes to them through a
-	// nonblocking.Output, which never blocks (pass Outputs to share them
-	// with the Logger).
-	Stdout, Stderr io.Writer
-	// Logger is the agent's own log; a text log on Stderr when nil. Its
-	// writer should be a nonblocking.Output too, or never block.
-	Logger *slog.Logger
-	// Env is the base environment of the workers; os.Environ() when nil.
-	Env []string
-	// TokenFile holds the per-job token the master requires on every call
-	// (docs/DESIGN.md §5.1); the plugin mounts it from the job's Secret.
-	TokenFile string
-	// HeartbeatInterval is the master heartbeat's period (default 5 s).
-	HeartbeatInterval time.Duration
-
-	// ownsRendezvous: validate dialled the master, Run closes it.
-	ownsRendezvous bool
-	// checkCommand replaces the Go node check's argv (tests).
-	checkCommand []string
-}
 
 // ExitError is how Run reports a failed pod: the root cause and the exit
 // status the process should end with (see ExitCode).
@@ -152,99 +57,6 @@ func firstLine(s string) string {
 	return s
 }
 
-// ErrMasterRequired is returned for an elastic multi-node job without a
-// master to meet at.
-var ErrMasterRequired = errors.New("an elastic multi-node job needs the kfelastic master: give --rdzv-endpoint HOST:PORT (and --token-file); or use --standalone, --nnodes 1, or --rdzv-backend static with --master-addr/--master-port and a fixed --nnodes")
-
-func (c *Config) validate() error {
-	if len(c.Command) == 0 {
-		return errors.New("no worker command (give it after --)")
-	}
-	if err := c.CheckRanges(); err != nil {
-		return err
-	}
-	if c.StopGrace <= 0 {
-		c.StopGrace = 5 * time.Second
-	}
-	if c.StorageTimeout <= 0 {
-		c.StorageTimeout = DefaultStorageTimeout
-	}
-	if c.Pod == "" {
-		c.Pod, _ = os.Hostname()
-	}
-	if c.RdzvID == "" {
-		c.RdzvID = "none" // torchrun's default --rdzv_id
-	}
-	if c.Stdout == nil {
-		c.Stdout = os.Stdout
-	}
-	if c.Stderr == nil {
-		c.Stderr = os.Stderr
-	}
-	if c.Env == nil {
-		c.Env = os.Environ()
-	}
-	if c.command() {
-		// Spares are interpreters for the agent's own workers; the command
-		// forks its workers itself.
-		c.WarmSpares = false
-	}
-	if c.Rendezvous != nil {
-		return nil
-	}
-	switch {
-	case c.MaxNodes == 1:
-		c.Rendezvous = &Single{RunID: c.RdzvID}
-	case c.RdzvBackend == "static" && c.MinNodes == c.MaxNodes:
-		if c.MasterAddr == "" || c.MasterPort == 0 || c.NodeRank < 0 {
-			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
-		}
-		if c.NodeRank >= c.MaxNodes {
-			return fmt.Errorf("--node-rank %d: want 0 to %d with --nnodes %d", c.NodeRank, c.MaxNodes-1, c.MaxNodes)
-		}
-		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
-	case c.RdzvEndpoint == "":
-		return ErrMasterRequired
-	default:
-		token, err := readToken(c.TokenFile)
-		if err != nil {
-			return err
-		}
-		m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: nodeHost(), Logger: c.Logger,
-			HeartbeatInterval: c.HeartbeatInterval,
-			Check:             &nodecheck.Checker{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
-		if err != nil {
-			return err
-		}
-		c.Rendezvous = m
-		c.ownsRendezvous = true
-	}
-	return nil
-}
-
-// readToken reads the job's token (the plugin mounts it from a Secret).
-func readToken(path string) (string, error) {
-	if path == "" {
-		return "", errors.New("the kfelastic master needs the job token: give --token-file")
-	}
-	tok, err := jobtoken.Read(path)
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	return tok, nil
-}
-
-// nodeHost is the machine the pod runs on, as the master should avoid it:
-// KFELASTIC_NODE_NAME (the plugin sets it to the pod's spec.nodeName),
-// else the hostname.
-func nodeHost() string {
-	if h := os.Getenv("KFELASTIC_NODE_NAME"); h != "" {
-		return h
-	}
-	h, _ := os.Hostname()
-	return h
-}
-
 // Run supervises the workers until they succeed (nil), the pod fails
 // (*ExitError, after its document is written), or ctx ends: the end of ctx
 // is the agent's SIGTERM (preemption), answered with the dump signal, a
@@ -253,6 +65,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	rdzv, closeRdzv, err := cfg.rendezvous()
+	if err != nil {
+		return err
+	}
+	defer closeRdzv()
+	cfg.Rendezvous = rdzv
 	// Never blocked by a reader that does not read (nonblocking.Output);
 	// the Outputs made here are closed here.
 	var own []io.Writer
@@ -329,9 +147,6 @@ func Run(ctx context.Context, cfg Config) error {
 	defer l.cleanup()
 	// The fork server starts with the first group (forkServer).
 	l.forkWanted = !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command)
-	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
-		defer c.Close()
-	}
 	if cfg.command() {
 		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
 		if err != nil {
