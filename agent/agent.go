@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,15 +16,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kfelastic/kfelastic/agent/forkserver"
 	"github.com/kfelastic/kfelastic/agent/guardian"
-	"github.com/kfelastic/kfelastic/agent/storeproxy"
-	"github.com/kfelastic/kfelastic/agent/storerelay"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
 	"github.com/kfelastic/kfelastic/internal/stopsignal"
-	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
 // ExitError is how Run reports a failed pod: the root cause and the exit
@@ -122,17 +117,19 @@ func Run(ctx context.Context, cfg Config) error {
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
-		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
-	l.spareTimer.Stop()
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), calls: make(chan func(), 16),
+		out: &tee{}, evlog: evlog, agentID: agentID, guard: guard}
 	l.oom = startOOMClock(work, oomCounterPath(), oomClockInterval)
-	// The workers' torch decides which of torchrun's variables they get
-	// (WorkerEnv); asked of their interpreter beside the rendezvous.
-	l.torchProbe = make(chan string, 1)
-	if cfg.Launcher != LauncherCommand {
-		go func() { l.torchProbe <- torchVersion(work, cfg.Command, cfg.Env, torchProbeLimit) }()
+	// cleanup first, so that it runs last, after any early return below.
+	defer l.cleanup()
+	if cfg.command() {
+		c, err := newCommandGroups(l)
+		if err != nil {
+			return fmt.Errorf("store relay: %w", err)
+		}
+		l.starter = c
 	} else {
-		l.torchProbe <- ""
+		l.starter = newWorkerGroups(l)
 	}
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
@@ -143,39 +140,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
-	// cleanup first, so that it runs last, after any early return below.
-	defer l.cleanup()
-	// The fork server starts with the first group (forkServer).
-	l.forkWanted = !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command)
-	if cfg.command() {
-		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
-		if err != nil {
-			return fmt.Errorf("store relay: %w", err)
-		}
-		if relay != nil {
-			defer relay.Close()
-			l.relay, l.relayAddr = relay, relay.Addr()
-		}
-	}
 	return l.run(ctx)
 }
 
 // loop is the I/O shell around the Policy: it carries out actions and turns
 // what happens (exits, rendezvous answers, signals, deadlines) into events.
 type loop struct {
-	// torchProbe brings the workers' torch version (torchVersion) once;
-	// torchIs2 is what torch2 made of it.
-	torchProbe chan string
-	torchOnce  sync.Once
-	torchIs2   bool
-
 	cfg    Config
 	log    *slog.Logger
 	runDir string
 	addr   string
 	work   context.Context
 	events chan Event
-	out    *output
+	// calls are work that the loop's parts ask it to do on its own
+	// goroutine, between events (call).
+	calls chan func()
+	out   *tee
 	// evlog appends the pod's events (group started, worker exited,
 	// restart, pod failed) next to its error documents.
 	evlog *eventLog
@@ -186,16 +166,11 @@ type loop struct {
 	group     *group
 	rdzvStop  context.CancelFunc
 	watchStop context.CancelFunc
-
-	spares []*worker
+	// starter starts each attempt's group: the agent's own workers
+	// (workerGroups) or --launcher command's child (commandGroups).
+	starter groupStarter
 	// groupStarted is when the current group was started.
 	groupStarted time.Time
-	// spareFor is the group whose workers must speak before the next
-	// spares start; spoke carries first output lines, spareTimer the
-	// fallback.
-	spareFor   *spareWait
-	spoke      chan *worker
-	spareTimer *time.Timer
 
 	pendingDoc kferrors.Failure
 	docKey     string
@@ -205,29 +180,12 @@ type loop struct {
 	// stopping is closed by a stop signal (Run's ctx).
 	stopping <-chan struct{}
 	// agentID marks the workers' processes; guard is the guardian, nil
-	// without one (package guardian).
+	// without one (agent/guardian).
 	agentID string
 	guard   *guardian.Guardian
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
-	// relay is the store relay (command mode with the master), and
-	// outdatedAt when the master outdated the round the command runs in
-	// (zero: not since the last round): c10d's dead nodes are forgotten
-	// from then on (storerelay.Relay.ForgetLost).
-	relay      *storerelay.Relay
-	outdatedAt time.Time
-	// relayAddr is the store relay's address (--launcher command with the
-	// master), the child's PET_RDZV_ENDPOINT.
-	relayAddr string
-	// fork is the fork server, nil without one, and forkMark its mark;
-	// forkStarts counts the servers started, for their marks and the
-	// restart limit; forkWanted: the command can be forked and the fork
-	// server is not turned off.
-	fork       *forkserver.Server
-	forkMark   string
-	forkStarts int
-	forkWanted bool
 }
 
 func (l *loop) send(ev Event) bool {
@@ -236,6 +194,15 @@ func (l *loop) send(ev Event) bool {
 		return true
 	case <-l.work.Done():
 		return false
+	}
+}
+
+// call runs f on the loop's goroutine, between events; f is dropped once
+// the loop is gone.
+func (l *loop) call(f func()) {
+	select {
+	case l.calls <- f:
+	case <-l.work.Done():
 	}
 }
 
@@ -277,15 +244,8 @@ func (l *loop) run(ctx context.Context) error {
 		select {
 		case ev := <-l.events:
 			actions = l.step(ev)
-		case w := <-l.spoke:
-			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
-				sw.spoke[w] = true
-				if len(sw.spoke) == l.cfg.NProcPerNode {
-					l.startSparesNow()
-				}
-			}
-		case <-l.spareTimer.C:
-			l.startSparesNow()
+		case f := <-l.calls:
+			f()
 		case <-terminated:
 			terminated = nil
 			actions = l.terminate(ctx)
@@ -333,19 +293,14 @@ func (l *loop) do(a Action) (done bool, err error) {
 			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
 				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
 		}
-		if l.relay != nil && l.group != nil {
-			l.outdatedAt = time.Now() // the command runs: the master outdated its round
+		if l.group != nil {
+			l.starter.roundOutdated(time.Now()) // the group runs: the master outdated its round
 		}
 		l.join()
 	case StartGroup:
 		l.start(a)
 	case WatchRound:
-		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
-			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
-		if l.relay != nil && !l.outdatedAt.IsZero() {
-			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize, a.Round.Departed)
-		}
-		l.outdatedAt = time.Time{}
+		l.starter.roundCompleted(a.Round)
 		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
@@ -468,74 +423,30 @@ func (l *loop) stopWatch() {
 	}
 }
 
-// start prints torchrun's rendezvous block, starts the group and watches the
+// start starts attempt a's group (its starter's part: the agent's workers or
+// --launcher command's child), notes it in the pod's events and watches the
 // round's membership.
 func (l *loop) start(a StartGroup) {
 	r := a.Round
-	if l.cfg.command() {
-		l.startCommand(a)
-		return
-	}
-	local := make([]int, l.cfg.NProcPerNode)
-	global := make([]int, l.cfg.NProcPerNode)
-	sizes := make([]int, l.cfg.NProcPerNode)
-	for i := range local {
-		local[i], global[i], sizes[i] = i, r.FirstGlobalRank+i, r.WorldSize
-	}
-	l.out.mu.Lock()
-	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+
-		"  restart_count=%d\n  master_addr=%s\n  master_port=%d\n  group_rank=%d\n  group_world_size=%d\n"+
-		"  local_ranks=%s\n  role_ranks=%s\n  global_ranks=%s\n  role_world_sizes=%s\n  global_world_sizes=%s\n\n",
-		RoleName, a.RestartCount, termsafe.Line(r.MasterAddr), r.MasterPort, r.GroupRank, r.GroupWorldSize,
-		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
-	l.out.mu.Unlock()
-	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), forkMark: l.forkMark, log: l.log,
-		torch2: l.torch2()}
-	if l.cfg.WarmSpares {
-		gs.spoke = func(w *worker) {
-			select {
-			case l.spoke <- w:
-			case <-l.work.Done():
-			}
-		}
-	}
-	gs.oomBaseline, gs.oomKnown = oomKills()
-	gs.oom = l.oom
-	if l.group != nil {
-		l.group.stopProxy() // frees the port if the new round reuses it
-	}
-	var proxy *storeproxy.Proxy
-	if !l.cfg.NoStoreProxy && r.GroupRank == 0 {
-		proxy, gs.storePort = l.startProxy(r)
-	}
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
 	var notStarted []WorkerExited
-	l.group, notStarted = startGroup(gs, a, l.spares)
+	l.group, notStarted = l.starter.start(a)
 	for _, we := range notStarted {
 		l.pending = append(l.pending, we)
 	}
-	l.group.proxy = proxy
-	for _, w := range l.spares {
-		if w != nil && !slices.Contains(l.group.workers, w) {
-			w.discard()
-		}
-	}
-	l.spares = nil
-	if l.cfg.WarmSpares {
-		// The spares wait until every worker has spoken (its imports are
-		// done) or spareDelay passed, so that they do not compete with the
-		// group's own start for CPU.
-		l.spareFor = &spareWait{gs: gs, group: a, spoke: map[*worker]bool{}}
-		l.spareTimer.Reset(spareDelay)
-	}
-	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
-		"dir", l.group.dir)
 	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
 		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
 	l.watch(r)
+}
+
+// groupStart is what every group's start shares: the pod's command and
+// folders, the tee, the OOM count so far, the guardian, the loop's events.
+func (l *loop) groupStart(workers int) groupStart {
+	gs := groupStart{command: l.cfg.Command, runDir: l.runDir, pod: l.cfg.Pod, workers: workers, out: l.out,
+		send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping, oom: l.oom, log: l.log}
+	gs.oomBaseline, gs.oomKnown = oomKills()
+	return gs
 }
 
 // watch turns the end of round r into a MembershipChanged, in the
@@ -551,64 +462,10 @@ func (l *loop) watch(r Round) {
 	}()
 }
 
-// startCommand starts --launcher command's one child (command.go) with the
-// pod's environment and the relay as PET_RDZV_ENDPOINT. torch's own agent
-// in the child prints torchrun's rendezvous block for its workers.
-func (l *loop) startCommand(a StartGroup) {
-	r := a.Round
-	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
-		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr, loopback: l.relayAddr != "" && !hostnameResolves()}}
-	gs.oomBaseline, gs.oomKnown = oomKills()
-	gs.oom = l.oom
-	l.groupStarted = time.Now()
-	l.supersede(l.groupStarted)
-	var notStarted []WorkerExited
-	l.group, notStarted = startGroup(gs, a, nil)
-	for _, we := range notStarted {
-		l.pending = append(l.pending, we)
-	}
-	l.log.Info("command started", "attempt", a.Attempt, "round", r.Number, "group_rank", r.GroupRank,
-		"group_world_size", r.GroupWorldSize, "rdzv_endpoint", l.relayAddr, "dir", l.group.dir)
-	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
-		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
-	l.watch(r)
-}
-
-// startProxy starts the group's store proxy on the round's MASTER_PORT and
-// returns it with the private port for rank 0's store. If either port is
-// unavailable the group runs without a proxy (rank 0 binds MASTER_PORT, as
-// under torchrun) and only pays torch's connect retry.
-func (l *loop) startProxy(r Round) (*storeproxy.Proxy, int) {
-	// The private port stays reserved until the proxy listens, so the two
-	// differ; like freePort it is closed before rank 0 binds it.
-	hold, err := net.Listen("tcp", ":0")
-	if err == nil {
-		port := hold.Addr().(*net.TCPAddr).Port
-		var p *storeproxy.Proxy
-		p, err = storeproxy.Start(r.MasterPort, port, l.log)
-		hold.Close()
-		if err == nil {
-			l.log.Info("store proxy started", "port", r.MasterPort, "rank0_port", port)
-			return p, port
-		}
-	}
-	l.log.Warn("no store proxy: rank 0 hosts the store on MASTER_PORT", "port", r.MasterPort, "err", err)
-	return nil, 0
-}
-
-// pyList formats ints as Python prints a list: [0, 1].
-func pyList(xs []int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprint(x)
-	}
-	return "[" + strings.Join(parts, ", ") + "]"
-}
-
 // cleanup leaves nothing behind: no rendezvous call, no worker, no process
-// group. The policy only exits once all workers ended, so the SIGKILL is
-// for the paths where Run returns early.
+// group, nothing the starter keeps (fork server, spares, store relay). The
+// policy only exits once all workers ended, so the SIGKILL is for the paths
+// where Run returns early.
 func (l *loop) cleanup() {
 	l.stopWatch()
 	if l.rdzvStop != nil {
@@ -618,13 +475,8 @@ func (l *loop) cleanup() {
 		l.group.signal(syscall.SIGKILL)
 		l.group.stopProxy()
 	}
-	if l.fork != nil {
-		l.fork.Stop()
-	}
-	for _, w := range l.spares {
-		if w != nil {
-			w.discard()
-		}
+	if l.starter != nil {
+		l.starter.stop()
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
@@ -639,156 +491,6 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
-}
-
-// forgetLostLimit bounds how long a relay watches torch's c10d state for
-// its dead nodes after the master outdated a round: past keep_alive_interval
-// × keep_alive_max_attempt (15 s by default) torch has forgotten them itself.
-const forgetLostLimit = 20 * time.Second
-
-// forgetLost has the relay age the heartbeats of the c10d nodes that were
-// lost when the master outdated the command's round (Relay.ForgetLost): live
-// nodes are in the master's new round, lost of the round before are not.
-func (l *loop) forgetLost(cutoff time.Time, live, lost int) {
-	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)
-	defer cancel()
-	if n := l.relay.ForgetLost(ctx, cutoff, live, lost); n > 0 {
-		l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
-			"lost", lost, "after", time.Since(cutoff).Round(time.Millisecond))
-	}
-}
-
-// torchProbeLimit bounds the torch version probe: an interpreter start,
-// under load, without importing torch.
-const torchProbeLimit = 30 * time.Second
-
-// torch2 reports whether the workers run torch 2.x; the first call waits for
-// the probe.
-func (l *loop) torch2() bool {
-	l.torchOnce.Do(func() {
-		v := <-l.torchProbe
-		l.torchIs2 = isTorch2(v)
-		if v != "" {
-			l.log.Info("workers' torch", "version", v)
-		}
-	})
-	return l.torchIs2
-}
-
-// startForkServer starts a fork server (agent/forkserver) for the command's
-// interpreter, or goes on without one.
-func (l *loop) startForkServer() {
-	preload := l.cfg.Preload
-	if preload == "" {
-		preload = "torch"
-	}
-	l.forkStarts++
-	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
-	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
-	env := append(serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), guardian.MarkEnv+"="+mark)
-	s, err := forkserver.Start(l.cfg.Command[0], env, preload, logPath, l.log)
-	if err != nil {
-		l.log.Warn("no fork server: workers are started with exec", "err", err)
-		return
-	}
-	l.guard.Register(s.Pid(), true)
-	l.fork, l.forkMark = s, mark
-	l.log.Info("fork server starting", "pid", s.Pid(), "preload", preload, "log", logPath)
-}
-
-// forkServer returns the fork server for the next group, nil for exec; the
-// first group starts the first server. A server that refused to fork is
-// given up; one that died is replaced, at most maxForkRestarts times, and
-// that group is exec'd while the new one imports.
-func (l *loop) forkServer() *forkserver.Server {
-	if l.forkWanted && l.forkStarts == 0 {
-		// Not before the first round: its imports would compete for the
-		// CPU with the master's node check, a timing test, and skew it.
-		// Started now, with the first group waiting for it, a cold start
-		// costs one import and forks, where exec costs one import per
-		// worker, side by side.
-		l.startForkServer()
-	}
-	s := l.fork
-	if s == nil {
-		return nil
-	}
-	if why := s.Refused(); why != "" {
-		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
-		s.Stop()
-		l.guard.Register(s.Pid(), false)
-		l.fork = nil
-		return nil
-	}
-	if !s.IsDead() {
-		return s
-	}
-	l.guard.Register(s.Pid(), false)
-	l.fork = nil
-	if !s.IsReady() {
-		// It never got as far as forking (an interpreter too old, a broken
-		// environment): a new one would not either.
-		l.log.Error("fork server died before it was ready: workers are started with exec from now on",
-			"its_log", s.LogTail(2048))
-		return nil
-	}
-	if l.forkStarts > maxForkRestarts {
-		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
-		return nil
-	}
-	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.Pid())
-	l.startForkServer()
-	return nil
-}
-
-// maxForkRestarts: a fork server that keeps dying is given up; workers are
-// exec'd from then on.
-const maxForkRestarts = 3
-
-// spareDelay is the longest the spares wait for the group to speak.
-const spareDelay = 10 * time.Second
-
-type spareWait struct {
-	gs    groupStart
-	group StartGroup
-	spoke map[*worker]bool
-}
-
-func (l *loop) startSparesNow() {
-	sw := l.spareFor
-	l.spareFor = nil
-	l.spareTimer.Stop()
-	if sw == nil || l.policy.Done() || l.group == nil || l.group.attempt != sw.group.Attempt {
-		return
-	}
-	l.startSpares(sw.gs, sw.group)
-}
-
-// startSpares starts the next attempt's warm spares (WarmSpares).
-func (l *loop) startSpares(gs groupStart, a StartGroup) {
-	next := StartGroup{Attempt: a.Attempt + 1, RestartCount: a.RestartCount, Round: a.Round}
-	preload := l.cfg.Preload
-	if preload == "" {
-		preload = "torch"
-	}
-	l.spares = make([]*worker, l.cfg.NProcPerNode)
-	for local := range l.cfg.NProcPerNode {
-		select {
-		case <-l.stopping:
-			return // a stop signal: no next attempt to start spares for
-		default:
-		}
-		probe := newWorker(gs, next.Attempt, local)
-		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
-			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
-			mark: guardian.AttemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
-		w, err := startSpare(gs, next.Attempt, local, env, preload)
-		if err != nil {
-			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)
-			continue
-		}
-		l.spares[local] = w
-	}
 }
 
 // exitEvent is the event of a worker's exit: its status, and its failure's
