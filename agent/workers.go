@@ -171,7 +171,7 @@ func startGroup(gs groupStart, sg StartGroup) (*group, []WorkerExited) {
 	notStarted := func(w *worker, why string) {
 		w.exited.Store(true)
 		failed = append(failed, WorkerExited{Attempt: sg.Attempt, LocalRank: w.localRank,
-			Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
+			Exit: kferrors.WorkerExit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
 	}
 	if why := unstartable(gs.command); why != "" {
 		for local := range gs.workers {
@@ -374,7 +374,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 	case <-done:
 	case <-time.After(100 * time.Millisecond):
 	}
-	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load()), Signal: sig, ExitCode: code}
+	e := kferrors.WorkerExit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load()), Signal: sig, ExitCode: code}
 	if e.Signal != 0 || e.ExitCode != 0 {
 		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
 		if err == nil {

@@ -91,15 +91,15 @@ type Server struct {
 	dead chan struct{}
 
 	emu   sync.Mutex
-	exits map[int]chan Exit
+	exits map[int]chan End
 	// refusal is why the server refused to fork (threads, CUDA), "" if it
 	// did not; it will not fork again.
 	refusal string
 }
 
-// Exit is a forked worker's end: its wait status, or Lost when the server
+// End is a forked worker's end: its wait status, or Lost when the server
 // died before it reported one.
-type Exit struct {
+type End struct {
 	Status syscall.WaitStatus
 	Lost   bool
 }
@@ -108,7 +108,7 @@ type forkReply struct {
 	id   int
 	pid  int
 	err  string
-	exit chan Exit
+	exit chan End
 }
 
 // forkMessage is a line from the server.
@@ -160,7 +160,7 @@ func Start(python string, env []string, preload, logPath string, log *slog.Logge
 	}
 	s := &Server{cmd: cmd, conn: fc.(*net.UnixConn), pid: cmd.Process.Pid, logPath: logPath, log: log,
 		started: time.Now(), replies: make(chan forkReply, 1), ready: make(chan struct{}), dead: make(chan struct{}),
-		exits: map[int]chan Exit{}}
+		exits: map[int]chan End{}}
 	go s.read()
 	go func() { _ = cmd.Wait() }()
 	return s, nil
@@ -190,7 +190,7 @@ func (s *Server) read() {
 			if m.Error == "" {
 				// Registered before the next line is read: a worker's exit
 				// can only follow its fork.
-				r.exit = make(chan Exit, 1)
+				r.exit = make(chan End, 1)
 				s.emu.Lock()
 				s.exits[m.PID] = r.exit
 				s.emu.Unlock()
@@ -205,7 +205,7 @@ func (s *Server) read() {
 			delete(s.exits, m.PID)
 			s.emu.Unlock()
 			if ch != nil {
-				ch <- Exit{Status: syscall.WaitStatus(m.Status)}
+				ch <- End{Status: syscall.WaitStatus(m.Status)}
 			}
 		}
 	}
@@ -214,7 +214,7 @@ func (s *Server) read() {
 	s.emu.Lock()
 	lost := len(s.exits)
 	for pid, ch := range s.exits {
-		ch <- Exit{Lost: true}
+		ch <- End{Lost: true}
 		delete(s.exits, pid)
 	}
 	s.emu.Unlock()
@@ -266,7 +266,7 @@ func (s *Server) IsDead() bool {
 // directory, with stdout and stderr as its fds 1 and 2. It returns the
 // worker's pid, which leads its own process group, and the channel of its
 // end.
-func (s *Server) Fork(argv []string, env map[string]string, stdout, stderr *os.File) (int, <-chan Exit, error) {
+func (s *Server) Fork(argv []string, env map[string]string, stdout, stderr *os.File) (int, <-chan End, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.refusal != "" {

@@ -87,7 +87,7 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "fil
 
 // forkScript forks python code as a worker script and returns its pid, its
 // end and its stdout (read to EOF) once it ended.
-func forkScript(t *testing.T, s *Server, code string, args []string, env map[string]string) (int, <-chan Exit, <-chan string) {
+func forkScript(t *testing.T, s *Server, code string, args []string, env map[string]string) (int, <-chan End, <-chan string) {
 	t.Helper()
 	script := testenv.TempFile(t, "w.py", code)
 	r, w, err := os.Pipe()
@@ -109,14 +109,14 @@ func forkScript(t *testing.T, s *Server, code string, args []string, env map[str
 	return pid, exit, out
 }
 
-func waitForkExit(t *testing.T, exit <-chan Exit) Exit {
+func waitForkExit(t *testing.T, exit <-chan End) End {
 	t.Helper()
 	select {
 	case e := <-exit:
 		return e
 	case <-time.After(20 * time.Second):
 		t.Fatal("no exit reported")
-		return Exit{}
+		return End{}
 	}
 }
 
