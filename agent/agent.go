@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
 
 	// Nothing the workers start outlives the agent, even a SIGKILLed one
-	// (package guardian).
+	// (agent/guardian).
 	agentID := guardian.NewAgentID()
 	guard, err := guardian.Start(agentID, filepath.Join(runDir, "guardian.log"))
 	if err != nil {

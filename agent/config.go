@@ -64,13 +64,13 @@ type Config struct {
 	// default, for a `python SCRIPT` or `python -m MODULE` command (and
 	// without WarmSpares), the agent keeps one interpreter with Preload
 	// imported and forks each worker from it, so that a restart skips the
-	// interpreter start and the imports (forkserver.go).
+	// interpreter start and the imports (agent/forkserver).
 	NoForkServer bool
 	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
 	// default the agent of group rank 0 listens on the round's MASTER_PORT
 	// and forwards to the rank-0 worker's store on a private port, so that
 	// no worker meets torch's one-second retry of a refused store connection
-	// (package storeproxy). The visible difference from torchrun is global
+	// (agent/storeproxy). The visible difference from torchrun is global
 	// rank 0's MASTER_PORT, which is that private port.
 	NoStoreProxy bool
 	// Launcher is who starts the workers (docs/DESIGN.md §4.4, --launcher): "agent"

@@ -30,9 +30,9 @@ type workerSpec struct {
 	errorFile    string
 	progressFile string
 	// storePort, when not 0, is global rank 0's MASTER_PORT: the private
-	// port its store binds behind the agent's store proxy (storeproxy).
+	// port its store binds behind the agent's store proxy (agent/storeproxy).
 	storePort int
-	// mark is the attempt's KFELASTIC_AGENT value (package guardian).
+	// mark is the attempt's KFELASTIC_AGENT value (agent/guardian).
 	mark string
 	// torch2: the workers' torch is 2.x (torchVersion), whose torchrun
 	// gives its workers other variables than 1.13's.

@@ -30,13 +30,13 @@ type group struct {
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
 	proxy *storeproxy.Proxy
-	// mark is what every process of the group carries (package guardian).
+	// mark is what every process of the group carries (agent/guardian).
 	mark string
 	// command: the one worker is --launcher command's child, whose
 	// children get the dump signal (command.go).
 	command bool
 	// forkMark and forkPid are the fork server's mark and pid when the
-	// group's workers were forked: its forks carry its mark (forkserver.go).
+	// group's workers were forked: its forks carry its mark (agent/forkserver).
 	forkMark string
 	forkPid  int
 	// swept: end has run.

@@ -26,12 +26,12 @@ import (
 //	the same again    ignored: the stop under way is bounded (dump timeout
 //	                  plus stop grace); SIGKILL ends the agent at once.
 //	SIGPIPE           ignored: a closed stdout or stderr is given up
-//	                  (package nonblocking), training goes on.
+//	                  (internal/nonblocking), training goes on.
 //	SIGUSR1, SIGUSR2, ignored (Go's default for them).
 //	others Go ignores
 //	SIGKILL           cannot be caught: the workers die with the agent
 //	                  (their parent-death signal) and the guardian kills
-//	                  whatever they started (package guardian); no
+//	                  whatever they started (agent/guardian); no
 //	                  document, the pod's status says 137.
 //
 // Crash signals (SIGSEGV, SIGABRT, …) keep Go's default, a stack dump; the
