@@ -242,19 +242,14 @@ func (s *Server) WaitReady(stop <-chan struct{}) bool {
 
 // IsReady reports whether the server has imported its preloads (it may
 // have died since).
-func (s *Server) IsReady() bool {
-	select {
-	case <-s.ready:
-		return true
-	default:
-		return false
-	}
-}
+func (s *Server) IsReady() bool { return closed(s.ready) }
 
 // IsDead reports whether the server's connection has ended.
-func (s *Server) IsDead() bool {
+func (s *Server) IsDead() bool { return closed(s.dead) }
+
+func closed(ch <-chan struct{}) bool {
 	select {
-	case <-s.dead:
+	case <-ch:
 		return true
 	default:
 		return false
