@@ -294,7 +294,9 @@ func (l *loop) do(a Action) (done bool, err error) {
 				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
 		}
 		if l.group != nil {
-			l.starter.roundOutdated(time.Now()) // the group runs: the master outdated its round
+			// A round after a group's: under --launcher command the child
+			// runs on, in a round the master outdated.
+			l.starter.roundOutdated(time.Now())
 		}
 		l.join()
 	case StartGroup:

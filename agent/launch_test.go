@@ -17,6 +17,10 @@ import (
 	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
+// How the agent starts its workers (launch.go), through Run: the fork
+// server's restarts, refusals and deaths, and what is exec'd instead. The
+// fork server itself is tested in agent/forkserver.
+
 // The fork server on real torch workers: a kill -9 of a worker restarts the
 // group from the fork server with the worker environment a cold worker gets
 // (only the per-attempt values differ), the same argv, each worker leading

@@ -23,8 +23,9 @@ type groupStarter interface {
 	// start starts attempt a's group in its round; the workers it could
 	// not start come back as exits, for the loop to step.
 	start(a StartGroup) (*group, []WorkerExited)
-	// roundOutdated tells the starter that the master outdated the round
-	// the running group is in, at.
+	// roundOutdated tells the starter that the loop joins a new round,
+	// at, after a group's: the agent's workers have ended; --launcher
+	// command's child runs on, in a round the master outdated.
 	roundOutdated(at time.Time)
 	// roundCompleted tells it that the master completed round r while the
 	// group runs on (WatchRound: --launcher command only).

@@ -7,6 +7,7 @@ import (
 	"testing"
 )
 
+// masterPortLine is a helper worker's MASTER_PORT, by local rank.
 var masterPortLine = regexp.MustCompile(`\[default(\d)\]:master_port (\d+)`)
 
 // Under the agent, workers that reach the store before rank 0 has bound its
