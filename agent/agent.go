@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,103 +16,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
-	"github.com/kfelastic/kfelastic/internal/jobtoken"
-	"github.com/kfelastic/kfelastic/internal/termsafe"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 )
-
-// Config is the agent's configuration: torchrun's flags plus kfelastic's.
-type Config struct {
-	// Command is the worker command line (after "--").
-	Command []string
-	// NProcPerNode is the number of local workers.
-	NProcPerNode int
-	// MinNodes and MaxNodes are --nnodes MIN:MAX.
-	MinNodes, MaxNodes int
-	// MaxRestarts is the budget of restarts after worker failures.
-	MaxRestarts int
-	// NodeRank is the stable node rank; -1 when unknown.
-	NodeRank int
-	// RdzvBackend, RdzvEndpoint, RdzvID are torchrun's rendezvous settings.
-	RdzvBackend, RdzvEndpoint, RdzvID string
-	// MasterAddr and MasterPort are where the workers meet with the static
-	// backend on several nodes (PET_MASTER_ADDR, PET_MASTER_PORT). For one
-	// node, MasterAddr (default: the host's FQDN, as torchrun) is used with a
-	// free port.
-	MasterAddr string
-	MasterPort int
-	// LogDir holds <run id>_<random>/attempt_<n>/<local rank>/{stdout.log,
-	// stderr.log,error.json}; a temporary folder when empty.
-	LogDir string
-	// ErrorPrefix is the URL where the pod's error document goes (file://,
-	// s3://, mem://); when empty the document is only logged.
-	ErrorPrefix string
-	// Pod names the pod in documents and worker names.
-	Pod string
-	// HangTimeout > 0 turns on the hang watchdog.
-	HangTimeout time.Duration
-	// DumpSignal (0 = none) is sent to the workers on SIGTERM, then they get
-	// DumpTimeout before the stop.
-	DumpSignal  syscall.Signal
-	DumpTimeout time.Duration
-	// StopGrace is the time between SIGTERM and SIGKILL when stopping workers.
-	StopGrace time.Duration
-	// StorageTimeout bounds the agent's storage work: the upload of the
-	// pod's error document, retried until it has passed (document.go), the
-	// superseding at each group start, and each event write and the events'
-	// drain at exit (eventlog.go). DefaultStorageTimeout when 0.
-	StorageTimeout time.Duration
-	// WarmSpares starts the next attempt's Python interpreters ahead, with
-	// Preload (comma-separated modules, default "torch") imported, so that a
-	// restart skips the interpreter start and imports (see spare.go). The
-	// fork server imports Preload too.
-	WarmSpares bool
-	Preload    string
-	// NoForkServer turns the fork server off (--fork-server=false): by
-	// default, for a `python SCRIPT` or `python -m MODULE` command (and
-	// without WarmSpares), the agent keeps one interpreter with Preload
-	// imported and forks each worker from it, so that a restart skips the
-	// interpreter start and the imports (forkserver.go).
-	NoForkServer bool
-	// NoStoreProxy turns the store proxy off (--store-proxy=false): by
-	// default the agent of group rank 0 listens on the round's MASTER_PORT
-	// and forwards to the rank-0 worker's store on a private port, so that
-	// no worker meets torch's one-second retry of a refused store connection
-	// (see storeproxy.go). The visible difference from torchrun is global
-	// rank 0's MASTER_PORT, which is that private port.
-	NoStoreProxy bool
-	// Launcher is who starts the workers (docs/DESIGN.md §4.4, --launcher): "agent"
-	// ("" too), or "command", where the command starts its own through
-	// torch elastic and the agent runs it once.
-	Launcher string
-	// Tee copies the workers' output, prefixed, to Stdout/Stderr (default true
-	// in the command; torchrun's --tee).
-	Tee bool
-
-	// Rendezvous overrides the one chosen from the settings above (tests, the
-	// local engine).
-	Rendezvous Rendezvous
-	// Stdout, Stderr receive the workers' tee and the rendezvous block;
-	// os.Stdout/os.Stderr when nil. Run writes to them through an Output,
-	// which never blocks (pass Outputs to share them with the Logger).
-	Stdout, Stderr io.Writer
-	// Logger is the agent's own log; a text log on Stderr when nil. Its
-	// writer should be an Output too, or never block.
-	Logger *slog.Logger
-	// Env is the base environment of the workers; os.Environ() when nil.
-	Env []string
-	// TokenFile holds the per-job token the master requires on every call
-	// (docs/DESIGN.md §5.1); the plugin mounts it from the job's Secret.
-	TokenFile string
-	// HeartbeatInterval is the master heartbeat's period (default 5 s).
-	HeartbeatInterval time.Duration
-
-	// ownsRendezvous: validate dialled the master, Run closes it.
-	ownsRendezvous bool
-	// checkCommand replaces the Go node check's argv (tests).
-	checkCommand []string
-}
 
 // ExitError is how Run reports a failed pod: the root cause and the exit
 // status the process should end with (see ExitCode).
@@ -144,99 +52,6 @@ func firstLine(s string) string {
 	return s
 }
 
-// ErrMasterRequired is returned for an elastic multi-node job without a
-// master to meet at.
-var ErrMasterRequired = errors.New("an elastic multi-node job needs the kfelastic master: give --rdzv-endpoint HOST:PORT (and --token-file); or use --standalone, --nnodes 1, or --rdzv-backend static with --master-addr/--master-port and a fixed --nnodes")
-
-func (c *Config) validate() error {
-	if len(c.Command) == 0 {
-		return errors.New("no worker command (give it after --)")
-	}
-	if err := c.CheckRanges(); err != nil {
-		return err
-	}
-	if c.StopGrace <= 0 {
-		c.StopGrace = 5 * time.Second
-	}
-	if c.StorageTimeout <= 0 {
-		c.StorageTimeout = DefaultStorageTimeout
-	}
-	if c.Pod == "" {
-		c.Pod, _ = os.Hostname()
-	}
-	if c.RdzvID == "" {
-		c.RdzvID = "none" // torchrun's default --rdzv_id
-	}
-	if c.Stdout == nil {
-		c.Stdout = os.Stdout
-	}
-	if c.Stderr == nil {
-		c.Stderr = os.Stderr
-	}
-	if c.Env == nil {
-		c.Env = os.Environ()
-	}
-	if c.command() {
-		// Spares are interpreters for the agent's own workers; the command
-		// forks its workers itself.
-		c.WarmSpares = false
-	}
-	if c.Rendezvous != nil {
-		return nil
-	}
-	switch {
-	case c.MaxNodes == 1:
-		c.Rendezvous = &Single{RunID: c.RdzvID}
-	case c.RdzvBackend == "static" && c.MinNodes == c.MaxNodes:
-		if c.MasterAddr == "" || c.MasterPort == 0 || c.NodeRank < 0 {
-			return errors.New("--rdzv-backend static on several nodes needs --master-addr, --master-port and --node-rank")
-		}
-		if c.NodeRank >= c.MaxNodes {
-			return fmt.Errorf("--node-rank %d: want 0 to %d with --nnodes %d", c.NodeRank, c.MaxNodes-1, c.MaxNodes)
-		}
-		c.Rendezvous = &Fixed{RunID: c.RdzvID, Nodes: c.MaxNodes, MasterAddr: c.MasterAddr, MasterPort: c.MasterPort}
-	case c.RdzvEndpoint == "":
-		return ErrMasterRequired
-	default:
-		token, err := readToken(c.TokenFile)
-		if err != nil {
-			return err
-		}
-		m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: nodeHost(), Logger: c.Logger,
-			HeartbeatInterval: c.HeartbeatInterval,
-			Check:             &NodeCheck{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
-		if err != nil {
-			return err
-		}
-		c.Rendezvous = m
-		c.ownsRendezvous = true
-	}
-	return nil
-}
-
-// readToken reads the job's token (the plugin mounts it from a Secret).
-func readToken(path string) (string, error) {
-	if path == "" {
-		return "", errors.New("the kfelastic master needs the job token: give --token-file")
-	}
-	tok, err := jobtoken.Read(path)
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	return tok, nil
-}
-
-// nodeHost is the machine the pod runs on, as the master should avoid it:
-// KFELASTIC_NODE_NAME (the plugin sets it to the pod's spec.nodeName),
-// else the hostname.
-func nodeHost() string {
-	if h := os.Getenv("KFELASTIC_NODE_NAME"); h != "" {
-		return h
-	}
-	h, _ := os.Hostname()
-	return h
-}
-
 // Run supervises the workers until they succeed (nil), the pod fails
 // (*ExitError, after its document is written), or ctx ends: the end of ctx
 // is the agent's SIGTERM (preemption), answered with the dump signal, a
@@ -245,16 +60,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	// Never blocked by a reader that does not read (output.go); the Outputs
-	// made here are closed here.
+	rdzv, closeRdzv, err := cfg.rendezvous()
+	if err != nil {
+		return err
+	}
+	defer closeRdzv()
+	cfg.Rendezvous = rdzv
+	// Never blocked by a reader that does not read (nonblocking.Output);
+	// the Outputs made here are closed here.
 	var own []io.Writer
 	for _, w := range []*io.Writer{&cfg.Stdout, &cfg.Stderr} {
-		if o := NewOutput(*w); o != *w {
+		if o := nonblocking.NewOutput(*w); o != *w {
 			*w = o
 			own = append(own, o)
 		}
 	}
-	defer CloseOutputs(time.Second, own...)
+	defer nonblocking.CloseOutputs(time.Second, own...)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	}
@@ -285,28 +106,30 @@ func Run(ctx context.Context, cfg Config) error {
 		"nnodes_max", cfg.MaxNodes, "max_restarts", cfg.MaxRestarts, "log_dir", runDir)
 
 	// Nothing the workers start outlives the agent, even a SIGKILLed one
-	// (procs.go).
-	agentID := newAgentID()
-	guard, err := startGuardian(agentID, filepath.Join(runDir, "guardian.log"))
+	// (agent/guardian).
+	agentID := guardian.NewAgentID()
+	guard, err := guardian.Start(agentID, filepath.Join(runDir, "guardian.log"))
 	if err != nil {
 		log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
 	}
-	defer guard.stop()
+	defer guard.Stop()
 
 	// The agent keeps working after ctx ends (dump, stop, document).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), out: &output{}, evlog: evlog,
-		spoke: make(chan *worker, 16), spareTimer: time.NewTimer(time.Hour), agentID: agentID, guard: guard}
-	l.spareTimer.Stop()
+	l := &loop{cfg: cfg, log: log, runDir: runDir, work: work, events: make(chan Event, 16), calls: make(chan func(), 16),
+		out: &tee{}, evlog: evlog, agentID: agentID, guard: guard}
 	l.oom = startOOMClock(work, oomCounterPath(), oomClockInterval)
-	// The workers' torch decides which of torchrun's variables they get
-	// (WorkerEnv); asked of their interpreter beside the rendezvous.
-	l.torchProbe = make(chan string, 1)
-	if cfg.Launcher != LauncherCommand {
-		go func() { l.torchProbe <- torchVersion(work, cfg.Command, cfg.Env, torchProbeLimit) }()
+	// cleanup first, so that it runs last, after any early return below.
+	defer l.cleanup()
+	if cfg.command() {
+		c, err := newCommandGroups(l)
+		if err != nil {
+			return fmt.Errorf("store relay: %w", err)
+		}
+		l.starter = c
 	} else {
-		l.torchProbe <- ""
+		l.starter = newWorkerGroups(l)
 	}
 	if cfg.Tee {
 		l.out.stdout, l.out.stderr = cfg.Stdout, cfg.Stderr
@@ -317,42 +140,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if l.addr == "" {
 		l.addr = hostFQDN(ctx)
 	}
-	// cleanup first, so that it runs last, after any early return below.
-	defer l.cleanup()
-	// The fork server starts with the first group (forkServer).
-	l.forkWanted = !cfg.NoForkServer && !cfg.WarmSpares && cfg.Launcher != "command" && forkable(cfg.Command)
-	if c, ok := cfg.Rendezvous.(io.Closer); ok && cfg.ownsRendezvous {
-		defer c.Close()
-	}
-	if cfg.command() {
-		relay, err := startCommandRelay(work, cfg.Rendezvous, log)
-		if err != nil {
-			return fmt.Errorf("store relay: %w", err)
-		}
-		if relay != nil {
-			defer relay.Close()
-			l.relay, l.relayAddr = relay, relay.Addr()
-		}
-	}
 	return l.run(ctx)
 }
 
 // loop is the I/O shell around the Policy: it carries out actions and turns
 // what happens (exits, rendezvous answers, signals, deadlines) into events.
 type loop struct {
-	// torchProbe brings the workers' torch version (torchVersion) once;
-	// torchIs2 is what torch2 made of it.
-	torchProbe chan string
-	torchOnce  sync.Once
-	torchIs2   bool
-
 	cfg    Config
 	log    *slog.Logger
 	runDir string
 	addr   string
 	work   context.Context
 	events chan Event
-	out    *output
+	// calls are work that the loop's parts ask it to do on its own
+	// goroutine, between events (call).
+	calls chan func()
+	out   *tee
 	// evlog appends the pod's events (group started, worker exited,
 	// restart, pod failed) next to its error documents.
 	evlog *eventLog
@@ -363,16 +166,11 @@ type loop struct {
 	group     *group
 	rdzvStop  context.CancelFunc
 	watchStop context.CancelFunc
-
-	spares []*worker
+	// starter starts each attempt's group: the agent's own workers
+	// (workerGroups) or --launcher command's child (commandGroups).
+	starter groupStarter
 	// groupStarted is when the current group was started.
 	groupStarted time.Time
-	// spareFor is the group whose workers must speak before the next
-	// spares start; spoke carries first output lines, spareTimer the
-	// fallback.
-	spareFor   *spareWait
-	spoke      chan *worker
-	spareTimer *time.Timer
 
 	pendingDoc kferrors.Failure
 	docKey     string
@@ -382,27 +180,12 @@ type loop struct {
 	// stopping is closed by a stop signal (Run's ctx).
 	stopping <-chan struct{}
 	// agentID marks the workers' processes; guard is the guardian, nil
-	// without one (procs.go).
+	// without one (agent/guardian).
 	agentID string
-	guard   *guardian
+	guard   *guardian.Guardian
 	// superseding is the background move of documents that a group start
 	// made stale (kferrors.Supersede); cleanup waits for it.
 	superseding sync.WaitGroup
-	// relay is the store relay (command mode with the master), and
-	// outdatedAt when the master outdated the round the command runs in
-	// (zero: not since the last round): c10d's dead nodes are forgotten
-	// from then on (c10dstate.go).
-	relay      *StoreRelay
-	outdatedAt time.Time
-	// relayAddr is the store relay's address (--launcher command with the
-	// master), the child's PET_RDZV_ENDPOINT.
-	relayAddr string
-	// fork is the fork server, nil without one; forkStarts counts the
-	// servers started, for their marks and the restart limit; forkWanted:
-	// the command can be forked and the fork server is not turned off.
-	fork       *forkServer
-	forkStarts int
-	forkWanted bool
 }
 
 func (l *loop) send(ev Event) bool {
@@ -411,6 +194,15 @@ func (l *loop) send(ev Event) bool {
 		return true
 	case <-l.work.Done():
 		return false
+	}
+}
+
+// call runs f on the loop's goroutine, between events; f is dropped once
+// the loop is gone.
+func (l *loop) call(f func()) {
+	select {
+	case l.calls <- f:
+	case <-l.work.Done():
 	}
 }
 
@@ -452,15 +244,8 @@ func (l *loop) run(ctx context.Context) error {
 		select {
 		case ev := <-l.events:
 			actions = l.step(ev)
-		case w := <-l.spoke:
-			if sw := l.spareFor; sw != nil && l.group != nil && slices.Contains(l.group.workers, w) {
-				sw.spoke[w] = true
-				if len(sw.spoke) == l.cfg.NProcPerNode {
-					l.startSparesNow()
-				}
-			}
-		case <-l.spareTimer.C:
-			l.startSparesNow()
+		case f := <-l.calls:
+			f()
 		case <-terminated:
 			terminated = nil
 			actions = l.terminate(ctx)
@@ -495,7 +280,7 @@ func (l *loop) step(ev Event) []Action {
 
 // terminate feeds the stop signal that ended ctx to the policy.
 func (l *loop) terminate(ctx context.Context) []Action {
-	sig := stopSignal(ctx)
+	sig := stopsignal.Of(ctx)
 	l.log.Info("agent got a stop signal", "signal", unix.SignalName(sig), "dump_signal", int(l.cfg.DumpSignal), "dump_timeout", l.cfg.DumpTimeout)
 	return l.policy.Step(Terminate{Signal: sig}, time.Now())
 }
@@ -508,19 +293,16 @@ func (l *loop) do(a Action) (done bool, err error) {
 			l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.Restart,
 				Attempt: l.policy.Attempt() + 1, RestartCount: a.RestartCount, Reason: a.Restart})
 		}
-		if l.relay != nil && l.group != nil {
-			l.outdatedAt = time.Now() // the command runs: the master outdated its round
+		if l.group != nil {
+			// A round after a group's: under --launcher command the child
+			// runs on, in a round the master outdated.
+			l.starter.roundOutdated(time.Now())
 		}
 		l.join()
 	case StartGroup:
 		l.start(a)
 	case WatchRound:
-		l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
-			"round", a.Round.Number, "group_rank", a.Round.GroupRank, "group_world_size", a.Round.GroupWorldSize)
-		if l.relay != nil && !l.outdatedAt.IsZero() {
-			go l.forgetLost(l.outdatedAt, a.Round.GroupWorldSize, a.Round.Departed)
-		}
-		l.outdatedAt = time.Time{}
+		l.starter.roundCompleted(a.Round)
 		l.watch(a.Round)
 	case SignalGroup:
 		if l.group != nil && l.group.attempt == a.Attempt {
@@ -643,73 +425,30 @@ func (l *loop) stopWatch() {
 	}
 }
 
-// start prints torchrun's rendezvous block, starts the group and watches the
+// start starts attempt a's group (its starter's part: the agent's workers or
+// --launcher command's child), notes it in the pod's events and watches the
 // round's membership.
 func (l *loop) start(a StartGroup) {
 	r := a.Round
-	if l.cfg.command() {
-		l.startCommand(a)
-		return
-	}
-	local := make([]int, l.cfg.NProcPerNode)
-	global := make([]int, l.cfg.NProcPerNode)
-	sizes := make([]int, l.cfg.NProcPerNode)
-	for i := range local {
-		local[i], global[i], sizes[i] = i, r.FirstGlobalRank+i, r.WorldSize
-	}
-	l.out.mu.Lock()
-	fmt.Fprintf(l.cfg.Stderr, "[%s] Rendezvous complete for workers. Result:\n"+
-		"  restart_count=%d\n  master_addr=%s\n  master_port=%d\n  group_rank=%d\n  group_world_size=%d\n"+
-		"  local_ranks=%s\n  role_ranks=%s\n  global_ranks=%s\n  role_world_sizes=%s\n  global_world_sizes=%s\n\n",
-		RoleName, a.RestartCount, termsafe.Line(r.MasterAddr), r.MasterPort, r.GroupRank, r.GroupWorldSize,
-		pyList(local), pyList(global), pyList(global), pyList(sizes), pyList(sizes))
-	l.out.mu.Unlock()
-	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		maxRestarts: l.cfg.MaxRestarts, workers: l.cfg.NProcPerNode, out: l.out, send: l.send,
-		agentID: l.agentID, guard: l.guard, stop: l.stopping, fork: l.forkServer(), log: l.log, torch2: l.torch2()}
-	if l.cfg.WarmSpares {
-		gs.spoke = func(w *worker) {
-			select {
-			case l.spoke <- w:
-			case <-l.work.Done():
-			}
-		}
-	}
-	gs.oomBaseline, gs.oomKnown = oomKills()
-	gs.oom = l.oom
-	if l.group != nil {
-		l.group.stopProxy() // frees the port if the new round reuses it
-	}
-	var proxy *storeProxy
-	if !l.cfg.NoStoreProxy && r.GroupRank == 0 {
-		proxy, gs.storePort = l.startProxy(r)
-	}
 	l.groupStarted = time.Now()
 	l.supersede(l.groupStarted)
 	var notStarted []WorkerExited
-	l.group, notStarted = startGroup(gs, a, l.spares)
+	l.group, notStarted = l.starter.start(a)
 	for _, we := range notStarted {
 		l.pending = append(l.pending, we)
 	}
-	l.group.proxy = proxy
-	for _, w := range l.spares {
-		if w != nil && !slices.Contains(l.group.workers, w) {
-			w.discard()
-		}
-	}
-	l.spares = nil
-	if l.cfg.WarmSpares {
-		// The spares wait until every worker has spoken (its imports are
-		// done) or spareDelay passed, so that they do not compete with the
-		// group's own start for CPU.
-		l.spareFor = &spareWait{gs: gs, group: a, spoke: map[*worker]bool{}}
-		l.spareTimer.Reset(spareDelay)
-	}
-	l.log.Info("workers started", "attempt", a.Attempt, "restart_count", a.RestartCount, "round", r.Number,
-		"dir", l.group.dir)
 	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
 		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
 	l.watch(r)
+}
+
+// groupStart is what every group's start shares: the pod's command and
+// folders, the tee, the OOM count so far, the guardian, the loop's events.
+func (l *loop) groupStart(workers int) groupStart {
+	gs := groupStart{command: l.cfg.Command, runDir: l.runDir, pod: l.cfg.Pod, workers: workers, out: l.out,
+		send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping, oom: l.oom, log: l.log}
+	gs.oomBaseline, gs.oomKnown = oomKills()
+	return gs
 }
 
 // watch turns the end of round r into a MembershipChanged, in the
@@ -725,64 +464,10 @@ func (l *loop) watch(r Round) {
 	}()
 }
 
-// startCommand starts --launcher command's one child (command.go) with the
-// pod's environment and the relay as PET_RDZV_ENDPOINT. torch's own agent
-// in the child prints torchrun's rendezvous block for its workers.
-func (l *loop) startCommand(a StartGroup) {
-	r := a.Round
-	gs := groupStart{command: l.cfg.Command, baseEnv: l.cfg.Env, runDir: l.runDir, pod: l.cfg.Pod,
-		workers: 1, out: l.out, send: l.send, agentID: l.agentID, guard: l.guard, stop: l.stopping,
-		launch: &commandSpec{cfg: &l.cfg, rdzvEndpoint: l.relayAddr, loopback: l.relayAddr != "" && !hostnameResolves()}}
-	gs.oomBaseline, gs.oomKnown = oomKills()
-	gs.oom = l.oom
-	l.groupStarted = time.Now()
-	l.supersede(l.groupStarted)
-	var notStarted []WorkerExited
-	l.group, notStarted = startGroup(gs, a, nil)
-	for _, we := range notStarted {
-		l.pending = append(l.pending, we)
-	}
-	l.log.Info("command started", "attempt", a.Attempt, "round", r.Number, "group_rank", r.GroupRank,
-		"group_world_size", r.GroupWorldSize, "rdzv_endpoint", l.relayAddr, "dir", l.group.dir)
-	l.evlog.append(podevents.Event{Time: l.groupStarted, Pod: l.cfg.Pod, Kind: podevents.GroupStarted, Attempt: a.Attempt,
-		RestartCount: a.RestartCount, Round: r.Number, WorldSize: r.WorldSize})
-	l.watch(r)
-}
-
-// startProxy starts the group's store proxy on the round's MASTER_PORT and
-// returns it with the private port for rank 0's store. If either port is
-// unavailable the group runs without a proxy (rank 0 binds MASTER_PORT, as
-// under torchrun) and only pays torch's connect retry.
-func (l *loop) startProxy(r Round) (*storeProxy, int) {
-	// The private port stays reserved until the proxy listens, so the two
-	// differ; like freePort it is closed before rank 0 binds it.
-	hold, err := net.Listen("tcp", ":0")
-	if err == nil {
-		port := hold.Addr().(*net.TCPAddr).Port
-		var p *storeProxy
-		p, err = startStoreProxy(r.MasterPort, port, l.log)
-		hold.Close()
-		if err == nil {
-			l.log.Info("store proxy started", "port", r.MasterPort, "rank0_port", port)
-			return p, port
-		}
-	}
-	l.log.Warn("no store proxy: rank 0 hosts the store on MASTER_PORT", "port", r.MasterPort, "err", err)
-	return nil, 0
-}
-
-// pyList formats ints as Python prints a list: [0, 1].
-func pyList(xs []int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprint(x)
-	}
-	return "[" + strings.Join(parts, ", ") + "]"
-}
-
 // cleanup leaves nothing behind: no rendezvous call, no worker, no process
-// group. The policy only exits once all workers ended, so the SIGKILL is
-// for the paths where Run returns early.
+// group, nothing the starter keeps (fork server, spares, store relay). The
+// policy only exits once all workers ended, so the SIGKILL is for the paths
+// where Run returns early.
 func (l *loop) cleanup() {
 	l.stopWatch()
 	if l.rdzvStop != nil {
@@ -792,17 +477,12 @@ func (l *loop) cleanup() {
 		l.group.signal(syscall.SIGKILL)
 		l.group.stopProxy()
 	}
-	if l.fork != nil {
-		l.fork.stop()
-	}
-	for _, w := range l.spares {
-		if w != nil {
-			w.discard()
-		}
+	if l.starter != nil {
+		l.starter.stop()
 	}
 	// Whatever any attempt started and still lives (a daemon of the last
 	// one) ends with the agent.
-	sweep([]string{l.agentID + "/"}, true, nil)
+	guardian.Sweep([]string{l.agentID + "/"}, true, nil)
 	l.superseding.Wait()
 }
 
@@ -813,153 +493,6 @@ func (l *loop) current(we WorkerExited) bool {
 		return true
 	}
 	return slices.Contains(l.group.workers, we.from)
-}
-
-// forgetLostLimit bounds how long a relay watches torch's c10d state for
-// its dead nodes after the master outdated a round: past keep_alive_interval
-// × keep_alive_max_attempt (15 s by default) torch has forgotten them itself.
-const forgetLostLimit = 20 * time.Second
-
-// forgetLost has the relay age the heartbeats of the c10d nodes that were
-// lost when the master outdated the command's round (c10dstate.go): live
-// nodes are in the master's new round, lost of the round before are not.
-func (l *loop) forgetLost(cutoff time.Time, live, lost int) {
-	ctx, cancel := context.WithTimeout(l.work, forgetLostLimit)
-	defer cancel()
-	if n := l.relay.ForgetLost(ctx, cutoff, live, lost); n > 0 {
-		l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
-			"lost", lost, "after", time.Since(cutoff).Round(time.Millisecond))
-	}
-}
-
-// torchProbeLimit bounds the torch version probe: an interpreter start,
-// under load, without importing torch.
-const torchProbeLimit = 30 * time.Second
-
-// torch2 reports whether the workers run torch 2.x; the first call waits for
-// the probe.
-func (l *loop) torch2() bool {
-	l.torchOnce.Do(func() {
-		v := <-l.torchProbe
-		l.torchIs2 = isTorch2(v)
-		if v != "" {
-			l.log.Info("workers' torch", "version", v)
-		}
-	})
-	return l.torchIs2
-}
-
-// startForkServer starts a fork server (forkserver.go) for the command's
-// interpreter, or goes on without one.
-func (l *loop) startForkServer() {
-	preload := l.cfg.Preload
-	if preload == "" {
-		preload = "torch"
-	}
-	l.forkStarts++
-	mark := fmt.Sprintf("%s/fork%d", l.agentID, l.forkStarts)
-	logPath := filepath.Join(l.runDir, fmt.Sprintf("forkserver_%d.log", l.forkStarts))
-	s, err := startForkServer(l.cfg.Command[0], serverEnv(l.cfg.Env, l.cfg.NProcPerNode, l.torch2()), preload, mark, logPath, l.log)
-	if err != nil {
-		l.log.Warn("no fork server: workers are started with exec", "err", err)
-		return
-	}
-	l.guard.register(s.pid, true)
-	l.fork = s
-	l.log.Info("fork server starting", "pid", s.pid, "preload", preload, "log", logPath)
-}
-
-// forkServer returns the fork server for the next group, nil for exec; the
-// first group starts the first server. A server that refused to fork is
-// given up; one that died is replaced, at most maxForkRestarts times, and
-// that group is exec'd while the new one imports.
-func (l *loop) forkServer() *forkServer {
-	if l.forkWanted && l.forkStarts == 0 {
-		// Not before the first round: its imports would compete for the
-		// CPU with the master's node check, a timing test, and skew it.
-		// Started now, with the first group waiting for it, a cold start
-		// costs one import and forks, where exec costs one import per
-		// worker, side by side.
-		l.startForkServer()
-	}
-	s := l.fork
-	if s == nil {
-		return nil
-	}
-	if why := s.refused(); why != "" {
-		l.log.Error("fork server given up: workers are started with exec from now on", "err", why)
-		s.stop()
-		l.guard.register(s.pid, false)
-		l.fork = nil
-		return nil
-	}
-	if !s.isDead() {
-		return s
-	}
-	l.guard.register(s.pid, false)
-	l.fork = nil
-	select {
-	case <-s.ready:
-	default:
-		// It never got as far as forking (an interpreter too old, a broken
-		// environment): a new one would not either.
-		l.log.Error("fork server died before it was ready: workers are started with exec from now on",
-			"its_log", tail(s.logPath, 2048))
-		return nil
-	}
-	if l.forkStarts > maxForkRestarts {
-		l.log.Error("fork server died again: workers are started with exec from now on", "servers_started", l.forkStarts)
-		return nil
-	}
-	l.log.Warn("fork server died: starting a new one; this attempt's workers are started with exec", "pid", s.pid)
-	l.startForkServer()
-	return nil
-}
-
-// spareDelay is the longest the spares wait for the group to speak.
-const spareDelay = 10 * time.Second
-
-type spareWait struct {
-	gs    groupStart
-	group StartGroup
-	spoke map[*worker]bool
-}
-
-func (l *loop) startSparesNow() {
-	sw := l.spareFor
-	l.spareFor = nil
-	l.spareTimer.Stop()
-	if sw == nil || l.policy.Done() || l.group == nil || l.group.attempt != sw.group.Attempt {
-		return
-	}
-	l.startSpares(sw.gs, sw.group)
-}
-
-// startSpares starts the next attempt's warm spares (WarmSpares).
-func (l *loop) startSpares(gs groupStart, a StartGroup) {
-	next := StartGroup{Attempt: a.Attempt + 1, RestartCount: a.RestartCount, Round: a.Round}
-	preload := l.cfg.Preload
-	if preload == "" {
-		preload = "torch"
-	}
-	l.spares = make([]*worker, l.cfg.NProcPerNode)
-	for local := range l.cfg.NProcPerNode {
-		select {
-		case <-l.stopping:
-			return // a stop signal: no next attempt to start spares for
-		default:
-		}
-		probe := newWorker(gs, next.Attempt, local)
-		env := WorkerEnv(gs.baseEnv, workerSpec{group: next, localRank: local, localWorkers: gs.workers,
-			maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: probe.errorFile, progressFile: probe.progressFile,
-			mark: attemptMark(gs.agentID, next.Attempt), torch2: gs.torch2})
-		w, err := startSpare(gs, next.Attempt, local, env, preload)
-		if err != nil {
-			l.log.Warn("no warm spare", "attempt", next.Attempt, "local_rank", local, "err", err)
-			continue
-		}
-		l.spares[local] = w
-	}
 }
 
 // exitEvent is the event of a worker's exit: its status, and its failure's

@@ -19,8 +19,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -61,7 +64,7 @@ import (
 const helperEnv = "KFELASTIC_AGENT_HELPER"
 
 func TestMain(m *testing.M) {
-	MaybeGuard()
+	guardian.MaybeRun()
 	if modes, ok := os.LookupEnv(helperEnv); ok {
 		os.Exit(runHelper(modes))
 	}
@@ -99,13 +102,13 @@ func runAgentProcess(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	ctx, stop := NotifyContext(context.Background())
+	ctx, stop := stopsignal.NotifyContext(context.Background())
 	defer stop()
 	if p.Command == nil {
 		p.Command = []string{os.Args[0]}
 	}
-	stdout, stderr := NewOutput(os.Stdout), NewOutput(os.Stderr)
-	defer CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
+	stdout, stderr := nonblocking.NewOutput(os.Stdout), nonblocking.NewOutput(os.Stderr)
+	defer nonblocking.CloseOutputs(500*time.Millisecond, stdout, stderr) // the command waits 2 s
 	err := Run(ctx, Config{
 		Command: p.Command, NProcPerNode: p.NProc, MinNodes: 1, MaxNodes: 1, NodeRank: -1, MaxRestarts: p.MaxRestarts,
 		RdzvID: "proc", LogDir: p.LogDir, Pod: "pod-0", StopGrace: p.StopGrace, HangTimeout: p.HangTimeout,
@@ -269,7 +272,7 @@ func runHelper(modes string) int {
 		return 1
 	case "checkdead":
 		data, _ := os.ReadFile(arg)
-		if pid, _ := strconv.Atoi(string(data)); pid == 0 || alive(pid) {
+		if pid, _ := strconv.Atoi(string(data)); pid == 0 || testenv.Alive(pid) {
 			fmt.Fprintf(os.Stderr, "the daemon of the last attempt (pid %s) lives\n", data)
 			return 5
 		}
@@ -528,7 +531,7 @@ func TestNoOrphans(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(string(data))
 	deadline := time.Now().Add(2 * time.Second)
-	for alive(pid) {
+	for testenv.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("grandchild %d still alive after the agent returned", pid)
 		}
@@ -537,17 +540,6 @@ func TestNoOrphans(t *testing.T) {
 	if took > 3*time.Second {
 		t.Errorf("agent took %v for an immediate failure", took)
 	}
-}
-
-// alive: the process exists and is not a zombie.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
 // A worker that ignores SIGTERM is SIGKILLed after the stop grace.

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/storerelay"
 )
 
 // --launcher command (docs/DESIGN.md §4.4).
@@ -60,19 +63,109 @@ const LauncherCommand = "command"
 
 func (c *Config) command() bool { return c.Launcher == LauncherCommand }
 
-// startCommandRelay starts the child's store relay (storerelay.go) when the
-// rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
-func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*StoreRelay, error) {
+// startCommandRelay starts the child's store relay (agent/storerelay) when
+// the rendezvous is the master; nil (PET_RDZV_ENDPOINT unchanged) otherwise.
+func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (*storerelay.Relay, error) {
 	m, ok := rdzv.(*Master)
 	if !ok {
 		return nil, nil
 	}
-	r, err := StartStoreRelay(ctx, m, log)
+	r, err := storerelay.Start(ctx, m.Client(), m.Incarnation(), log)
 	if err != nil {
 		return nil, err
 	}
 	log.Info("store relay for the command", "addr", r.Addr())
 	return r, nil
+}
+
+// commandGroups starts --launcher command's one child (the policy never
+// restarts it), exec'd with the pod's environment and the store relay as
+// PET_RDZV_ENDPOINT; torch's own agent in the child prints torchrun's
+// rendezvous block for its workers. With the master, the relay lives as
+// long as the agent, and forgets the c10d nodes that the master's rounds
+// lost (roundCompleted).
+type commandGroups struct {
+	l *loop
+	// relay is the store relay (nil without the master), relayAddr its
+	// address, the child's PET_RDZV_ENDPOINT; outdatedAt is when the
+	// master outdated the round the command runs in (zero: not since the
+	// last round): c10d's dead nodes are forgotten from then on.
+	relay      *storerelay.Relay
+	relayAddr  string
+	outdatedAt time.Time
+}
+
+var _ groupStarter = (*commandGroups)(nil)
+
+// newCommandGroups starts the child's store relay when the rendezvous is
+// the master.
+func newCommandGroups(l *loop) (*commandGroups, error) {
+	c := &commandGroups{l: l}
+	relay, err := startCommandRelay(l.work, l.cfg.Rendezvous, l.log)
+	if err != nil {
+		return nil, err
+	}
+	if relay != nil {
+		c.relay, c.relayAddr = relay, relay.Addr()
+	}
+	return c, nil
+}
+
+func (c *commandGroups) start(a StartGroup) (*group, []WorkerExited) {
+	l, r := c.l, a.Round
+	gs := l.groupStart(1)
+	gs.commandMode, gs.launcher = true, execLauncher{}
+	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves()}
+	gs.env = func(w *worker, mark string) []string {
+		s := spec
+		s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, mark
+		return CommandEnv(l.cfg.Env, s)
+	}
+	g, notStarted := startGroup(gs, a)
+	l.log.Info("command started", "attempt", a.Attempt, "round", r.Number, "group_rank", r.GroupRank,
+		"group_world_size", r.GroupWorldSize, "rdzv_endpoint", c.relayAddr, "dir", g.dir)
+	return g, notStarted
+}
+
+func (c *commandGroups) roundOutdated(at time.Time) {
+	if c.relay != nil {
+		c.outdatedAt = at
+	}
+}
+
+// roundCompleted: the command goes on in the master's new round; the relay
+// forgets the c10d nodes that the master's round before lost.
+func (c *commandGroups) roundCompleted(r Round) {
+	c.l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
+		"round", r.Number, "group_rank", r.GroupRank, "group_world_size", r.GroupWorldSize)
+	if c.relay != nil && !c.outdatedAt.IsZero() {
+		go c.forgetLost(c.outdatedAt, r.GroupWorldSize, r.Departed)
+	}
+	c.outdatedAt = time.Time{}
+}
+
+// stop closes the store relay.
+func (c *commandGroups) stop() {
+	if c.relay != nil {
+		_ = c.relay.Close()
+	}
+}
+
+// forgetLostLimit bounds how long a relay watches torch's c10d state for
+// its dead nodes after the master outdated a round: past keep_alive_interval
+// × keep_alive_max_attempt (15 s by default) torch has forgotten them itself.
+const forgetLostLimit = 20 * time.Second
+
+// forgetLost has the relay age the heartbeats of the c10d nodes that were
+// lost when the master outdated the command's round (Relay.ForgetLost): live
+// nodes are in the master's new round, lost of the round before are not.
+func (c *commandGroups) forgetLost(cutoff time.Time, live, lost int) {
+	ctx, cancel := context.WithTimeout(c.l.work, forgetLostLimit)
+	defer cancel()
+	if n := c.relay.ForgetLost(ctx, cutoff, live, lost); n > 0 {
+		c.l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
+			"lost", lost, "after", time.Since(cutoff).Round(time.Millisecond))
+	}
 }
 
 // commandSpec is what the child's environment adds to the pod's.
@@ -152,7 +245,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
 	env[ProgressFileEnv] = s.progressFile
 	if s.mark != "" {
-		env[agentMarkEnv] = s.mark
+		env[guardian.MarkEnv] = s.mark
 	}
 	return envList(env)
 }

@@ -18,6 +18,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
@@ -218,7 +219,7 @@ func TestCommandMasterExitStopsChild(t *testing.T) {
 	if !errors.As(errA, &ee) || ee.Failure.Code != kferrors.CodeJobStopped || ee.Code != 1 {
 		t.Fatalf("pod-a: want JobStopped, exit 1; got %v\n%s", errA, outA)
 	}
-	if alive(pid) {
+	if testenv.Alive(pid) {
 		t.Errorf("the command %d of the stopped job lives on", pid)
 	}
 }

@@ -15,35 +15,38 @@
 //		actions = p.Step(ev, now)
 //	}
 //
-// Rendezvous is how agents agree on rounds; Single (one node), Fixed
-// (torchrun's static backend) and InProcess (several agents in one process,
-// for tests and the local engine) implement it here, the master's gRPC
-// client will too.
+// Rendezvous is how agents agree on rounds: Single (one node), Fixed
+// (torchrun's static backend) and Master (the kfelastic master, over gRPC:
+// masterclient.go) implement it; Config.validate checks the settings, and
+// Run makes the rendezvous they name.
+//
+// A group starter starts each attempt's group (workergroups.go): the
+// agent's own workers as torchrun starts them (--launcher agent), each
+// exec'd, forked from the fork server or released from a warm spare, chosen
+// once per group (launch.go); or, with --launcher command, one command that
+// starts its own workers through torch elastic (command.go).
 //
 // Events: with an error prefix, the agent appends its pod's events next to
 // the documents (package events: group started, worker exited, restart,
 // pod failed or succeeded), in the background so that storage never delays
 // a restart (eventlog.go). The failure report draws them in the pod's lane.
 //
-// Store proxy (default; Config.NoStoreProxy, --store-proxy=false, turns it
-// off): torchrun's workers meet at a TCPStore that the global rank-0 worker
-// hosts on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=False), and it binds the
-// port only after importing torch. torch 1.13's store client answers a
-// refused connect() by sleeping a whole second before it tries again, so a
-// rank that is ready first makes the group's first step ~1 s late; after a
-// kill -9 that is most of a restart. The agent of group rank 0 therefore
-// listens on the round's MASTER_PORT itself, accepts at once, and forwards
-// each connection, once rank 0's store accepts, to that store on a private
-// port (storeproxy.go). The one visible difference from torchrun: global rank
-// 0's MASTER_PORT is the private port; torchrun gives every rank the same.
-// With the static backend on several nodes the proxy listens on the
-// operator's PET_MASTER_PORT on the node of group rank 0.
+// The leaves are packages of their own, each with its tests:
 //
-// Fork server (default; Config.NoForkServer, --fork-server=false, turns it
-// off): for a `python SCRIPT` or `python -m MODULE` command, the interpreter
-// start and `import torch` are most of a restart, so the agent keeps one
-// interpreter per pod with the preloads imported and forks each worker from
-// it (forkserver.go, forkserver.py). The workers are the server's children;
-// it reports their pids and wait statuses, so signals, the watchdog, OOM and
-// exit classification see them as exec'd ones.
+//	agent/forkserver   one interpreter per pod with torch imported, which
+//	                   forks the workers (default for `python SCRIPT` and
+//	                   `python -m MODULE`; --fork-server=false turns it off)
+//	agent/storeproxy   group rank 0's agent listens on the round's
+//	                   MASTER_PORT and forwards to rank 0's store once it is
+//	                   up, so no worker meets torch's 1 s connect retry
+//	                   (default; --store-proxy=false turns it off); the one
+//	                   visible difference from torchrun: global rank 0's
+//	                   MASTER_PORT is a private port
+//	agent/storerelay   --launcher command's TCPStore on loopback, relayed
+//	                   to the master's store (agent/tcpstore: the frames)
+//	agent/nodecheck    this node's part of the master's health check
+//	agent/masterconn   the gRPC channel to the master and the retry of its
+//	                   calls while it is away
+//	agent/guardian     no process of a pod outlives its agent: marks,
+//	                   sweeps, and the guardian process
 package agent

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfelastic/kfelastic/agent/guardian"
 )
 
 // RoleName is torchrun's default role, the only one the agent runs.
@@ -28,9 +30,9 @@ type workerSpec struct {
 	errorFile    string
 	progressFile string
 	// storePort, when not 0, is global rank 0's MASTER_PORT: the private
-	// port its store binds behind the agent's store proxy (storeproxy.go).
+	// port its store binds behind the agent's store proxy (agent/storeproxy).
 	storePort int
-	// mark is the attempt's KFELASTIC_AGENT value (procs.go).
+	// mark is the attempt's KFELASTIC_AGENT value (agent/guardian).
 	mark string
 	// torch2: the workers' torch is 2.x (torchVersion), whose torchrun
 	// gives its workers other variables than 1.13's.
@@ -64,7 +66,8 @@ type workerSpec struct {
 //     one error document per worker (the long names too, when inherited);
 //   - KFELASTIC_PROGRESS_FILE, the file the hang watchdog watches;
 //   - KFELASTIC_AGENT=<agent id>/<attempt>, the mark by which the agent
-//     and its guardian find every process the workers started (procs.go).
+//     and its guardian find every process the workers started (package
+//     guardian).
 func WorkerEnv(base []string, w workerSpec) []string {
 	env := envMap(base)
 	r := w.group.Round
@@ -91,7 +94,7 @@ func WorkerEnv(base []string, w workerSpec) []string {
 		ProgressFileEnv:                w.progressFile,
 	}
 	if w.mark != "" {
-		set[agentMarkEnv] = w.mark
+		set[guardian.MarkEnv] = w.mark
 	}
 	if rank == 0 && w.storePort != 0 {
 		set["MASTER_PORT"] = strconv.Itoa(w.storePort)
@@ -149,7 +152,7 @@ func envMap(env []string) map[string]string {
 func serverEnv(base []string, localWorkers int, torch2 bool) []string {
 	env := envMap(base)
 	setDefaults(env, localWorkers, torch2)
-	delete(env, agentMarkEnv)
+	delete(env, guardian.MarkEnv)
 	return envList(env)
 }
 

@@ -20,8 +20,8 @@ func ExamplePolicy() {
 	}
 	show(p.Start())
 	show(p.Step(RoundReady{Round: Round{Number: 1, GroupWorldSize: 1, WorldSize: 2}}, now))
-	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 1, Exit: kferrors.Exit{Worker: "job-worker-0/1", Signal: syscall.SIGKILL}}, now.Add(time.Second)))
-	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 0, Exit: kferrors.Exit{Worker: "job-worker-0/0", Signal: syscall.SIGTERM}}, now.Add(2*time.Second)))
+	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 1, Exit: kferrors.WorkerExit{Worker: "job-worker-0/1", Signal: syscall.SIGKILL}}, now.Add(time.Second)))
+	show(p.Step(WorkerExited{Attempt: 1, LocalRank: 0, Exit: kferrors.WorkerExit{Worker: "job-worker-0/0", Signal: syscall.SIGTERM}}, now.Add(2*time.Second)))
 	fmt.Println("restart count:", p.RestartCount())
 	// Output:
 	// agent.JoinRound {Restart: RestartCount:0}

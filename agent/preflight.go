@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -81,6 +84,55 @@ func unwrapPath(err error) error {
 func workingDir() string {
 	if wd, err := os.Getwd(); err == nil {
 		return " (working directory " + wd + ")"
+	}
+	return ""
+}
+
+var pythonName = regexp.MustCompile(`^python[0-9.]*$`)
+
+// InterpreterOf is the Python interpreter a job's command runs: its first
+// word if that is python*, else the interpreter named in the shebang of the
+// script it starts (pyflyte-execute, a torchrun-style entry point); "" if
+// neither.
+func InterpreterOf(command []string) string {
+	if len(command) == 0 {
+		return ""
+	}
+	if pythonName.MatchString(filepath.Base(command[0])) {
+		return command[0]
+	}
+	path, err := exec.LookPath(command[0])
+	if err != nil {
+		return ""
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	head := make([]byte, 256)
+	n, _ := io.ReadFull(f, head)
+	first, _, _ := bytes.Cut(head[:n], []byte("\n"))
+	shebang, ok := bytes.CutPrefix(first, []byte("#!"))
+	if !ok {
+		return ""
+	}
+	words := strings.Fields(string(shebang))
+	switch {
+	case len(words) == 0:
+		return ""
+	case filepath.Base(words[0]) == "env":
+		// env's flags (-S, -i) and NAME=VALUE come first.
+		for _, w := range words[1:] {
+			if pythonName.MatchString(filepath.Base(w)) {
+				return w
+			}
+			if !strings.HasPrefix(w, "-") && !strings.Contains(w, "=") {
+				return ""
+			}
+		}
+	case pythonName.MatchString(filepath.Base(words[0])):
+		return words[0]
 	}
 	return ""
 }

@@ -56,3 +56,50 @@ func TestUnstartable(t *testing.T) {
 		}
 	}
 }
+
+// InterpreterOf finds the job's python by name, or through a script's
+// shebang, looked up in PATH as the shell would.
+func TestInterpreterOf(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	script("pyflyte-execute", "#!/usr/bin/env python3\nprint(1)\n")
+	script("envflags", "#!/usr/bin/env -S python3.11 -u\n")
+	script("envassign", "#!/usr/bin/env PYTHONUNBUFFERED=1 python3\n")
+	script("direct", "#!/opt/venv/bin/python3.12 -u\n")
+	script("spaced", "#! /opt/conda/bin/python\n")
+	script("shell", "#!/bin/sh\nexec python3 \"$@\"\n")
+	script("notes", "python3 is not a shebang\n")
+	script("noexec", "#!/usr/bin/python3\n")
+	_ = os.Chmod(filepath.Join(dir, "noexec"), 0o644)
+	t.Setenv("PATH", dir+":/usr/bin:/bin")
+	for _, c := range []struct {
+		cmd  []string
+		want string
+	}{
+		{[]string{"python3", "train.py"}, "python3"},
+		{[]string{"/usr/bin/python3.11", "-m", "x"}, "/usr/bin/python3.11"},
+		{[]string{"python"}, "python"},
+		{[]string{"pyflyte-execute", "--task-module", "m"}, "python3"},
+		{[]string{filepath.Join(dir, "pyflyte-execute")}, "python3"},
+		{[]string{"envflags"}, "python3.11"},
+		{[]string{"envassign"}, "python3"},
+		{[]string{"direct"}, "/opt/venv/bin/python3.12"},
+		{[]string{"spaced"}, "/opt/conda/bin/python"},
+		{[]string{"shell"}, ""},
+		{[]string{"notes"}, ""},
+		{[]string{"noexec"}, ""},
+		{[]string{"sh", "-c", "python3 x.py"}, ""},
+		{[]string{"no-such-command-here"}, ""},
+		{nil, ""},
+	} {
+		if got := InterpreterOf(c.cmd); got != c.want {
+			t.Errorf("InterpreterOf(%q) = %q, want %q", c.cmd, got, c.want)
+		}
+	}
+}

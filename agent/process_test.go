@@ -10,6 +10,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 // An agent whose stdout and stderr are pipes nobody reads: the workers'
@@ -166,7 +167,7 @@ func waitDead(t *testing.T, pids []int, limit time.Duration, what string) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for _, pid := range pids {
-		for alive(pid) {
+		for testenv.Alive(pid) {
 			if time.Now().After(deadline) {
 				t.Errorf("%s: process %d still alive after %v", what, pid, limit)
 				break

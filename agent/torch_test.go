@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -179,7 +177,7 @@ func torchEnvMatchesTorchrun(t *testing.T, py string) {
 			t.Errorf("rank %d was not forked from the fork server (torch preloaded: %q)", rank, data)
 		}
 	}
-	port := freeTestPort(t)
+	port := testenv.FreePort(t)
 	cmd := exec.CommandContext(t.Context(), py, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
 		"--max_restarts=0", "--monitor_interval=1", "--redirects", "2", "--tee", "2", "--rdzv_backend=c10d",
 		"--rdzv_endpoint=127.0.0.1:"+strconv.Itoa(port), "--rdzv_id=envcmp", trainScript(t), "--steps", "1", "--sleep", "0", "--env-out", theirs)
@@ -200,7 +198,7 @@ func torchEnvMatchesTorchrun(t *testing.T, py string) {
 		// (False; WorkerEnv says why both work).
 		differ = append(differ, "TORCHELASTIC_USE_AGENT_STORE")
 	}
-	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", agentMarkEnv}
+	oursOnly := []string{"_F_WN", "_F_DES", ProgressFileEnv, "PYTHONUNBUFFERED", guardian.MarkEnv}
 	for rank := range 2 {
 		a, b := readEnv(t, ours, 0, rank), readEnv(t, theirs, 0, rank)
 		for _, k := range sortedKeys(a, b) {
@@ -272,15 +270,6 @@ func sortedKeys(ms ...map[string]string) []string {
 	return ks
 }
 
-func freeTestPort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Two agents × two workers, one job, through a real master on loopback;
 // real gloo across both "nodes".
 func TestTorchTwoAgents(t *testing.T) {
@@ -344,7 +333,7 @@ func torchWarmSpareRestart(t *testing.T, py string) {
 	if !strings.Contains(out.String(), "[default1]:step 39 ") {
 		t.Errorf("training did not resume to step 39:\n%s", out)
 	}
-	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", guardian.MarkEnv}
 	for rank := range 2 {
 		cold, warm := readEnv(t, dir, 0, rank), readEnv(t, dir, 1, rank)
 		if warm["TORCHELASTIC_RESTART_COUNT"] != "1" {
@@ -371,95 +360,4 @@ func torchWarmSpareRestart(t *testing.T, py string) {
 
 func readArgv(t *testing.T, dir string, restart, rank int) map[string]any {
 	return decodeFile[map[string]any](t, filepath.Join(dir, fmt.Sprintf("argv-%d-%d.json", restart, rank)))
-}
-
-// Why the store proxy exists, on real torch: a torch 1.13 store client whose
-// connect() is refused tries again only after a whole second, so it is
-// answered ~0.8 s after a store that came up 0.2 s later; through the proxy
-// it is answered as soon as the store is up. torch 2.14's client retries a
-// refused connect within milliseconds (measured: 17 ms after the store came
-// up): there the proxy changes nothing, and must cost nothing.
-func TestTorchStoreProxySkipsRetry(t *testing.T) {
-	forEachTorch(t, torchStoreProxySkipsRetry)
-}
-
-func torchStoreProxySkipsRetry(t *testing.T, py string) {
-	direct := storeLag(t, py, false)
-	proxied := storeLag(t, py, true)
-	t.Logf("client answered after the store was up: %v directly, %v through the proxy", direct, proxied)
-	if py == python && direct < 500*time.Millisecond {
-		t.Errorf("without the proxy torch's client was answered %v after the store came up; want its ~1 s retry (has torch changed? then the proxy may not be needed)", direct)
-	}
-	if proxied < 0 || proxied > 300*time.Millisecond {
-		t.Errorf("through the proxy torch's client was answered %v after the store came up; want at once", proxied)
-	}
-}
-
-// storeLag starts a store client, and 0.2 s later the store, both with torch
-// imported, and returns how long after the store was up the client had its
-// first answer.
-func storeLag(t *testing.T, py string, proxy bool) time.Duration {
-	t.Helper()
-	script, err := filepath.Abs("testdata/train/store_pair.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := freeTestPort(t)
-	port := backend
-	if proxy {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := newStoreProxy(ln, backend, slog.New(slog.DiscardHandler))
-		defer p.Stop()
-		port = p.Port()
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	type side struct {
-		cmd   *exec.Cmd
-		go_   io.WriteCloser
-		lines *bufio.Scanner
-	}
-	start := func(role string, port int) side {
-		cmd := exec.CommandContext(ctx, py, script, role, strconv.Itoa(port))
-		in, _ := cmd.StdinPipe()
-		out, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return side{cmd, in, bufio.NewScanner(out)}
-	}
-	line := func(s side, prefix string) float64 {
-		t.Helper()
-		for s.lines.Scan() {
-			if rest, ok := strings.CutPrefix(s.lines.Text(), prefix); ok {
-				v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-				return v
-			}
-		}
-		t.Fatalf("no %q line", prefix)
-		return 0
-	}
-	server, client := start("server", backend), start("client", port)
-	defer func() {
-		server.go_.Close()
-		client.go_.Close()
-		_ = server.cmd.Wait()
-		_ = client.cmd.Wait()
-	}()
-	line(server, "ready")
-	line(client, "ready")
-	_, _ = io.WriteString(client.go_, "go\n")
-	line(client, "connecting")
-	time.Sleep(200 * time.Millisecond)
-	_, _ = io.WriteString(server.go_, "go\n")
-	up := line(server, "up")
-	answered := line(client, "answered")
-	if server.lines.Scan(); server.lines.Text() != "v" {
-		t.Errorf("the store read %q, want the client's key", server.lines.Text())
-	}
-	return time.Duration((answered - up) * float64(time.Second))
 }

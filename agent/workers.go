@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/forkserver"
+	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/storeproxy"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -26,14 +29,14 @@ type group struct {
 	workers []*worker
 	// proxy is the store proxy of this group (group rank 0 only), stopped
 	// when the group ends.
-	proxy *storeProxy
-	// mark is what every process of the group carries (procs.go).
+	proxy *storeproxy.Proxy
+	// mark is what every process of the group carries (agent/guardian).
 	mark string
 	// command: the one worker is --launcher command's child, whose
 	// children get the dump signal (command.go).
 	command bool
 	// forkMark and forkPid are the fork server's mark and pid when the
-	// group's workers were forked: its forks carry its mark (forkserver.go).
+	// group's workers were forked: its forks carry its mark (agent/forkserver).
 	forkMark string
 	forkPid  int
 	// swept: end has run.
@@ -67,7 +70,7 @@ func (g *group) end() {
 	if len(marks) > 0 {
 		// The fork server carries its mark and lives on: it forks the
 		// next group.
-		sweep(marks, false, nil, g.forkPid)
+		guardian.Sweep(marks, false, nil, g.forkPid)
 	}
 }
 
@@ -103,15 +106,15 @@ type worker struct {
 	active, spoken atomic.Bool
 }
 
-// output is the agent's own stdout/stderr, shared by the workers' tee.
-type output struct {
+// tee is the agent's own stdout/stderr, shared by the workers' tee.
+type tee struct {
 	mu             sync.Mutex
 	stdout, stderr io.Writer
 }
 
-// line writes one teed line, prefixed, in one write: w is an Output, which
-// never blocks (output.go), and keeps a write whole.
-func (o *output) line(w io.Writer, prefix string, line []byte) {
+// line writes one teed line, prefixed, in one write: w is a
+// nonblocking.Output, which never blocks, and keeps a write whole.
+func (o *tee) line(w io.Writer, prefix string, line []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	_, _ = w.Write(append([]byte(prefix), line...))
@@ -119,18 +122,20 @@ func (o *output) line(w io.Writer, prefix string, line []byte) {
 
 // groupStart is what startGroup needs besides the StartGroup action.
 type groupStart struct {
-	command     []string
-	baseEnv     []string
-	runDir      string
-	pod         string
-	maxRestarts int
-	workers     int
-	// storePort is global rank 0's MASTER_PORT behind the store proxy; 0
-	// without the proxy.
-	storePort int
-	// torch2: the workers run torch 2.x (loop.torch2).
-	torch2      bool
-	out         *output
+	command []string
+	runDir  string
+	pod     string
+	workers int
+	// env is a worker's whole environment, given the mark of its attempt:
+	// WorkerEnv's, or CommandEnv's for --launcher command's child.
+	env func(w *worker, mark string) []string
+	// launcher starts the workers' processes: exec'd, forked from the fork
+	// server or released from warm spares (launch.go).
+	launcher launcher
+	// commandMode: the one worker is --launcher command's child, whose
+	// children (torch's workers) get the dump signal (command.go).
+	commandMode bool
+	out         *tee
 	oomBaseline int64
 	oomKnown    bool
 	// oom dates the OOM kills that the count's rise above oomBaseline
@@ -144,42 +149,29 @@ type groupStart struct {
 	// agentID names the agent in its workers' marks; guard is its guardian
 	// (nil without one), told of every worker's process group.
 	agentID string
-	guard   *guardian
+	guard   *guardian.Guardian
 	// stop, closed by a stop signal, interrupts a start in progress.
 	stop <-chan struct{}
-	// launch, when set, makes the one worker --launcher command's child,
-	// with CommandEnv instead of WorkerEnv (command.go).
-	launch *commandSpec
-	// fork, if set, forks the workers (forkserver.go); a worker it cannot
-	// fork is started with exec.
-	fork *forkServer
 	log  *slog.Logger
 }
 
-// startGroup starts the workers of sg, releasing warm spares where there
-// are live ones for this attempt. A worker that fails to start is returned
-// as a WorkerExited with StartError, for the loop to step (not sent: the
-// loop is the caller, and hundreds of failures would fill its queue); the
-// others run on, and the policy stops them. A stop signal (gs.stop) ends the
-// start: the workers not started yet are returned as such too, so that the
-// stop does not wait for a thousand workers to start first.
-func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []WorkerExited) {
-	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt), command: gs.launch != nil}
+// startGroup starts the workers of sg with gs.launcher. A worker that fails
+// to start is returned as a WorkerExited with StartError, for the loop to
+// step (not sent: the loop is the caller, and hundreds of failures would
+// fill its queue); the others run on, and the policy stops them. A stop
+// signal (gs.stop) ends the start: the workers not started yet are returned
+// as such too, so that the stop does not wait for a thousand workers to
+// start first.
+func startGroup(gs groupStart, sg StartGroup) (*group, []WorkerExited) {
+	g := &group{attempt: sg.Attempt, dir: attemptDir(gs.runDir, sg.Attempt), command: gs.commandMode}
 	if gs.agentID != "" {
-		g.mark = attemptMark(gs.agentID, sg.Attempt)
-	}
-	if gs.fork != nil {
-		if !gs.fork.waitReady(gs.stop) {
-			gs.fork = nil
-		} else {
-			g.forkMark, g.forkPid = gs.fork.mark, gs.fork.pid
-		}
+		g.mark = guardian.AttemptMark(gs.agentID, sg.Attempt)
 	}
 	var failed []WorkerExited
 	notStarted := func(w *worker, why string) {
 		w.exited.Store(true)
 		failed = append(failed, WorkerExited{Attempt: sg.Attempt, LocalRank: w.localRank,
-			Exit: kferrors.Exit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
+			Exit: kferrors.WorkerExit{Worker: w.name, ExitCode: 127, ObservedAt: time.Now()}, StartError: why})
 	}
 	if why := unstartable(gs.command); why != "" {
 		for local := range gs.workers {
@@ -191,45 +183,18 @@ func startGroup(gs groupStart, sg StartGroup, spares []*worker) (*group, []Worke
 		return g, failed
 	}
 	for local := range gs.workers {
+		w := newWorker(gs, sg.Attempt, local)
 		select {
 		case <-gs.stop:
-			w := newWorker(gs, sg.Attempt, local)
 			g.workers = append(g.workers, w)
 			notStarted(w, "not started: the agent got a stop signal while it started the group")
 			continue
 		default:
 		}
-		env := func(w *worker) []string {
-			if c := gs.launch; c != nil {
-				s := *c
-				s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, g.mark
-				return CommandEnv(gs.baseEnv, s)
-			}
-			return WorkerEnv(gs.baseEnv, workerSpec{group: sg, localRank: local, localWorkers: gs.workers,
-				maxRestarts: gs.maxRestarts, pod: gs.pod, errorFile: w.errorFile, progressFile: w.progressFile,
-				storePort: gs.storePort, mark: g.mark, torch2: gs.torch2})
-		}
-		if local < len(spares) && spares[local] != nil && spares[local].attempt == sg.Attempt {
-			w := spares[local]
-			if err := w.release(env(w)); err == nil {
-				g.workers = append(g.workers, w)
-				continue
-			}
-			w.discard()
-		}
-		w := newWorker(gs, sg.Attempt, local)
-		g.workers = append(g.workers, w)
-		if gs.fork != nil {
-			err := w.fork(gs, env(w))
-			if err == nil {
-				continue
-			}
-			gs.log.Warn("the fork server did not start the worker; starting this attempt's workers with exec",
-				"attempt", sg.Attempt, "local_rank", local, "err", err)
-			gs.fork = nil
-		}
-		if err := w.spawn(gs, gs.command, env(w), nil); err != nil {
-			notStarted(w, err.Error())
+		run, err := gs.launcher.launch(gs, w, gs.env(w, g.mark))
+		g.workers = append(g.workers, run)
+		if err != nil {
+			notStarted(run, err.Error())
 		}
 	}
 	return g, failed
@@ -279,14 +244,14 @@ func (w *worker) spawn(gs groupStart, argv, env []string, extra []*os.File) erro
 	return nil
 }
 
-// fork starts the worker from the fork server (forkserver.go), with env as
-// its whole environment, its output teed as spawn's.
-func (w *worker) fork(gs groupStart, env []string) error {
+// fork starts the worker from the fork server (agent/forkserver), with env
+// as its whole environment, its output teed as spawn's.
+func (w *worker) fork(gs groupStart, server *forkserver.Server, env []string) error {
 	stdout, stderr, readers, err := w.outputs(gs)
 	if err != nil {
 		return err
 	}
-	pid, exit, err := gs.fork.fork(gs.command[1:], env, stdout, stderr)
+	pid, exit, err := server.Fork(gs.command[1:], envMap(env), stdout, stderr)
 	stdout.Close()
 	stderr.Close()
 	if err != nil {
@@ -296,12 +261,12 @@ func (w *worker) fork(gs groupStart, env []string) error {
 	go w.wait(gs, readers, func() (syscall.Signal, int) {
 		e := <-exit
 		switch {
-		case e.lost: // it died with the server (PR_SET_PDEATHSIG)
+		case e.Lost: // it died with the server (PR_SET_PDEATHSIG)
 			return syscall.SIGKILL, 0
-		case e.status.Signaled():
-			return e.status.Signal(), 0
+		case e.Status.Signaled():
+			return e.Status.Signal(), 0
 		}
-		return 0, e.status.ExitStatus()
+		return 0, e.Status.ExitStatus()
 	})
 	return nil
 }
@@ -360,7 +325,7 @@ func (w *worker) started(gs groupStart, pid int, active bool) {
 	if os.MkdirAll(w.dir, 0o755) == nil {
 		_ = os.WriteFile(filepath.Join(w.dir, "pid"), []byte(strconv.Itoa(pid)+"\n"), 0o644)
 	}
-	gs.guard.register(w.pgid, true)
+	gs.guard.Register(w.pgid, true)
 	w.lastOutput.Store(time.Now().UnixNano())
 	w.startedAt.Store(time.Now().UnixNano())
 	w.active.Store(active)
@@ -368,7 +333,7 @@ func (w *worker) started(gs groupStart, pid int, active bool) {
 
 // copyLines tees a worker's output, line by line, to its log file and, with
 // torchrun's "[default<local rank>]:" prefix, to the agent's own output.
-func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *output, dst io.Writer, prefix string, spoke func(*worker)) {
+func (w *worker) copyLines(r io.Reader, logFile io.Writer, out *tee, dst io.Writer, prefix string, spoke func(*worker)) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadSlice('\n')
@@ -400,7 +365,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 	w.exited.Store(true)
 	// The group's leader is gone: whatever it left in its group is an orphan.
 	_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
-	gs.guard.register(w.pgid, false)
+	gs.guard.Register(w.pgid, false)
 	// Let the last lines (a traceback) reach the log before the event, but
 	// never wait long: a grandchild may hold the pipe.
 	done := make(chan struct{})
@@ -409,7 +374,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 	case <-done:
 	case <-time.After(100 * time.Millisecond):
 	}
-	e := kferrors.Exit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load()), Signal: sig, ExitCode: code}
+	e := kferrors.WorkerExit{Worker: w.name, ObservedAt: at, StartedAt: time.Unix(0, w.startedAt.Load()), Signal: sig, ExitCode: code}
 	if e.Signal != 0 || e.ExitCode != 0 {
 		te, recoverable, err := kferrors.ReadTorchError(w.errorFile)
 		if err == nil {
@@ -420,7 +385,7 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 		e.RecoverableMarker = recoverable
 		// A worker of the command's that the OOM killer ended fails the
 		// command, whatever status torch's agent then exits with.
-		if (e.Signal == syscall.SIGKILL || gs.launch != nil) && gs.oomKnown {
+		if (e.Signal == syscall.SIGKILL || gs.commandMode) && gs.oomKnown {
 			if n, ok := oomKills(); ok && n > gs.oomBaseline {
 				e.OOM = true
 				e.OOMSeenAt, _ = gs.oom.firstAbove(gs.oomBaseline)

@@ -19,9 +19,10 @@ import (
 // to TORCHELASTIC_ERROR_FILE when a worker raised FlyteRecoverableException.
 const RecoverableMarkerName = "recoverable_error"
 
-// Exit is what a supervisor observed of one worker's end. Classify turns it
-// into a Failure; it holds no I/O so that the mapping is testable as a table.
-type Exit struct {
+// WorkerExit is what a supervisor observed of one worker's end. Classify
+// turns it into a Failure; it holds no I/O so that the mapping is testable
+// as a table.
+type WorkerExit struct {
 	Worker string
 	// ExitCode is the process's exit status; ignored when Signal is set.
 	ExitCode int
@@ -52,11 +53,18 @@ type Exit struct {
 	ErrorFileProblem string
 }
 
+// Exit is WorkerExit's old name.
+//
+// Deprecated: use WorkerExit. It stays only while agent/policy.go and its
+// script test, rewritten on another branch at the same time, still say
+// Exit; it goes once they say WorkerExit.
+type Exit = WorkerExit
+
 // Classify maps an observed exit to a Failure following docs/DESIGN.md §2.4. The
 // order matters: platform causes (OOM, preemption) win over what the dying
 // process managed to write, and an exception named in the error file wins
 // over a bare exit status or signal.
-func Classify(e Exit) Failure {
+func Classify(e WorkerExit) Failure {
 	f := classify(e)
 	if e.ErrorFileProblem != "" && e.TorchError == nil {
 		f.Message += fmt.Sprintf(" (its error file was not usable: %s)", e.ErrorFileProblem)
@@ -64,7 +72,7 @@ func Classify(e Exit) Failure {
 	return f
 }
 
-func classify(e Exit) Failure {
+func classify(e WorkerExit) Failure {
 	at := e.ObservedAt
 	switch {
 	case e.OOM:
@@ -105,7 +113,7 @@ func classify(e Exit) Failure {
 // take the second torch truncates to. Anything else (milliseconds taken for
 // seconds, a file copied from another run, a clock that jumped) gives way to
 // the observed exit time, as a missing time does.
-func (e Exit) plausible(t time.Time) bool {
+func (e WorkerExit) plausible(t time.Time) bool {
 	const slack = time.Second
 	return UsableTime(t) &&
 		(e.StartedAt.IsZero() || !t.Before(e.StartedAt.Add(-slack))) &&

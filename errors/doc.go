@@ -4,7 +4,7 @@
 //
 // The usage loop of a supervisor is:
 //
-//	f := errors.Classify(errors.Exit{...})      // what was observed → a Failure
+//	f := errors.Classify(errors.WorkerExit{...})      // what was observed → a Failure
 //	w := errors.NewWriter(bucket)                // bucket opened by OpenPrefix(url)
 //	key, err := w.Write(ctx, f)                  // error-<ns>-<worker>-<rand>.pb, never overwrites
 //

@@ -25,21 +25,21 @@ func TestClassify(t *testing.T) {
 	torchErr := &kferrors.TorchError{Message: "RuntimeError: boom", Traceback: "Traceback...\nRuntimeError: boom", Time: t0.Add(-time.Second)}
 	cases := []struct {
 		name        string
-		exit        kferrors.Exit
+		exit        kferrors.WorkerExit
 		code        string
 		recoverable bool
 		origin      core.ExecutionError_ErrorKind
 		at          time.Time
 	}{
-		{"user exception", kferrors.Exit{ExitCode: 1, TorchError: torchErr, ObservedAt: t0}, "RuntimeError", false, core.ExecutionError_USER, t0.Add(-time.Second)},
-		{"flytekit recoverable", kferrors.Exit{ExitCode: 1, TorchError: torchErr, RecoverableMarker: true, ObservedAt: t0}, kferrors.CodeRecoverable, true, core.ExecutionError_USER, t0.Add(-time.Second)},
-		{"plain non-zero exit", kferrors.Exit{ExitCode: 3, ObservedAt: t0}, kferrors.CodeNonZeroExit, false, core.ExecutionError_USER, t0},
-		{"OOM wins over error file", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, TorchError: torchErr, ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
-		{"OOM dated when its count rose", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-600 * time.Millisecond), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0.Add(-600 * time.Millisecond)},
-		{"OOM count seen before the worker started", kferrors.Exit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-time.Hour), StartedAt: t0.Add(-time.Minute), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
-		{"preempted", kferrors.Exit{Signal: syscall.SIGTERM, Preempted: true, ObservedAt: t0}, kferrors.CodePreempted, true, core.ExecutionError_SYSTEM, t0},
-		{"kill -9", kferrors.Exit{Signal: syscall.SIGKILL, ObservedAt: t0}, "SignalSIGKILL", true, core.ExecutionError_SYSTEM, t0},
-		{"segfault", kferrors.Exit{Signal: syscall.SIGSEGV, ObservedAt: t0}, "SignalSIGSEGV", true, core.ExecutionError_SYSTEM, t0},
+		{"user exception", kferrors.WorkerExit{ExitCode: 1, TorchError: torchErr, ObservedAt: t0}, "RuntimeError", false, core.ExecutionError_USER, t0.Add(-time.Second)},
+		{"flytekit recoverable", kferrors.WorkerExit{ExitCode: 1, TorchError: torchErr, RecoverableMarker: true, ObservedAt: t0}, kferrors.CodeRecoverable, true, core.ExecutionError_USER, t0.Add(-time.Second)},
+		{"plain non-zero exit", kferrors.WorkerExit{ExitCode: 3, ObservedAt: t0}, kferrors.CodeNonZeroExit, false, core.ExecutionError_USER, t0},
+		{"OOM wins over error file", kferrors.WorkerExit{Signal: syscall.SIGKILL, OOM: true, TorchError: torchErr, ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
+		{"OOM dated when its count rose", kferrors.WorkerExit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-600 * time.Millisecond), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0.Add(-600 * time.Millisecond)},
+		{"OOM count seen before the worker started", kferrors.WorkerExit{Signal: syscall.SIGKILL, OOM: true, OOMSeenAt: t0.Add(-time.Hour), StartedAt: t0.Add(-time.Minute), ObservedAt: t0}, kferrors.CodeOOMKilled, true, core.ExecutionError_SYSTEM, t0},
+		{"preempted", kferrors.WorkerExit{Signal: syscall.SIGTERM, Preempted: true, ObservedAt: t0}, kferrors.CodePreempted, true, core.ExecutionError_SYSTEM, t0},
+		{"kill -9", kferrors.WorkerExit{Signal: syscall.SIGKILL, ObservedAt: t0}, "SignalSIGKILL", true, core.ExecutionError_SYSTEM, t0},
+		{"segfault", kferrors.WorkerExit{Signal: syscall.SIGSEGV, ObservedAt: t0}, "SignalSIGSEGV", true, core.ExecutionError_SYSTEM, t0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -564,13 +564,13 @@ func TestClassifyFallsBackToObservedTime(t *testing.T) {
 		observed.Add(time.Hour):              observed,                             // after its exit was seen
 		time.Date(58000, 1, 1, 0, 0, 0, 0, time.UTC): observed,
 	} {
-		f := kferrors.Classify(kferrors.Exit{Worker: "p/0", ExitCode: 1, StartedAt: started, ObservedAt: observed,
+		f := kferrors.Classify(kferrors.WorkerExit{Worker: "p/0", ExitCode: 1, StartedAt: started, ObservedAt: observed,
 			TorchError: &kferrors.TorchError{Message: "ValueError: x", Time: claimed}})
 		if !f.Time.Equal(want) || f.Code != "ValueError" {
 			t.Errorf("claimed %v: got %v %s, want %v", claimed, f.Time, f.Code, want)
 		}
 	}
-	f := kferrors.Classify(kferrors.Exit{Worker: "p/0", ExitCode: 1, ObservedAt: observed, ErrorFileProblem: "not JSON"})
+	f := kferrors.Classify(kferrors.WorkerExit{Worker: "p/0", ExitCode: 1, ObservedAt: observed, ErrorFileProblem: "not JSON"})
 	if f.Code != kferrors.CodeNonZeroExit || !strings.Contains(f.Message, "exited with code 1 (its error file was not usable: not JSON)") {
 		t.Errorf("problem not told: %+v", f)
 	}
@@ -631,7 +631,7 @@ func FuzzParseTorchError(f *testing.F) {
 		if startOffset < 0 {
 			started = time.Time{}
 		}
-		fl := kferrors.Classify(kferrors.Exit{Worker: "w", ExitCode: 1, TorchError: te, StartedAt: started, ObservedAt: observed})
+		fl := kferrors.Classify(kferrors.WorkerExit{Worker: "w", ExitCode: 1, TorchError: te, StartedAt: started, ObservedAt: observed})
 		if !kferrors.UsableTime(fl.Time) || fl.Time.After(observed.Add(time.Second)) ||
 			(!started.IsZero() && fl.Time.Before(started.Add(-time.Second))) {
 			t.Fatalf("failure time %v outside the worker's life [%v, %v]", fl.Time, started, observed)

@@ -577,7 +577,7 @@ func TestRelaunchEventWritten(t *testing.T) {
 // A round tells its members how many members of the round before are gone
 // from it: a pod's restarted container (a new incarnation) is a new member,
 // its old one departed, whose torch c10d node a command-mode agent's relay
-// can then forget at once (agent/c10dstate.go).
+// can then forget at once (agent/storerelay/c10dstate.go).
 func TestRoundSaysDeparted(t *testing.T) {
 	addr, _ := startServer(t, master.Config{JobID: "departed", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond}, "")
 	c := dial(t, addr, token)

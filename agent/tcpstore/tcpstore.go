@@ -1,7 +1,7 @@
 // Package tcpstore reads and writes torch's TCPStore wire protocol: the
 // frames a torch.distributed.TCPStore client sends to its server, and the
 // server's replies. It is pure framing — no network, no store — so that the
-// agent's store relay (agent/storerelay.go) and its fuzzer share one decoder.
+// agent's store relay (agent/storerelay) and its fuzzer share one decoder.
 //
 // # Versions and commands covered, and how each was verified
 //

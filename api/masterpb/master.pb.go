@@ -435,7 +435,7 @@ type Round struct {
 	// members of this one (their pods gone, replaced, left or excluded); 0
 	// when there was none, or the master does not know (it restarted since).
 	// Under --launcher command an agent's relay then knows how many of torch's
-	// c10d nodes of that round are dead (agent/c10dstate.go).
+	// c10d nodes of that round are dead (agent/storerelay/c10dstate.go).
 	Departed      int32 `protobuf:"varint,10,opt,name=departed,proto3" json:"departed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

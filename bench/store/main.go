@@ -1,4 +1,4 @@
-// Command store-bench measures the agent's store relay (agent/storerelay.go)
+// Command store-bench measures the agent's store relay (agent/storerelay)
 // beside torch's own TCPStore, in one run on this machine:
 //
 //   - rendezvous: torch elastic's c10d rendezvous of -n real torch agents
@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/agent/storerelay"
 )
 
 var (
@@ -75,7 +76,7 @@ func run() error {
 		if err != nil {
 			return "", nil, err
 		}
-		r, err := agent.StartStoreRelay(ctx, m, quiet)
+		r, err := storerelay.Start(ctx, m.Client(), m.Incarnation(), quiet)
 		if err != nil {
 			m.Close()
 			return "", nil, err

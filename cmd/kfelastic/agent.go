@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
 )
 
 // agentFlags are torchrun's flags (both spellings, as torchrun's argparse
@@ -135,7 +136,7 @@ pod failed or succeeded) are appended under events/ there, in the background;
 					"network_check", f.networkCheck, "exclude_straggler", f.excludeStrag)
 			}
 			err = run(cmd.Context(), cfg)
-			agent.CloseOutputs(2*time.Second, cfg.Stdout, cfg.Stderr)
+			nonblocking.CloseOutputs(2*time.Second, cfg.Stdout, cfg.Stderr)
 			return err
 		},
 	}
@@ -247,8 +248,8 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 		NoForkServer: !f.forkServer,
 		HangTimeout:  f.hangTimeout, DumpTimeout: f.dumpTimeout, StopGrace: f.stopGrace, StorageTimeout: f.storageTimeout, Tee: true,
 		Pod: podName(),
-		// Never blocked by a reader that does not read (agent.Output).
-		Stdout: agent.NewOutput(os.Stdout), Stderr: agent.NewOutput(os.Stderr),
+		// Never blocked by a reader that does not read (nonblocking.Output).
+		Stdout: nonblocking.NewOutput(os.Stdout), Stderr: nonblocking.NewOutput(os.Stderr),
 	}
 	// Key=value lines with millisecond times: restarts are sub-second.
 	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))

@@ -292,7 +292,7 @@ func newErrorsPutCmd() *cobra.Command {
 			if err := durationIn("timeout", timeout, time.Millisecond, maxTimeout); err != nil {
 				return err
 			}
-			e := kferrors.Exit{Worker: worker, ExitCode: exitCode, ObservedAt: time.Now().UTC()}
+			e := kferrors.WorkerExit{Worker: worker, ExitCode: exitCode, ObservedAt: time.Now().UTC()}
 			if torchFile != "" {
 				// A file that cannot be used still leaves the worker's
 				// failure documented, with the reason in its message.

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 	"github.com/kfelastic/kfelastic/local"
 )
@@ -231,7 +231,7 @@ func runLocal(ctx context.Context, opts local.Options, out io.Writer) error {
 		// reports a command a signal ended, so that a script or CI tells
 		// an interruption from a failed job (1) and stops rather than
 		// reading the job's outcome; the agent exits so too (Signal<NAME>).
-		var sig agent.Signaled
+		var sig stopsignal.Signaled
 		if errors.As(err, &sig) && sig.Signal != 0 {
 			return &exitError{code: 128 + int(sig.Signal), msg: "interrupted: " + sig.Error()}
 		}

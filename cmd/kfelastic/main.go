@@ -10,7 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/internal/nonblocking"
+	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
 )
 
@@ -22,18 +24,18 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
-	// The agent's guardian is this binary, re-executed (agent/procs.go).
-	agent.MaybeGuard()
+	// The agent's guardian is this binary, re-executed (agent/guardian).
+	guardian.MaybeRun()
 	// SIGTERM, SIGINT, SIGHUP and SIGQUIT end the context, with the signal
 	// as its cause: the agent tells a preemption from an interruption by it.
-	ctx, stop := agent.NotifyContext(context.Background())
+	ctx, stop := stopsignal.NotifyContext(context.Background())
 	defer stop()
 	if err := rootCmd.ExecuteContext(ctx); err != nil {
 		// Errors quote URLs, pod names and messages: escaped, as all output.
 		// Written without waiting on a stderr nobody reads: the exit code
 		// is what the training operator acts on.
 		msg := "kfelastic: " + termsafe.Text(err.Error()) + "\n"
-		out := agent.NewOutput(os.Stderr)
+		out := nonblocking.NewOutput(os.Stderr)
 		_, _ = out.Write([]byte(msg))
 		out.Close(2 * time.Second)
 		os.Exit(exitCode(err))

@@ -8,12 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/agent/nodecheck"
 )
 
 // node-check is the Go node health check the agent runs as a child process
-// where the job has no torch (agent.GoCheckMain); hidden: only the agent
-// calls it, with the arguments agent.NodeCheck passes.
+// where the job has no torch (nodecheck.GoMain); hidden: only the agent
+// calls it, with the arguments nodecheck.Checker passes.
 func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:                "node-check --leader HOST:PORT --rank R --size N [--timeout D] [--work N]",
@@ -25,7 +25,7 @@ func init() {
 			// main turns stop signals into a cancelled context, which the
 			// check does not watch: a check told to stop dies at once.
 			signal.Reset(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
-			if code := agent.GoCheckMain(args, os.Stdout, os.Stderr); code != 0 {
+			if code := nodecheck.GoMain(args, os.Stdout, os.Stderr); code != 0 {
 				return exitStatus(code)
 			}
 			return nil

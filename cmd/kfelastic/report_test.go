@@ -52,7 +52,7 @@ func TestReportOfAnAgentRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The agent writes its output from a goroutine (agent.Output) and its
+	// The agent writes its output from a goroutine (nonblocking.Output) and its
 	// log from the loop: one buffer, locked.
 	var log lockedBuffer
 	err = agent.Run(ctx, agent.Config{Command: []string{"/bin/sh", "-c", worker}, NProcPerNode: 2, MinNodes: 1, MaxNodes: 1,

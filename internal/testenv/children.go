@@ -27,3 +27,14 @@ func ChildrenOf(pid int) []int {
 	}
 	return kids
 }
+
+// Alive reports whether pid is a process that is not a zombie (nor dead).
+func Alive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}

@@ -1,4 +1,8 @@
-package agent
+// Package storeproxy removes torch's one-second penalty for connecting to
+// the workers' store before it exists: the agent of group rank 0 listens on
+// the round's MASTER_PORT itself and forwards each connection to the
+// rank-0 worker's store on a private port once that store accepts.
+package storeproxy
 
 import (
 	"context"
@@ -21,9 +25,9 @@ import (
 // store (on a private port, the rank-0 worker's MASTER_PORT) accepts, and
 // then splices the two. Rank 0 connects to its private port directly.
 
-// storeProxy forwards the connections made to the round's MASTER_PORT to the
+// Proxy forwards the connections made to the round's MASTER_PORT to the
 // rank-0 worker's store on a private port, for the life of one group.
-type storeProxy struct {
+type Proxy struct {
 	ln      net.Listener
 	backend []string // where rank 0's store listens: loopback v4 and v6
 	log     *slog.Logger
@@ -50,20 +54,20 @@ type storeProxy struct {
 // short, since a held worker waits for it.
 const proxyPollStep = 5 * time.Millisecond
 
-// startStoreProxy listens on port (all interfaces, as the store daemon would)
-// and forwards to backendPort on loopback.
-func startStoreProxy(port, backendPort int, log *slog.Logger) (*storeProxy, error) {
+// Start listens on port (all interfaces, as the store daemon would) and
+// forwards to backendPort on loopback.
+func Start(port, backendPort int, log *slog.Logger) (*Proxy, error) {
 	ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 	if err != nil {
 		return nil, err
 	}
-	return newStoreProxy(ln, backendPort, log), nil
+	return newProxy(ln, backendPort, log), nil
 }
 
-func newStoreProxy(ln net.Listener, backendPort int, log *slog.Logger) *storeProxy {
+func newProxy(ln net.Listener, backendPort int, log *slog.Logger) *Proxy {
 	ctx, cancel := context.WithCancel(context.Background())
 	bp := strconv.Itoa(backendPort)
-	p := &storeProxy{ln: ln, log: log, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
+	p := &Proxy{ln: ln, log: log, ctx: ctx, cancel: cancel, ready: make(chan struct{}),
 		// torch binds its store to all interfaces, dual-stack where it can;
 		// [::1] covers a host where it got IPv6 only.
 		backend: []string{net.JoinHostPort("127.0.0.1", bp), net.JoinHostPort("::1", bp)},
@@ -74,11 +78,11 @@ func newStoreProxy(ln net.Listener, backendPort int, log *slog.Logger) *storePro
 }
 
 // Port is the port the proxy listens on.
-func (p *storeProxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
 // Stop closes the listener and every connection, held or spliced, and
 // returns when all of the proxy's goroutines have ended. It is idempotent.
-func (p *storeProxy) Stop() {
+func (p *Proxy) Stop() {
 	p.stopOnce.Do(func() {
 		p.cancel()
 		p.ln.Close()
@@ -94,7 +98,7 @@ func (p *storeProxy) Stop() {
 
 // track records an open connection so that Stop closes it; false (and the
 // connection closed) once the proxy stopped.
-func (p *storeProxy) track(c net.Conn) bool {
+func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -105,14 +109,14 @@ func (p *storeProxy) track(c net.Conn) bool {
 	return true
 }
 
-func (p *storeProxy) untrack(c net.Conn) {
+func (p *Proxy) untrack(c net.Conn) {
 	c.Close()
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
 }
 
-func (p *storeProxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		c, err := p.ln.Accept()
@@ -132,7 +136,7 @@ func (p *storeProxy) accept() {
 
 // serve holds a client until the store is up, then splices the two. What the
 // client sent meanwhile waits in its socket and is forwarded then.
-func (p *storeProxy) serve(client net.Conn) {
+func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
 	store, err := p.dialStore()
@@ -175,7 +179,7 @@ func pipe(dst, src net.Conn) {
 // connection polls it every proxyPollStep and the others wait for that; the
 // wait ends only with the proxy (the group), as the workers' own store
 // timeout is the one that counts.
-func (p *storeProxy) dialStore() (net.Conn, error) {
+func (p *Proxy) dialStore() (net.Conn, error) {
 	for {
 		select {
 		case <-p.ready:
@@ -199,7 +203,7 @@ func (p *storeProxy) dialStore() (net.Conn, error) {
 
 // pollStore dials the store until it accepts, then tells the waiting
 // connections where it is.
-func (p *storeProxy) pollStore() (net.Conn, error) {
+func (p *Proxy) pollStore() (net.Conn, error) {
 	t := time.NewTimer(proxyPollStep)
 	defer t.Stop()
 	for {

@@ -1,7 +1,8 @@
 # kfelastic fork server: one interpreter per pod that has imported the
 # preload modules (torch) and forks each worker from itself, so that a
 # restart costs a fork instead of an interpreter start and the imports.
-# agent/forkserver.go starts it and says why it is built so. The protocol:
+# agent/forkserver/forkserver.go starts it and says why it is built so. The
+# protocol:
 #
 #   fd 3 is a Unix stream socket to the agent. The agent sends requests, each
 #   a 4-byte big-endian length and a JSON object {"id", "argv", "env", "cwd"},

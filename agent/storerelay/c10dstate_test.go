@@ -1,4 +1,4 @@
-package agent
+package storerelay
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // States pickled by torch 1.13 (Python 3.11, protocol 4) and torch 2.14
 // (Python 3.14, protocol 5): round 3, two participants with heartbeats at
 // 22:00:00.123456 and 22:00:10.654321 UTC, a deadline at 21:00, one node
-// waiting (agent/testdata/c10d). Aged at a 22:00:05 cutoff, only the first
+// waiting (agent/storerelay/testdata/c10d). Aged at a 22:00:05 cutoff, only the first
 // heartbeat is changed; the deadline stays; the length stays.
 func TestAgedC10dState(t *testing.T) {
 	files, _ := filepath.Glob("testdata/c10d/state-*.b64")

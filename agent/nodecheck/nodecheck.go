@@ -1,4 +1,9 @@
-package agent
+// Package nodecheck is the node health check: this node's part of one
+// check round of the master (docs/DESIGN.md §5.4), a small compute and an
+// all-reduce with its group, in a child process that can be killed and
+// slowed like training: the job's interpreter with torch and gloo, or,
+// without torch, the Go check (GoMain, `kfelastic node-check`).
+package nodecheck
 
 import (
 	"bytes"
@@ -16,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -30,21 +34,21 @@ import (
 
 // The node health check, one node's part of one round (docs/DESIGN.md §5.4): the
 // master puts the waiting nodes in groups of two (three when odd) and gives
-// each a CheckTask; the node runs a small compute and an all-reduce with its
+// each a Task; the node runs a small compute and an all-reduce with its
 // group in a child process and reports how it went. The check is a process
 // so that it can be killed (a broken machine, or the local engine's
 // break-check chaos) and slowed (a straggler) like the training itself.
 //
 // Two checks, one result: the job's own interpreter with torch and gloo
 // (nodecheck.py, embedded), which exercises what training will use; or,
-// where there is no torch, a Go check (GoCheckMain, run as `kfelastic
+// where there is no torch, a Go check (GoMain, run as `kfelastic
 // node-check`) that does the same with a Go matmul and a TCP all-reduce.
 
 //go:embed nodecheck.py
 var nodeCheckScript string
 
-// CheckTask is one node's part in one health-check round.
-type CheckTask struct {
+// Task is one node's part in one health-check round.
+type Task struct {
 	Check      int64
 	Round      int
 	Group      int
@@ -55,11 +59,11 @@ type CheckTask struct {
 	Timeout    time.Duration
 }
 
-// CheckResult is how the round went on this node. Elapsed is the measured
+// Result is how the round went on this node. Elapsed is the measured
 // work (compute + all-reduce), not the process's life: Python's ~1 s import
 // of torch would otherwise make every torch check look slow, and a partner
 // arriving late would make a fast node look slow.
-type CheckResult struct {
+type Result struct {
 	OK bool
 	// Self: the failure is this node's own (its check process was killed or
 	// crashed, its compute failed), not its group's.
@@ -70,8 +74,8 @@ type CheckResult struct {
 	How string
 }
 
-// NodeCheck runs check rounds.
-type NodeCheck struct {
+// Checker runs check rounds.
+type Checker struct {
 	// Python is the job's interpreter for the torch check; "" runs the Go
 	// check.
 	Python string
@@ -86,9 +90,9 @@ type NodeCheck struct {
 	Logger *slog.Logger
 }
 
-// NodeCheckEnv marks the check's processes (the local engine's break-check
-// chaos finds them by it).
-const NodeCheckEnv = "KFELASTIC_NODE_CHECK"
+// MarkEnv marks the check's processes (the local engine's break-check chaos
+// finds them by it).
+const MarkEnv = "KFELASTIC_NODE_CHECK"
 
 // exitNoTorch is nodecheck.py's status when torch cannot be imported.
 const exitNoTorch = 3
@@ -96,17 +100,17 @@ const exitNoTorch = 3
 // Run runs this node's part of task t; any failure is a result with OK
 // false, never an error or a panic. It returns within t.Timeout (and a
 // moment), or when ctx ends, and leaves no process behind.
-func (c *NodeCheck) Run(ctx context.Context, t CheckTask) (res CheckResult) {
+func (c *Checker) Run(ctx context.Context, t Task) (res Result) {
 	defer func() {
 		if p := recover(); p != nil {
-			res = CheckResult{Self: true, How: res.How, Message: fmt.Sprintf("node check: internal error: %v", p)}
+			res = Result{Self: true, How: res.How, Message: fmt.Sprintf("node check: internal error: %v", p)}
 		}
 	}()
 	if t.Timeout <= 0 {
 		t.Timeout = time.Minute
 	}
 	if t.GroupSize < 1 || t.GroupRank < 0 || t.GroupRank >= t.GroupSize {
-		return CheckResult{Message: fmt.Sprintf("bad check task: group rank %d of %d", t.GroupRank, t.GroupSize)}
+		return Result{Message: fmt.Sprintf("bad check task: group rank %d of %d", t.GroupRank, t.GroupSize)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.Timeout)
 	defer cancel()
@@ -120,7 +124,7 @@ func (c *NodeCheck) Run(ctx context.Context, t CheckTask) (res CheckResult) {
 	return c.runGo(ctx, t)
 }
 
-func (c *NodeCheck) logger() *slog.Logger {
+func (c *Checker) logger() *slog.Logger {
 	if c.Logger == nil {
 		return slog.Default()
 	}
@@ -129,7 +133,7 @@ func (c *NodeCheck) logger() *slog.Logger {
 
 // checkEnv is the job's environment without what torchrun set for the
 // training workers (the check is its own little job), plus the check's own.
-func (c *NodeCheck) checkEnv(t CheckTask) []string {
+func (c *Checker) checkEnv(t Task) []string {
 	base := c.Env
 	if base == nil {
 		base = os.Environ()
@@ -145,7 +149,7 @@ func (c *NodeCheck) checkEnv(t CheckTask) []string {
 		}
 		env = append(env, kv)
 	}
-	return append(env, NodeCheckEnv+"=1", "OMP_NUM_THREADS=1",
+	return append(env, MarkEnv+"=1", "OMP_NUM_THREADS=1",
 		"MASTER_ADDR="+t.LeaderAddr, "MASTER_PORT="+strconv.Itoa(t.LeaderPort),
 		"RANK="+strconv.Itoa(t.GroupRank), "WORLD_SIZE="+strconv.Itoa(t.GroupSize),
 		// The check gives up on its group before the agent gives up on it,
@@ -155,20 +159,20 @@ func (c *NodeCheck) checkEnv(t CheckTask) []string {
 		"KFELASTIC_CHECK_DEADLINE="+strconv.FormatFloat(float64(time.Now().Add(innerTimeout(t.Timeout)).UnixMilli())/1e3, 'f', 3, 64))
 }
 
-func (c *NodeCheck) runTorch(ctx context.Context, t CheckTask) (res CheckResult, noTorch bool) {
+func (c *Checker) runTorch(ctx context.Context, t Task) (res Result, noTorch bool) {
 	if _, err := exec.LookPath(c.Python); err != nil {
-		return CheckResult{}, true // no interpreter, no torch
+		return Result{}, true // no interpreter, no torch
 	}
 	res, code := c.runProcess(ctx, t, "torch", append([]string{c.Python, "-c", nodeCheckScript}, "kfelastic-node-check"))
 	return res, code == exitNoTorch
 }
 
-func (c *NodeCheck) runGo(ctx context.Context, t CheckTask) CheckResult {
+func (c *Checker) runGo(ctx context.Context, t Task) Result {
 	argv := c.GoCheck
 	if len(argv) == 0 {
 		self, err := os.Executable()
 		if err != nil {
-			return CheckResult{How: "go", Message: fmt.Sprintf("cannot find this executable for the Go check: %v", err)}
+			return Result{How: "go", Message: fmt.Sprintf("cannot find this executable for the Go check: %v", err)}
 		}
 		argv = []string{self, "node-check"}
 	}
@@ -205,8 +209,8 @@ type checkLine struct {
 
 // runProcess runs one check process in its own process group, killed with
 // its group when ctx ends, and reads its JSON line.
-func (c *NodeCheck) runProcess(ctx context.Context, t CheckTask, how string, argv []string) (CheckResult, int) {
-	res := CheckResult{How: how}
+func (c *Checker) runProcess(ctx context.Context, t Task, how string, argv []string) (Result, int) {
+	res := Result{How: how}
 	// Pdeathsig fires when the thread that started the child ends, not the
 	// agent: keep this goroutine on its thread until the child is gone.
 	runtime.LockOSThread()
@@ -334,56 +338,7 @@ func (l *limitedWriter) Write(p []byte) (int, error) {
 	return len(p), err
 }
 
-var pythonName = regexp.MustCompile(`^python[0-9.]*$`)
-
-// InterpreterOf is the Python interpreter a job's command runs: its first
-// word if that is python*, else the interpreter named in the shebang of the
-// script it starts (pyflyte-execute, a torchrun-style entry point); "" if
-// neither.
-func InterpreterOf(command []string) string {
-	if len(command) == 0 {
-		return ""
-	}
-	if pythonName.MatchString(filepath.Base(command[0])) {
-		return command[0]
-	}
-	path, err := exec.LookPath(command[0])
-	if err != nil {
-		return ""
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	head := make([]byte, 256)
-	n, _ := io.ReadFull(f, head)
-	first, _, _ := bytes.Cut(head[:n], []byte("\n"))
-	shebang, ok := bytes.CutPrefix(first, []byte("#!"))
-	if !ok {
-		return ""
-	}
-	words := strings.Fields(string(shebang))
-	switch {
-	case len(words) == 0:
-		return ""
-	case filepath.Base(words[0]) == "env":
-		// env's flags (-S, -i) and NAME=VALUE come first.
-		for _, w := range words[1:] {
-			if pythonName.MatchString(filepath.Base(w)) {
-				return w
-			}
-			if !strings.HasPrefix(w, "-") && !strings.Contains(w, "=") {
-				return ""
-			}
-		}
-	case pythonName.MatchString(filepath.Base(words[0])):
-		return words[0]
-	}
-	return ""
-}
-
-// GoCheckMain is `kfelastic node-check`: the node check without torch, as
+// GoMain is `kfelastic node-check`: the node check without torch, as
 // a process of its own so that it can be killed and slowed like training.
 // It times a float64 matmul on this node alone, then meets its group over
 // TCP and times a star all-reduce: group rank 0 listens on --leader's port,
@@ -396,7 +351,7 @@ func InterpreterOf(command []string) string {
 //
 // --timeout bounds the whole check (listening, connecting, every read);
 // --work is the number of 128×128 matmuls (≈1–2 ms each here).
-func GoCheckMain(args []string, stdout, stderr io.Writer) int {
+func GoMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	leader := fs.String("leader", "", "HOST:PORT where group rank 0 listens")

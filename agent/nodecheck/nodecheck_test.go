@@ -1,4 +1,4 @@
-package agent
+package nodecheck
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
 // The node check's tests run real check processes on loopback: the test
@@ -26,12 +27,12 @@ import (
 // check. A straggler is made for real: its check is pinned with taskset to
 // a CPU that a busy loop also uses, at a lower priority.
 
-// goCheckChildEnv makes the test binary run GoCheckMain with its arguments.
+// goCheckChildEnv makes the test binary run GoMain with its arguments.
 const goCheckChildEnv = "KFELASTIC_TEST_GO_CHECK_CHILD"
 
 func init() {
 	if os.Getenv(goCheckChildEnv) == "1" {
-		os.Exit(GoCheckMain(os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(GoMain(os.Args[1:], os.Stdout, os.Stderr))
 	}
 }
 
@@ -39,24 +40,24 @@ func init() {
 // detector (nodecheck_race_test.go).
 var raceEnabled bool
 
-// goCheckChild is a NodeCheck whose Go check is this test binary, run after
+// goCheckChild is a Checker whose Go check is this test binary, run after
 // prefix (e.g. taskset -c 0), with 3 matmuls rather than 30: fast even
 // under the race detector. A later --work wins.
-func goCheckChild(prefix ...string) *NodeCheck {
-	return &NodeCheck{GoCheck: append(prefix, os.Args[0], "--work", "3"), Env: append(os.Environ(), goCheckChildEnv+"=1"),
+func goCheckChild(prefix ...string) *Checker {
+	return &Checker{GoCheck: append(prefix, os.Args[0], "--work", "3"), Env: append(os.Environ(), goCheckChildEnv+"=1"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
 // checkGroup runs one check round of a group of len(members) on loopback
 // and returns each member's result.
-func checkGroup(t *testing.T, timeout time.Duration, members ...*NodeCheck) []CheckResult {
+func checkGroup(t *testing.T, timeout time.Duration, members ...*Checker) []Result {
 	t.Helper()
-	port := loopbackPort(t)
-	results := make([]CheckResult, len(members))
+	port := testenv.FreePort(t)
+	results := make([]Result, len(members))
 	var wg sync.WaitGroup
 	for r, c := range members {
 		wg.Go(func() {
-			results[r] = c.Run(t.Context(), CheckTask{Check: 7, Round: 1, GroupRank: r, GroupSize: len(members),
+			results[r] = c.Run(t.Context(), Task{Check: 7, Round: 1, GroupRank: r, GroupSize: len(members),
 				LeaderAddr: "127.0.0.1", LeaderPort: port, Timeout: timeout})
 		})
 	}
@@ -65,16 +66,6 @@ func checkGroup(t *testing.T, timeout time.Duration, members ...*NodeCheck) []Ch
 		t.Logf("rank %d: ok=%v self=%v how=%s elapsed=%v message=%q", r, res.OK, res.Self, res.How, res.Elapsed, res.Message)
 	}
 	return results
-}
-
-func loopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // straggler makes a straggler for real: it returns a command prefix that
@@ -122,7 +113,7 @@ func straggler(t *testing.T) (slow []string, cpu int) {
 func TestNodeCheckGoGroups(t *testing.T) {
 	for _, n := range []int{1, 2, 3} {
 		t.Run(fmt.Sprintf("size%d", n), func(t *testing.T) {
-			members := make([]*NodeCheck, n)
+			members := make([]*Checker, n)
 			for r := range members {
 				members[r] = goCheckChild()
 			}
@@ -143,7 +134,7 @@ func TestNodeCheckGoGroups(t *testing.T) {
 func TestNodeCheckGoKilledMember(t *testing.T) {
 	for killed := range 2 {
 		t.Run(fmt.Sprintf("rank%d", killed), func(t *testing.T) {
-			members := []*NodeCheck{goCheckChild(), goCheckChild()}
+			members := []*Checker{goCheckChild(), goCheckChild()}
 			// The killed member's check runs in a shell that kills its group
 			// (and so the check) while the check computes (--work makes
 			// that last ≈10 s).
@@ -176,9 +167,9 @@ func TestNodeCheckGoPartnerNeverComes(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("rank%dof%d", c.rank, c.size), func(t *testing.T) {
 			t.Parallel()
-			port := loopbackPort(t)
+			port := testenv.FreePort(t)
 			start := time.Now()
-			res := goCheckChild().Run(t.Context(), CheckTask{GroupRank: c.rank, GroupSize: c.size,
+			res := goCheckChild().Run(t.Context(), Task{GroupRank: c.rank, GroupSize: c.size,
 				LeaderAddr: "127.0.0.1", LeaderPort: port, Timeout: 2 * time.Second})
 			took := time.Since(start)
 			t.Logf("alone: %+v after %v", res, took)
@@ -202,7 +193,7 @@ func TestNodeCheckGoStraggler(t *testing.T) {
 		t.Run(fmt.Sprintf("size%d", n), func(t *testing.T) {
 			// The check's own 30 matmuls (≈50 ms alone), not the 3 of the
 			// other tests: a slowdown shows over a longer run.
-			members := make([]*NodeCheck, n)
+			members := make([]*Checker, n)
 			for r := range members {
 				members[r] = goCheckChild()
 				members[r].GoCheck = append(members[r].GoCheck, "--work", "30")
@@ -233,7 +224,7 @@ func TestNodeCheckCancelKillsGroup(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	res := c.Run(ctx, CheckTask{GroupSize: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Minute})
+	res := c.Run(ctx, Task{GroupSize: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Minute})
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("a cancelled round took %v", took)
 	}
@@ -246,22 +237,12 @@ func TestNodeCheckCancelKillsGroup(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	deadline := time.Now().Add(2 * time.Second)
-	for processAlive(pid) {
+	for testenv.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the check's child %d outlived the round", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// processAlive: pid is a process that is not a zombie.
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
 }
 
 // fakePython is an executable shell script standing in for an interpreter.
@@ -286,8 +267,8 @@ echo '{"ok":true,"self":false,"elapsed":0.0125,"compute":0.0100,"allreduce":0.00
 	job := []string{"PATH=" + os.Getenv("PATH"), "LOCAL_RANK=3", "RANK=9", "GROUP_RANK=4", "WORLD_SIZE=16", "LOCAL_WORLD_SIZE=4",
 		"MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "TORCHELASTIC_RUN_ID=job", "TORCHELASTIC_RESTART_COUNT=2",
 		"TORCHELASTIC_USE_AGENT_STORE=True", "OMP_NUM_THREADS=8", "HOME=/home/job", "PYTHONPATH=/job/src"}
-	c := &NodeCheck{Python: py, Env: job}
-	res := c.Run(t.Context(), CheckTask{GroupRank: 1, GroupSize: 2, LeaderAddr: "10.1.2.3", LeaderPort: 4321, Timeout: 10 * time.Second})
+	c := &Checker{Python: py, Env: job}
+	res := c.Run(t.Context(), Task{GroupRank: 1, GroupSize: 2, LeaderAddr: "10.1.2.3", LeaderPort: 4321, Timeout: 10 * time.Second})
 	if !res.OK || res.How != "torch" || res.Elapsed != 12500*time.Microsecond {
 		t.Errorf("result %+v, want a torch pass of 12.5ms (the measured work, not the process's 300 ms)", res)
 	}
@@ -301,7 +282,7 @@ echo '{"ok":true,"self":false,"elapsed":0.0125,"compute":0.0100,"allreduce":0.00
 		env[k] = v
 	}
 	for k, want := range map[string]string{"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4321", "RANK": "1", "WORLD_SIZE": "2",
-		"OMP_NUM_THREADS": "1", "HOME": "/home/job", "PYTHONPATH": "/job/src", NodeCheckEnv: "1"} {
+		"OMP_NUM_THREADS": "1", "HOME": "/home/job", "PYTHONPATH": "/job/src", MarkEnv: "1"} {
 		if env[k] != want {
 			t.Errorf("%s=%q, want %q", k, env[k], want)
 		}
@@ -323,8 +304,8 @@ printf 'RuntimeError: bad \377\376 bytes\n' >&2
 exit 1
 `)
 	dir := t.TempDir()
-	c := &NodeCheck{Python: py, GoCheck: []string{"/bin/false"}, Dir: dir}
-	res := c.Run(t.Context(), CheckTask{Check: 3, Round: 2, GroupSize: 1, Timeout: 10 * time.Second})
+	c := &Checker{Python: py, GoCheck: []string{"/bin/false"}, Dir: dir}
+	res := c.Run(t.Context(), Task{Check: 3, Round: 2, GroupSize: 1, Timeout: 10 * time.Second})
 	t.Logf("message: %q", res.Message)
 	if res.OK || !res.Self || res.How != "torch" {
 		t.Errorf("result %+v, want the torch check's own failure", res)
@@ -359,9 +340,9 @@ func TestNodeCheckDeadline(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			nc := &NodeCheck{Python: fakePython(t, c.body+"\n")}
+			nc := &Checker{Python: fakePython(t, c.body+"\n")}
 			start := time.Now()
-			res := nc.Run(t.Context(), CheckTask{GroupSize: 2, GroupRank: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Second})
+			res := nc.Run(t.Context(), Task{GroupSize: 2, GroupRank: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Second})
 			if took := time.Since(start); took > 2*time.Second {
 				t.Errorf("took %v with a 1 s timeout", took)
 			}
@@ -393,16 +374,18 @@ func TestNodeCheckNoTorchFallsBack(t *testing.T) {
 	}
 }
 
-// torchPython is /usr/bin/python3 if it can import torch.distributed.
+// torchPython is Debian's /usr/bin/python3 if it can import
+// torch.distributed (testenv.TorchFor).
 func torchPython(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("the torch check imports torch (≈1 s a process): skipped with -short")
 	}
-	if out, err := exec.Command(python, "-c", "import torch.distributed").CombinedOutput(); err != nil {
-		t.Skipf("%s cannot import torch (%v: %s); scripts/deps.sh apt installs it", python, err, strings.TrimSpace(string(out)))
+	tc, why := testenv.TorchFor("1.13")
+	if why != "" {
+		t.Skip(why)
 	}
-	return python
+	return tc.Python
 }
 
 // The torch check passes with a real gloo pair and a group of one, and a
@@ -412,13 +395,13 @@ func torchPython(t *testing.T) string {
 // check's own compute and all-reduce run slowed, as on a throttled node.
 func TestNodeCheckTorch(t *testing.T) {
 	py := torchPython(t)
-	torch := func() *NodeCheck {
+	torch := func() *Checker {
 		c := goCheckChild()
 		c.Python = py
 		return c
 	}
 	for _, n := range []int{1, 2} {
-		members := make([]*NodeCheck, n)
+		members := make([]*Checker, n)
 		for r := range members {
 			members[r] = torch()
 		}
@@ -455,7 +438,7 @@ func TestNodeCheckTorch(t *testing.T) {
 func TestNodeCheckTorchKilledMember(t *testing.T) {
 	py := torchPython(t)
 	killer := fakePython(t, py+` "$@" & sleep 0.5; kill -KILL 0`+"\n")
-	mk := func(p string) *NodeCheck {
+	mk := func(p string) *Checker {
 		c := goCheckChild()
 		c.Python = p
 		return c
@@ -473,57 +456,10 @@ func TestNodeCheckTorchKilledMember(t *testing.T) {
 	}
 }
 
-// InterpreterOf finds the job's python by name, or through a script's
-// shebang, looked up in PATH as the shell would.
-func TestNodeCheckInterpreterOf(t *testing.T) {
-	dir := t.TempDir()
-	script := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	script("pyflyte-execute", "#!/usr/bin/env python3\nprint(1)\n")
-	script("envflags", "#!/usr/bin/env -S python3.11 -u\n")
-	script("envassign", "#!/usr/bin/env PYTHONUNBUFFERED=1 python3\n")
-	script("direct", "#!/opt/venv/bin/python3.12 -u\n")
-	script("spaced", "#! /opt/conda/bin/python\n")
-	script("shell", "#!/bin/sh\nexec python3 \"$@\"\n")
-	script("notes", "python3 is not a shebang\n")
-	script("noexec", "#!/usr/bin/python3\n")
-	_ = os.Chmod(filepath.Join(dir, "noexec"), 0o644)
-	t.Setenv("PATH", dir+":/usr/bin:/bin")
-	for _, c := range []struct {
-		cmd  []string
-		want string
-	}{
-		{[]string{"python3", "train.py"}, "python3"},
-		{[]string{"/usr/bin/python3.11", "-m", "x"}, "/usr/bin/python3.11"},
-		{[]string{"python"}, "python"},
-		{[]string{"pyflyte-execute", "--task-module", "m"}, "python3"},
-		{[]string{filepath.Join(dir, "pyflyte-execute")}, "python3"},
-		{[]string{"envflags"}, "python3.11"},
-		{[]string{"envassign"}, "python3"},
-		{[]string{"direct"}, "/opt/venv/bin/python3.12"},
-		{[]string{"spaced"}, "/opt/conda/bin/python"},
-		{[]string{"shell"}, ""},
-		{[]string{"notes"}, ""},
-		{[]string{"noexec"}, ""},
-		{[]string{"sh", "-c", "python3 x.py"}, ""},
-		{[]string{"no-such-command-here"}, ""},
-		{nil, ""},
-	} {
-		if got := InterpreterOf(c.cmd); got != c.want {
-			t.Errorf("InterpreterOf(%q) = %q, want %q", c.cmd, got, c.want)
-		}
-	}
-}
-
 // The JSON line both checks print, as the Go check prints it.
 func TestNodeCheckGoLine(t *testing.T) {
 	var out, errOut strings.Builder
-	if code := GoCheckMain([]string{"--size", "1", "--rank", "0"}, &out, &errOut); code != 0 {
+	if code := GoMain([]string{"--size", "1", "--rank", "0"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	var line map[string]any
@@ -535,7 +471,7 @@ func TestNodeCheckGoLine(t *testing.T) {
 			t.Errorf("line %s lacks %q", out.String(), k)
 		}
 	}
-	if code := GoCheckMain([]string{"--size", "2", "--rank", "2"}, &out, &errOut); code != 2 {
+	if code := GoMain([]string{"--size", "2", "--rank", "2"}, &out, &errOut); code != 2 {
 		t.Errorf("rank 2 of 2: exit %d, want 2", code)
 	}
 }

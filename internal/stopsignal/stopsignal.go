@@ -1,4 +1,8 @@
-package agent
+// Package stopsignal turns the signals that stop the binary (SIGTERM,
+// SIGINT, SIGHUP, SIGQUIT) into the cause of a context, so that the agent
+// tells a preemption from an interruption and `kfelastic local` exits
+// 128+N as a shell would.
+package stopsignal
 
 import (
 	"context"
@@ -22,20 +26,20 @@ import (
 //	the same again    ignored: the stop under way is bounded (dump timeout
 //	                  plus stop grace); SIGKILL ends the agent at once.
 //	SIGPIPE           ignored: a closed stdout or stderr is given up
-//	                  (output.go), training goes on.
+//	                  (internal/nonblocking), training goes on.
 //	SIGUSR1, SIGUSR2, ignored (Go's default for them).
 //	others Go ignores
 //	SIGKILL           cannot be caught: the workers die with the agent
 //	                  (their parent-death signal) and the guardian kills
-//	                  whatever they started (procs.go); no document, the
-//	                  pod's status says 137.
+//	                  whatever they started (agent/guardian); no
+//	                  document, the pod's status says 137.
 //
 // Crash signals (SIGSEGV, SIGABRT, …) keep Go's default, a stack dump; the
 // guardian cleans up after them as after SIGKILL.
 var stopSignals = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT}
 
-// Signaled is the cancellation cause NotifyContext gives its context: Run
-// reads it to tell a preemption (SIGTERM) from an interruption.
+// Signaled is the cancellation cause NotifyContext gives its context: the
+// agent's Run reads it to tell a preemption (SIGTERM) from an interruption.
 type Signaled struct{ Signal syscall.Signal }
 
 func (s Signaled) Error() string { return "got " + unix.SignalName(s.Signal) }
@@ -61,10 +65,10 @@ func NotifyContext(parent context.Context) (ctx context.Context, stop context.Ca
 	}
 }
 
-// stopSignal is the signal that ended ctx: its Signaled cause, else SIGTERM
-// (a context canceled otherwise, as the local engine and tests stop an
-// agent, is a preemption).
-func stopSignal(ctx context.Context) syscall.Signal {
+// Of is the signal that ended ctx: its Signaled cause, else SIGTERM (a
+// context canceled otherwise, as the local engine and tests stop an agent,
+// is a preemption).
+func Of(ctx context.Context) syscall.Signal {
 	var s Signaled
 	if goerrors.As(context.Cause(ctx), &s) && s.Signal != 0 {
 		return s.Signal

@@ -1,4 +1,8 @@
-package agent
+// Package guardian sees that no process of a pod outlives its agent: the
+// mark every worker's process carries, the sweep that kills what carries
+// it, and the guardian, a process that sweeps for an agent that was
+// SIGKILLed (MaybeRun, Start).
+package guardian
 
 import (
 	"bufio"
@@ -27,11 +31,11 @@ import (
 //     environment, which its children inherit, including those that leave
 //     its process group or session (a setsid daemon, `sh -c 'python …;
 //     echo'`). When a group has ended, and when the agent exits, every
-//     process still carrying its mark is killed (sweep): nothing of an
+//     process still carrying its mark is killed (Sweep): nothing of an
 //     attempt survives into the next.
 //  3. A SIGKILLed agent cannot sweep. A guardian does it for it: a small
 //     process the agent starts first (this binary, re-executed; see
-//     MaybeGuard), in a session of its own so that a terminal's signals
+//     MaybeRun), in a session of its own so that a terminal's signals
 //     spare it. It holds the read end of a pipe that only the agent can
 //     write; when the agent dies, however it dies, the kernel closes the
 //     pipe, and the guardian kills every process group the agent
@@ -44,27 +48,27 @@ import (
 // leaves the process group and clears its environment escapes layer 2 and
 // 3; a worker's own helpers do neither.
 
-// agentMarkEnv marks every process of a pod's workers (layer 2).
-const agentMarkEnv = "KFELASTIC_AGENT"
+// MarkEnv marks every process of a pod's workers (layer 2).
+const MarkEnv = "KFELASTIC_AGENT"
 
-// newAgentID names one agent run: unique on the node, and in its marks.
-func newAgentID() string {
+// NewAgentID names one agent run: unique on the node, and in its marks.
+func NewAgentID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// attemptMark is the mark of one attempt's workers.
-func attemptMark(agentID string, attempt int) string {
+// AttemptMark is the mark of one attempt's workers.
+func AttemptMark(agentID string, attempt int) string {
 	return agentID + "/" + strconv.Itoa(attempt)
 }
 
-// sweep kills, with SIGKILL, the process groups pgids and every live
-// process whose mark (agentMarkEnv) is one of marks, or starts with one when
+// Sweep kills, with SIGKILL, the process groups pgids and every live
+// process whose mark (MarkEnv) is one of marks, or starts with one when
 // prefix, but the processes keep. It goes again, 10 ms later, while it finds
 // marked processes (one may fork while it dies), twice at least, for at most
 // a second. It returns how many marked processes it killed.
-func sweep(marks []string, prefix bool, pgids []int, keep ...int) int {
+func Sweep(marks []string, prefix bool, pgids []int, keep ...int) int {
 	match := func(v string) bool {
 		return slices.ContainsFunc(marks, func(m string) bool { return v == m || (prefix && strings.HasPrefix(v, m)) })
 	}
@@ -90,7 +94,7 @@ func sweep(marks []string, prefix bool, pgids []int, keep ...int) int {
 	}
 }
 
-// marked lists the live processes whose agentMarkEnv matches. Processes
+// marked lists the live processes whose MarkEnv matches. Processes
 // this one may not read (another user's) and zombies (no environment left)
 // are not listed.
 func marked(match func(string) bool) []int {
@@ -98,7 +102,7 @@ func marked(match func(string) bool) []int {
 	if err != nil {
 		return nil
 	}
-	key := []byte(agentMarkEnv + "=")
+	key := []byte(MarkEnv + "=")
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -126,15 +130,15 @@ const (
 	guardLogEnv = "KFELASTIC_GUARDIAN_LOG"
 )
 
-// guardable is set by MaybeGuard: the binary runs a guardian when asked.
+// guardable is set by MaybeRun: the binary runs a guardian when asked.
 var guardable atomic.Bool
 
-// MaybeGuard runs the guardian (layer 3 above) and exits, when this process
-// is one Run started; otherwise it returns at once, and lets Run start
+// MaybeRun runs the guardian (layer 3 above) and exits, when this process
+// is one Start started; otherwise it returns at once, and lets Start start
 // guardians by re-executing this binary. Call it first in main (and in
-// TestMain) of a binary that calls Run; without it Run runs without a
-// guardian, and says so in its log.
-func MaybeGuard() {
+// TestMain) of a binary that calls the agent's Run; without it the agent
+// runs without a guardian, and says so in its log.
+func MaybeRun() {
 	id, ok := os.LookupEnv(guardEnv)
 	if !ok {
 		guardable.Store(true)
@@ -163,7 +167,7 @@ func runGuardian(agentID string, agent *os.File, logPath string) int {
 			live = append(live, pg)
 		}
 	}
-	if n := sweep([]string{agentID + "/"}, true, live); n > 0 && logPath != "" {
+	if n := Sweep([]string{agentID + "/"}, true, live); n > 0 && logPath != "" {
 		msg := fmt.Sprintf("%s guardian: agent %s is gone; killed %d of its processes, and its process groups %v\n",
 			time.Now().UTC().Format(time.RFC3339Nano), agentID, n, live)
 		if f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err == nil {
@@ -174,9 +178,9 @@ func runGuardian(agentID string, agent *os.File, logPath string) int {
 	return 0
 }
 
-// guardian is the agent's side of its guardian: the pipe's write end,
+// Guardian is the agent's side of its guardian: the pipe's write end,
 // written by one goroutine so that registering never blocks the agent.
-type guardian struct {
+type Guardian struct {
 	cmd     *exec.Cmd
 	pipe    *os.File
 	queue   chan string
@@ -185,10 +189,10 @@ type guardian struct {
 	stopped bool
 }
 
-// startGuardian starts the agent's guardian, or returns nil and why not.
-func startGuardian(agentID, logPath string) (*guardian, error) {
+// Start starts the agent's guardian, or returns nil and why not.
+func Start(agentID, logPath string) (*Guardian, error) {
 	if !guardable.Load() {
-		return nil, fmt.Errorf("this binary does not run guardians (agent.MaybeGuard is not called in its main)")
+		return nil, fmt.Errorf("this binary does not run guardians (guardian.MaybeRun is not called in its main)")
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -205,12 +209,12 @@ func startGuardian(agentID, logPath string) (*guardian, error) {
 		w.Close()
 		return nil, err
 	}
-	g := &guardian{cmd: cmd, pipe: w, queue: make(chan string, 1024), done: make(chan struct{})}
+	g := &Guardian{cmd: cmd, pipe: w, queue: make(chan string, 1024), done: make(chan struct{})}
 	go g.write()
 	return g, nil
 }
 
-func (g *guardian) write() {
+func (g *Guardian) write() {
 	defer close(g.done)
 	for line := range g.queue {
 		// An error means the guardian is gone; the agent goes on without.
@@ -218,9 +222,9 @@ func (g *guardian) write() {
 	}
 }
 
-// register tells the guardian about a worker's process group (+) or that
+// Register tells the guardian about a worker's process group (+) or that
 // it is gone (-); nil-safe, never blocks (a full queue drops the line).
-func (g *guardian) register(pgid int, live bool) {
+func (g *Guardian) Register(pgid int, live bool) {
 	if g == nil {
 		return
 	}
@@ -239,10 +243,10 @@ func (g *guardian) register(pgid int, live bool) {
 	}
 }
 
-// stop ends the guardian: the closed pipe makes it sweep (there is nothing
+// Stop ends the guardian: the closed pipe makes it sweep (there is nothing
 // left by then) and exit. It is reaped in the background: the agent does
 // not wait for it to start up and finish.
-func (g *guardian) stop() {
+func (g *Guardian) Stop() {
 	if g == nil {
 		return
 	}

@@ -1,4 +1,7 @@
-package agent
+// Package nonblocking is the process's own stdout and stderr as writers
+// that never block (Output): every subcommand writes its last words through
+// one, and the agent its log and its workers' tee.
+package nonblocking
 
 import (
 	"fmt"
@@ -10,8 +13,8 @@ import (
 	"time"
 )
 
-// Output is the agent's own stdout or stderr: a writer that never blocks its
-// caller. The agent's progress (exits, the hang watchdog's view of the
+// Output is the process's own stdout or stderr: a writer that never blocks
+// its caller. The agent's progress (exits, the hang watchdog's view of the
 // workers, signals) must not depend on whoever reads its output: a pipe
 // nobody drains would otherwise stall the tee of the workers' output, then
 // the workers themselves on their own full pipes, and the watchdog would

@@ -1,6 +1,6 @@
 //go:build race
 
-package agent
+package nodecheck
 
 // The race detector slows the Go check's matmul some 30×: tests that
 // compare timings skip.

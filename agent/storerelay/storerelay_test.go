@@ -1,4 +1,4 @@
-package agent
+package storerelay
 
 import (
 	"bufio"
@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/masterconn"
 	"github.com/kfelastic/kfelastic/agent/tcpstore"
+	"github.com/kfelastic/kfelastic/api/masterpb"
 	"github.com/kfelastic/kfelastic/internal/mastertest"
 	"github.com/kfelastic/kfelastic/internal/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -29,7 +31,7 @@ import (
 type storePython struct {
 	name string
 	argv []string // the interpreter, before the script
-	dir  string   // where the interpreter sees agent/testdata
+	dir  string   // where the interpreter sees agent/storerelay/testdata
 }
 
 // storePythons lists the interpreters present; it skips the test when there
@@ -55,25 +57,26 @@ func (p storePython) command(ctx context.Context, script string, args ...string)
 	return exec.CommandContext(ctx, argv[0], argv[1:]...)
 }
 
-// startRelay dials m and starts a relay to it for the test.
-func startRelay(t *testing.T, endpoint, tokenFile string) *StoreRelay {
+// startRelay dials the master at endpoint and starts a relay to it for the
+// test.
+func startRelay(t *testing.T, endpoint, tokenFile string) *Relay {
 	t.Helper()
 	token, err := os.ReadFile(tokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	m, err := DialMaster(MasterConfig{Endpoint: endpoint, Token: strings.TrimSpace(string(token)), Logger: log})
+	conn, err := masterconn.Dial(endpoint, strings.TrimSpace(string(token)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := StartStoreRelay(t.Context(), m, log)
+	r, err := Start(t.Context(), masterpb.NewMasterClient(conn), "test", log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = r.Close()
-		_ = m.Close()
+		_ = conn.Close()
 	})
 	return r
 }
@@ -141,7 +144,7 @@ func torchLines(out []byte) string {
 }
 
 // deleteAll removes what a test put in the store, over the relay.
-func deleteAll(t *testing.T, r *StoreRelay) {
+func deleteAll(t *testing.T, r *Relay) {
 	t.Helper()
 	c := dialStore(t, r)
 	for _, k := range []string{"/a", "/n", "/c", "/d", "/l", "/m1", "/m2"} {
@@ -156,7 +159,7 @@ type storeConn struct {
 	conn net.Conn
 }
 
-func dialStore(t *testing.T, r *StoreRelay) *storeConn {
+func dialStore(t *testing.T, r *Relay) *storeConn {
 	t.Helper()
 	c, err := net.Dial("tcp", r.Addr())
 	if err != nil {
@@ -204,7 +207,7 @@ func isTimeout(err error) bool {
 	return ok && ne.Timeout()
 }
 
-func (r *StoreRelay) openConns() int {
+func (r *Relay) openConns() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.conns)
@@ -512,6 +515,11 @@ func TestStoreRelayTorchRendezvous(t *testing.T) {
 			m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
 			ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 			defer cancel()
+			// The agent's training stand-in (agent/testdata/train).
+			script, err := filepath.Abs("../testdata/train/train_steps.py")
+			if err != nil {
+				t.Fatal(err)
+			}
 			const n = 2
 			outs := make([][]byte, n)
 			errs := make(chan error, n)
@@ -520,7 +528,7 @@ func TestStoreRelayTorchRendezvous(t *testing.T) {
 				cmd := py.command(ctx, "", "-m", "torch.distributed.run", "--nnodes", fmt.Sprint(n),
 					"--nproc_per_node", "1", "--max_restarts", "0", "--monitor_interval", "1", "--redirects", "2", "--tee", "2",
 					"--rdzv_backend", "c10d", "--rdzv_endpoint", r.Addr(), "--rdzv_id", "relaytest",
-					filepath.Join(py.dir, "train", "train_steps.py"), "--steps", "3", "--sleep", "0")
+					script, "--steps", "3", "--sleep", "0")
 				cmd.Args = slices.Delete(cmd.Args, len(py.argv), len(py.argv)+1) // no script: -m
 				cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 				go func() {

@@ -1,8 +1,8 @@
-package agent
-
-// The store relay (docs/DESIGN.md §4.8, §5.7):
+// Package storerelay serves torch's TCPStore protocol on loopback and
+// relays every operation to the kfelastic master's store (docs/DESIGN.md
+// §4.8, §5.7):
 //
-//	r, err := StartStoreRelay(ctx, m, log) // listens on 127.0.0.1:0
+//	r, err := storerelay.Start(ctx, client, incarnation, log) // listens on 127.0.0.1:0
 //	child.Env = append(child.Env, "PET_RDZV_ENDPOINT="+r.Addr())
 //	...
 //	r.Close() // closes the listener, the connections and their master sessions
@@ -10,10 +10,12 @@ package agent
 // Under --launcher command torch elastic runs its own c10d rendezvous against
 // a TCPStore at the endpoint it is given. The agent gives it this loopback
 // port, speaks TCPStore's wire protocol there (agent/tcpstore) and relays
-// every operation to the master's store over the authenticated gRPC channel.
-// torch never reconnects a store connection, so its connections end here, on
-// its own agent, and live as long as the agent; the relay retries upstream,
-// which makes a master restart a pause for torch, not an error.
+// every operation to the master's store over the authenticated gRPC channel
+// (agent/masterconn). torch never reconnects a store connection, so its
+// connections end here, on its own agent, and live as long as the agent; the
+// relay retries upstream, which makes a master restart a pause for torch,
+// not an error.
+package storerelay
 
 import (
 	"bufio"
@@ -32,13 +34,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kfelastic/kfelastic/agent/masterconn"
 	"github.com/kfelastic/kfelastic/agent/tcpstore"
 	"github.com/kfelastic/kfelastic/api/masterpb"
 )
 
-// StoreRelay serves torch's TCPStore protocol on loopback and relays it to
-// the master's store.
-type StoreRelay struct {
+// Relay serves torch's TCPStore protocol on loopback and relays it to the
+// master's store.
+type Relay struct {
 	ln     net.Listener
 	client masterpb.MasterClient
 	log    *slog.Logger
@@ -64,11 +67,13 @@ type StoreRelay struct {
 // away while holding it is noticed.
 const relayLongPoll = 60 * time.Second
 
-// StartStoreRelay listens on 127.0.0.1:0 — loopback only: no port speaks
-// TCPStore to the network — and relays until ctx ends or Close. Clients
-// without torch 2.2's handshake are read with 1.13/2.0 numbering, switching
-// to 2.1's when a connection shows it (agent/tcpstore).
-func StartStoreRelay(ctx context.Context, m *Master, log *slog.Logger) (*StoreRelay, error) {
+// Start listens on 127.0.0.1:0 — loopback only: no port speaks TCPStore to
+// the network — and relays to client until ctx ends or Close. incarnation
+// names the agent process (the master's client's, agent.Master.Incarnation)
+// in the master's store sessions. Clients without torch 2.2's handshake are
+// read with 1.13/2.0 numbering, switching to 2.1's when a connection shows
+// it (agent/tcpstore).
+func Start(ctx context.Context, client masterpb.MasterClient, incarnation string, log *slog.Logger) (*Relay, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("store relay: %w", err)
@@ -77,11 +82,11 @@ func StartStoreRelay(ctx context.Context, m *Master, log *slog.Logger) (*StoreRe
 		log = slog.Default()
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	r := &StoreRelay{ln: ln, client: m.Client(), log: log.With("relay", ln.Addr().String()),
+	r := &Relay{ln: ln, client: client, log: log.With("relay", ln.Addr().String()),
 		// The incarnation is unique per agent process and the random part
 		// per relay, so no two connections ever share a session, even
 		// across restarts of the agent's container.
-		prefix: fmt.Sprintf("relay/%s/%08x/", m.incarnation, mathrand.Uint32()),
+		prefix: fmt.Sprintf("relay/%s/%08x/", incarnation, mathrand.Uint32()),
 		ctx:    rctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
@@ -90,11 +95,11 @@ func StartStoreRelay(ctx context.Context, m *Master, log *slog.Logger) (*StoreRe
 }
 
 // Addr is where torch connects: "127.0.0.1:PORT".
-func (r *StoreRelay) Addr() string { return r.ln.Addr().String() }
+func (r *Relay) Addr() string { return r.ln.Addr().String() }
 
 // Close stops accepting, closes every connection and their master sessions,
 // and returns when the relay's goroutines have ended. It is idempotent.
-func (r *StoreRelay) Close() error {
+func (r *Relay) Close() error {
 	r.once.Do(func() {
 		r.cancel()
 		_ = r.ln.Close()
@@ -109,7 +114,7 @@ func (r *StoreRelay) Close() error {
 	return nil
 }
 
-func (r *StoreRelay) accept() {
+func (r *Relay) accept() {
 	defer r.wg.Done()
 	for {
 		c, err := r.ln.Accept()
@@ -131,7 +136,7 @@ func (r *StoreRelay) accept() {
 
 // relayConn is one torch connection and its master session.
 type relayConn struct {
-	r      *StoreRelay
+	r      *Relay
 	conn   net.Conn
 	client string
 	seq    uint64 // the last mutation's sequence number
@@ -155,7 +160,7 @@ type pendingWait struct {
 	done   chan struct{}
 }
 
-func (r *StoreRelay) serve(conn net.Conn, client string) {
+func (r *Relay) serve(conn net.Conn, client string) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	c := &relayConn{r: r, conn: conn, client: client, ctx: ctx, cancel: cancel,
 		w: bufio.NewWriter(conn), waiting: map[*pendingWait]struct{}{},
@@ -317,7 +322,7 @@ const c10dKeepAliveGrace = 6 * time.Second
 // the new one, as the master counted them; 0 when none were, or it did not
 // say), once live nodes have written a heartbeat at or after it, or once
 // c10dKeepAliveGrace has passed since it.
-func (r *StoreRelay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int) int {
+func (r *Relay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int) int {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -420,12 +425,12 @@ func (c *relayConn) read(req *masterpb.StoreRequest) (*masterpb.StoreResponse, e
 	return res, err
 }
 
-// retry calls until it succeeds, fails for good, or ctx ends; unlike
-// Master.retry it has no give-up time of its own: torch's own timeouts bound
+// retry calls until it succeeds, fails for good, or ctx ends; unlike the
+// agent's calls to the master it has no give-up time of its own: torch's own timeouts bound
 // how long the client waits, and the agent's heartbeat decides when the
 // master is gone for good.
 func (c *relayConn) retry(ctx context.Context, call func(ctx context.Context) error) error {
-	_, err := retryTransient(ctx, c.log, 0, call, "call", "store")
+	_, err := masterconn.Retry(ctx, c.log, 0, call, "call", "store")
 	return err
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/mastertest"
 	"github.com/kfelastic/kfelastic/master"
@@ -105,11 +106,11 @@ func TestNodeCheckExcludesFaultyNode(t *testing.T) {
 }
 
 // nodeCheckHelperEnv makes the test binary a Go check process: "ok" runs
-// GoCheckMain; "killself" is killed by SIGKILL mid-check.
+// nodecheck.GoMain; "killself" is killed by SIGKILL mid-check.
 const nodeCheckHelperEnv = "KFELASTIC_TEST_NODE_CHECK"
 
 func init() {
-	if mode, ok := os.LookupEnv(nodeCheckHelperEnv); ok && os.Getenv(NodeCheckEnv) == "1" {
+	if mode, ok := os.LookupEnv(nodeCheckHelperEnv); ok && os.Getenv(nodecheck.MarkEnv) == "1" {
 		// The args after the test flags are the check's.
 		args := os.Args[1:]
 		for len(args) > 0 && strings.HasPrefix(args[0], "-test.") {
@@ -121,7 +122,7 @@ func init() {
 		if mode == "slow" {
 			args = append(args, "--work", "150")
 		}
-		os.Exit(GoCheckMain(args, os.Stdout, os.Stderr))
+		os.Exit(nodecheck.GoMain(args, os.Stdout, os.Stderr))
 	}
 }
 

@@ -1,12 +1,8 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -16,207 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/guardian"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/testenv"
 )
 
-// needPython skips without /usr/bin/python3 (the fork server's tests that
-// need no torch; those that should hold on Python 3.14 too run per torch,
-// forEachTorch).
-func needPython(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("real python: skipped with -short")
-	}
-	if _, err := os.Stat(python); err != nil {
-		t.Skipf("no %s", python)
-	}
-}
-
-// newTestForkServer starts a real fork server with py and preload (none:
-// fast), and waits until it is ready.
-func newTestForkServer(t *testing.T, py, preload string, env ...string) *forkServer {
-	t.Helper()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := startForkServer(py, append(os.Environ(), env...), preload, "test/fork", filepath.Join(t.TempDir(), "fork.log"), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.stop)
-	if !s.waitReady(nil) {
-		t.Fatalf("fork server not ready: %s", tail(s.logPath, 4096))
-	}
-	return s
-}
-
-// writePy writes a python file into a new temporary folder; its path.
-func writePy(t *testing.T, name, code string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, []byte(code), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// `python SCRIPT ARGS` (a relative path) and `python -m MODULE ARGS`
-// forked are as exec'd: sys.argv, sys.path[0], __name__, __file__,
-// __loader__, __spec__, and the real __main__ module as the globals.
-func TestForkServerAsExeced(t *testing.T) {
-	forEachTorch(t, forkServerAsExeced)
-}
-
-func forkServerAsExeced(t *testing.T, py string) {
-	code := `import json, sys
-print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__, "spec": __spec__ and __spec__.name,
-    "loader": type(__loader__).__name__, "main": sys.modules["__main__"].__dict__ is globals(), "doc": __doc__}))
-`
-	script := writePy(t, "kfmod.py", `"""doc"""`+"\n"+code)
-	dir := filepath.Dir(script)
-	wd, _ := os.Getwd()
-	rel, err := filepath.Rel(wd, script)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"PYTHONPATH=" + dir}
-	s := newTestForkServer(t, py, "", env...)
-	for _, argv := range [][]string{{rel, "a", "-b"}, {"-m", "kfmod", "a", "-b"}} {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, exit, err := s.fork(argv, env, w, w)
-		w.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		forked, _ := io.ReadAll(r)
-		r.Close()
-		if e := waitForkExit(t, exit); e.lost || e.status.ExitStatus() != 0 {
-			t.Errorf("%q: exit %+v: %s", argv, e, forked)
-		}
-		cmd := exec.Command(py, argv...)
-		cmd.Env = env
-		execd, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(forked) != string(execd) || !strings.Contains(string(forked), `"name": "__main__"`) {
-			t.Errorf("%q:\nforked  %s\nexec'd  %s", argv, forked, execd)
-		}
-	}
-}
-
-// forkScript forks python code as a worker script and returns its pid, its
-// end and its stdout (read to EOF) once it ended.
-func forkScript(t *testing.T, s *forkServer, code string, args []string, env []string) (int, <-chan forkExit, <-chan string) {
-	t.Helper()
-	script := writePy(t, "w.py", code)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, exit, err := s.fork(append([]string{script}, args...), env, w, w)
-	w.Close()
-	if err != nil {
-		r.Close()
-		t.Fatal(err)
-	}
-	out := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(r)
-		r.Close()
-		out <- string(b)
-	}()
-	return pid, exit, out
-}
-
-func waitForkExit(t *testing.T, exit <-chan forkExit) forkExit {
-	t.Helper()
-	select {
-	case e := <-exit:
-		return e
-	case <-time.After(20 * time.Second):
-		t.Fatal("no exit reported")
-		return forkExit{}
-	}
-}
-
-// A forked worker gets exactly the environment, argv, working directory
-// and sys.path[0] it is given, leads its own process group, and its exit
-// status comes back as the wait status.
-func TestForkServerWorker(t *testing.T) {
-	forEachTorch(t, forkServerWorker)
-}
-
-func forkServerWorker(t *testing.T, py string) {
-	s := newTestForkServer(t, py, "")
-	code := `import json, os, sys
-proc = [kv for kv in open("/proc/self/environ").read().split("\0") if kv]
-print(json.dumps({"env": dict(os.environ), "proc": proc, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
-    "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid(), "name": __name__, "file": __file__}))
-sys.exit(3)
-`
-	env := []string{"A=1", "B=two words", "PYTHONUNBUFFERED=1"}
-	pid, exit, out := forkScript(t, s, code, []string{"--x", "y"}, env)
-	e := waitForkExit(t, exit)
-	if e.lost || e.status.Signaled() || e.status.ExitStatus() != 3 {
-		t.Errorf("exit %+v (status %v), want exit 3", e, e.status.ExitStatus())
-	}
-	var got struct {
-		Env                    map[string]string
-		Proc                   []string
-		Argv                   []string
-		Path0, Cwd, Name, File string
-		PGID, PID, PPID        int
-	}
-	text := <-out
-	if err := json.Unmarshal([]byte(text), &got); err != nil {
-		t.Fatalf("worker output %q: %v", text, err)
-	}
-	if len(got.Env) != 3 || got.Env["A"] != "1" || got.Env["B"] != "two words" {
-		t.Errorf("env %v, want exactly %v", got.Env, env)
-	}
-	// What others read of it too (the agent's sweep, tools that look for
-	// LOCAL_RANK): not the server's.
-	if slices.Sort(got.Proc); !slices.Equal(got.Proc, env) {
-		t.Errorf("/proc/PID/environ %q, want %q", got.Proc, env)
-	}
-	wd, _ := os.Getwd()
-	if got.PID != pid || got.PGID != pid || got.PPID != s.pid || got.Cwd != wd || got.Name != "__main__" ||
-		got.Path0 != filepath.Dir(got.File) || len(got.Argv) != 3 || got.Argv[0] != got.File || got.Argv[1] != "--x" {
-		t.Errorf("worker %+v; want pid = pgid = %d, parent the server %d, cwd %s, argv [script --x y]", got, pid, s.pid, wd)
-	}
-}
-
-// A worker killed by a signal is reported with that signal; a fork server
-// that dies takes its workers with it, and they are reported lost.
-func TestForkServerSignalAndDeath(t *testing.T) {
-	forEachTorch(t, forkServerSignalAndDeath)
-}
-
-func forkServerSignalAndDeath(t *testing.T, py string) {
-	s := newTestForkServer(t, py, "")
-	pid, exit, _ := forkScript(t, s, "import time\ntime.sleep(60)\n", nil, []string{"X=1"})
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	if e := waitForkExit(t, exit); e.lost || !e.status.Signaled() || e.status.Signal() != syscall.SIGKILL {
-		t.Errorf("exit %+v, want SIGKILL", e)
-	}
-	pid, exit, _ = forkScript(t, s, "import time\ntime.sleep(60)\n", nil, []string{"X=1"})
-	_ = syscall.Kill(s.pid, syscall.SIGKILL)
-	if e := waitForkExit(t, exit); !e.lost {
-		t.Errorf("exit %+v, want lost", e)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if alive(pid) {
-		t.Errorf("worker %d outlived its fork server", pid)
-	}
-	if _, _, err := s.fork([]string{"x.py"}, nil, os.Stdout, os.Stdout); err == nil || !strings.Contains(err.Error(), "died") {
-		t.Errorf("fork from a dead server: %v", err)
-	}
-}
+// How the agent starts its workers (launch.go), through Run: the fork
+// server's restarts, refusals and deaths, and what is exec'd instead. The
+// fork server itself is tested in agent/forkserver.
 
 // The fork server on real torch workers: a kill -9 of a worker restarts the
 // group from the fork server with the worker environment a cold worker gets
@@ -266,7 +69,7 @@ func torchForkServerRestarts(t *testing.T, py string) {
 		t.Fatalf("want a second fork server after the first died:\n%s", s)
 	}
 	server := []string{ms[0][1], ms[0][1], "", ms[1][1]} // restart 2 is exec'd: no server yet
-	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", agentMarkEnv}
+	perAttempt := []string{"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", ProgressFileEnv, "TORCHELASTIC_RESTART_COUNT", guardian.MarkEnv}
 	pgids := map[int]bool{}
 	for restart := range 4 {
 		for rank := range 2 {
@@ -366,7 +169,7 @@ func forkServerNoOrphans(t *testing.T, py string) {
 	}{{syscall.SIGTERM, false}, {syscall.SIGKILL, false}, {syscall.SIGTERM, true}} {
 		sig := c.sig
 		t.Run(fmt.Sprintf("%s restart=%t", sig, c.restart), func(t *testing.T) {
-			script, logDir := writePy(t, "family.py", familyScript), t.TempDir()
+			script, logDir := testenv.TempFile(t, "family.py", familyScript), t.TempDir()
 			dir := filepath.Dir(script)
 			out := &syncBuffer{}
 			cmd := startAgentProcess(t, agentProcess{NProc: 2, StopGrace: time.Second, LogDir: logDir, MaxRestarts: 1,
@@ -386,7 +189,7 @@ func forkServerNoOrphans(t *testing.T, py string) {
 				_ = syscall.Kill(pidsIn(t, filepath.Join(dir, "worker-0-1"), 1)[0], syscall.SIGKILL)
 				next := pidsIn(t, filepath.Join(dir, "*-1-*"), 2*familyPids)
 				waitDead(t, pids, 3*time.Second, "after the first attempt ended")
-				if !alive(server) {
+				if !testenv.Alive(server) {
 					t.Fatalf("the fork server %d did not survive the first attempt's end", server)
 				}
 				for _, w := range pidsIn(t, filepath.Join(dir, "worker-1-*"), 2) {
@@ -446,7 +249,7 @@ func TestForkable(t *testing.T) {
 // Commands the fork server cannot stand in for are exec'd: no fork server
 // is started for them.
 func TestNotForkableIsExeced(t *testing.T) {
-	needPython(t)
+	testenv.NeedPython(t)
 	helper, out := helperConfig(t, 2, "ok")
 	script, outScript := helperConfig(t, 1, "")
 	script.Command = []string{python, "-c", "print('hello from -c')"}
@@ -464,27 +267,12 @@ func TestNotForkableIsExeced(t *testing.T) {
 	}
 }
 
-// A fork server in which a preload started a thread refuses to fork (the
-// child would inherit the other thread's locks, held, without the thread),
-// and keeps refusing; the agent then execs.
-func TestForkServerRefusesWithThreads(t *testing.T) {
-	needPython(t)
-	dir := filepath.Dir(writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"))
-	s := newTestForkServer(t, python, "kfthread", "PYTHONPATH="+dir)
-	for range 2 {
-		_, _, err := s.fork([]string{"x.py"}, nil, os.Stdout, os.Stdout)
-		if err == nil || !strings.Contains(err.Error(), "threads") || s.refused() == "" {
-			t.Errorf("fork with a thread running: %v (refused: %q)", err, s.refused())
-		}
-	}
-}
-
 // Forked workers are classified as exec'd ones: a signal that kills one is
 // its failure and exit code; one that hangs is found by the watchdog and
 // its process group killed; an exception in @record is its document's
 // code.
 func TestForkedWorkersClassified(t *testing.T) {
-	needPython(t)
+	testenv.NeedPython(t)
 	for _, c := range []struct {
 		name, code string
 		hang       time.Duration
@@ -499,7 +287,7 @@ func TestForkedWorkersClassified(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, out := helperConfig(t, 2, "")
-			cfg.Command, cfg.HangTimeout = []string{python, writePy(t, "w.py", c.code)}, c.hang
+			cfg.Command, cfg.HangTimeout = []string{python, testenv.TempFile(t, "w.py", c.code)}, c.hang
 			if !strings.Contains(c.code, "torch") {
 				cfg.Preload = "json" // a fast fork server
 			}
@@ -515,13 +303,13 @@ func TestForkedWorkersClassified(t *testing.T) {
 // nothing but a warning: that attempt's workers are exec'd, the server is
 // given up, and the next attempts are exec'd too.
 func TestForkServerRefusalFallsBackToExec(t *testing.T) {
-	needPython(t)
-	threaded := writePy(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+	testenv.NeedPython(t)
+	threaded := testenv.TempFile(t, "kfthread.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
 	// Each worker notes whether it was forked (the server's preload is in
 	// its modules); rank 0 of the first attempt fails once rank 1 noted.
 	marks := t.TempDir()
 	cfg, out := helperConfig(t, 2, "")
-	cfg.Command = []string{python, writePy(t, "w.py", `import os, sys, time
+	cfg.Command = []string{python, testenv.TempFile(t, "w.py", `import os, sys, time
 d, c, r = sys.argv[1], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
 open(os.path.join(d, c + "-" + r + "-" + ("forked" if "kfthread" in sys.modules else "execd")), "w").close()
 if c == "0" and r == "0":
@@ -549,14 +337,14 @@ if c == "0" and r == "0":
 // A fork server that dies before it is ready (here: an interpreter that
 // cannot run it) is not started again: every attempt is exec'd.
 func TestForkServerDeadBeforeReadyGivenUp(t *testing.T) {
-	needPython(t)
+	testenv.NeedPython(t)
 	// A "python" that runs the workers' scripts but dies on the server's -c.
 	fake := filepath.Join(t.TempDir(), "python3")
 	if err := os.WriteFile(fake, []byte("#!/bin/sh\n[ \"$1\" = -c ] && { echo 'no -c here' >&2; exit 2; }\nexec "+python+" \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cfg, out := helperConfig(t, 1, "")
-	cfg.Command = []string{fake, writePy(t, "w.py", "import os, sys\nsys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
+	cfg.Command = []string{fake, testenv.TempFile(t, "w.py", "import os, sys\nsys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")}
 	cfg.MaxRestarts = 1
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)

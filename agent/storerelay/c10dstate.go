@@ -1,4 +1,4 @@
-package agent
+package storerelay
 
 import (
 	"encoding/base64"

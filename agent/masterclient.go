@@ -7,19 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/kfelastic/kfelastic/agent/masterconn"
+	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -42,7 +40,7 @@ type MasterConfig struct {
 	Unreachable time.Duration
 	// Check runs this node's part of a health-check round; nil: the Go
 	// check with no interpreter.
-	Check  *NodeCheck
+	Check  *nodecheck.Checker
 	Logger *slog.Logger
 }
 
@@ -98,17 +96,6 @@ func (e *AuthError) Error() string {
 		e.Endpoint, e.Message)
 }
 
-type tokenAuth string
-
-func (t tokenAuth) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(t)}, nil
-}
-
-// RequireTransportSecurity is false: the token guards against other jobs'
-// agents on the cluster network, not against an eavesdropper (which the
-// cluster's network policy is for).
-func (tokenAuth) RequireTransportSecurity() bool { return false }
-
 // DialMaster prepares the client; it connects lazily (the master may start
 // after the agents).
 func DialMaster(cfg MasterConfig) (*Master, error) {
@@ -130,18 +117,7 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
 	}
-	conn, err := grpc.NewClient(cfg.Endpoint,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(tokenAuth(cfg.Token)),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(80<<20), grpc.MaxCallSendMsgSize(80<<20)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		// gRPC's default reconnect backoff (1 s, ×1.6, up to 120 s) keeps
-		// agents away from a restarted master for seconds after it serves
-		// again (7 s after a 3 s outage, measured); the calls retry every
-		// ≤ 2 s anyway, so the channel redials about as often.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond,
-			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}),
-	)
+	conn, err := masterconn.Dial(cfg.Endpoint, cfg.Token)
 	if err != nil {
 		return nil, fmt.Errorf("master %s: %w", cfg.Endpoint, err)
 	}
@@ -154,26 +130,20 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 // Client is the raw protocol client (for the store relay).
 func (m *Master) Client() masterpb.MasterClient { return m.client }
 
+// Incarnation names this agent process to the master: in its node, and in
+// the store sessions of its store relay.
+func (m *Master) Incarnation() string { return m.incarnation }
+
 // Close stops the heartbeat and the connection.
 func (m *Master) Close() error {
 	m.stopHeartbeat()
 	return m.conn.Close()
 }
 
-// transient reports whether a call failed because the master is away
-// (restarting, not yet started, network): retried, not fatal.
-func transient(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
-		return true
-	}
-	return false
-}
-
 // retry runs call until it succeeds, fails for good, ctx ends, or the
 // master was unreachable for cfg.Unreachable.
 func (m *Master) retry(ctx context.Context, what string, call func(ctx context.Context) error) error {
-	gaveUp, err := retryTransient(ctx, m.cfg.Logger, m.cfg.Unreachable, call, "call", what, "endpoint", m.cfg.Endpoint)
+	gaveUp, err := masterconn.Retry(ctx, m.cfg.Logger, m.cfg.Unreachable, call, "call", what, "endpoint", m.cfg.Endpoint)
 	if gaveUp {
 		return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
 	}
@@ -181,37 +151,6 @@ func (m *Master) retry(ctx context.Context, what string, call func(ctx context.C
 		return &AuthError{Endpoint: m.cfg.Endpoint, Message: fmt.Sprintf("%s: %s", c, status.Convert(err).Message())}
 	}
 	return err
-}
-
-// retryTransient runs call, with backoff, until it succeeds, fails for good,
-// ctx ends, or (giveUp > 0) the master was unreachable for giveUp, which
-// gaveUp reports. The first failure is logged once, with attrs.
-func retryTransient(ctx context.Context, log *slog.Logger, giveUp time.Duration, call func(ctx context.Context) error,
-	attrs ...any) (gaveUp bool, err error) {
-	backoff := 100 * time.Millisecond
-	var since time.Time
-	for {
-		err := call(ctx)
-		if err == nil || ctx.Err() != nil || !transient(err) {
-			if ctx.Err() != nil {
-				return false, ctx.Err()
-			}
-			return false, err
-		}
-		if since.IsZero() {
-			since = time.Now()
-			log.Warn("master unreachable; retrying", append(attrs, "err", status.Convert(err).Message())...)
-		}
-		if giveUp > 0 && time.Since(since) > giveUp {
-			return true, err
-		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(backoff + mathrand.N(backoff/2+1)):
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
 }
 
 func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
@@ -324,7 +263,7 @@ func (m *Master) exclusion() *ExcludedError {
 
 // runCheck runs one health-check round and reports its result.
 func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.CheckTask) error {
-	task := CheckTask{Check: t.GetCheck(), Round: int(t.GetRound()), Group: int(t.GetGroup()), GroupRank: int(t.GetGroupRank()),
+	task := nodecheck.Task{Check: t.GetCheck(), Round: int(t.GetRound()), Group: int(t.GetGroup()), GroupRank: int(t.GetGroupRank()),
 		GroupSize: int(t.GetGroupSize()), LeaderAddr: t.GetLeaderAddr(), LeaderPort: int(t.GetLeaderPort()),
 		Timeout: time.Duration(t.GetTimeoutMs()) * time.Millisecond}
 	// The master's deadline covers the whole round; the process gets a
@@ -334,7 +273,7 @@ func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.Ch
 	}
 	check := m.cfg.Check
 	if check == nil {
-		check = &NodeCheck{Logger: m.cfg.Logger}
+		check = &nodecheck.Checker{Logger: m.cfg.Logger}
 	}
 	m.cfg.Logger.Info("node check round", "check", task.Check, "round", task.Round, "group", task.Group,
 		"group_rank", task.GroupRank, "group_size", task.GroupSize, "leader", fmt.Sprintf("%s:%d", task.LeaderAddr, task.LeaderPort))

@@ -1,4 +1,8 @@
-package agent
+// Package forkserver is the agent's side of a fork server: one Python
+// interpreter per pod that has imported the preload modules (torch) and
+// forks each worker from itself (forkserver.py), so that a restart costs a
+// fork instead of an interpreter start and the imports.
+package forkserver
 
 import (
 	"bufio"
@@ -11,7 +15,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,7 +23,8 @@ import (
 	"github.com/kfelastic/kfelastic/internal/procmem"
 )
 
-// The fork server makes a restart as fast as a fork (docs/DESIGN.md §4.7): starting
+// The fork server makes a restart as fast as a fork (docs/DESIGN.md §4.7):
+// starting
 // Python and importing torch is most of a restart, so the agent keeps one
 // interpreter per pod that has imported the preload modules (forkserver.py,
 // run with the worker command's own interpreter) and forks each worker from
@@ -39,57 +43,40 @@ import (
 // a double fork with the agent as PR_SET_CHILD_SUBREAPER, would make
 // the workers the agent's own children, but also every orphan of theirs
 // (data loader processes), which the agent would then have to reap beside
-// os/exec's waits without stealing their statuses (procs.go). The price of
-// this way is that a worker's status is only known through the server:
-// each worker dies with the server (PR_SET_PDEATHSIG), so a dead server is
-// a SIGKILL of its workers, reported as such, and the group restarts with
-// a new server (and exec for that attempt, while the new one imports).
+// os/exec's waits without stealing their statuses (agent/guardian). The
+// price of this way is that a worker's status is only known through the
+// server: each worker dies with the server (PR_SET_PDEATHSIG), so a dead
+// server is a SIGKILL of its workers, reported as such, and the group
+// restarts with a new server (and exec for that attempt, while the new one
+// imports).
 //
 // A forked process's /proc/PID/environ is its parent's: the server's, with
-// its mark (procs.go). A worker writes its own environment over it
-// (forkserver.py), so that it and what it forks carry the attempt's mark, and
-// tools that find workers by their environment (LOCAL_RANK) find them. Where
-// that could not be done the server's mark stays: when a group has ended,
-// every process with the server's mark but the server belongs to it and is
-// swept too.
+// its mark (guardian.MarkEnv, in the environment Start is given). A worker
+// writes its own environment over it (forkserver.py), so that it and what it
+// forks carry the attempt's mark, and tools that find workers by their
+// environment (LOCAL_RANK) find them. Where that could not be done the
+// server's mark stays: when a group has ended, every process with the
+// server's mark but the server belongs to it and is swept too.
 
 //go:embed forkserver.py
 var forkServerProgram string
 
-// forkable reports whether the fork server can stand in for the command:
-// `python[3[.x]] SCRIPT ARGS` or `python… -m MODULE ARGS`, with no other
-// interpreter flags.
-func forkable(command []string) bool {
-	if len(command) < 2 || !pythonName.MatchString(filepath.Base(command[0])) {
-		return false
-	}
-	if command[1] == "-m" {
-		return len(command) >= 3 && !strings.HasPrefix(command[2], "-")
-	}
-	return !strings.HasPrefix(command[1], "-")
-}
-
 const (
-	// forkReadyTimeout bounds how long a group start waits for the server's
+	// readyTimeout bounds how long a group start waits for the server's
 	// imports; after it the group is exec'd and the server kept for later.
-	forkReadyTimeout = 2 * time.Minute
+	readyTimeout = 2 * time.Minute
 	// forkTimeout bounds one fork; a server that does not answer is killed.
 	forkTimeout = 30 * time.Second
-	// maxForkRestarts: a server that keeps dying is given up; workers are
-	// exec'd from then on.
-	maxForkRestarts = 3
-	// forkEnvPad is the room the server's environment keeps for what a
+	// envPad is the room the server's environment keeps for what a
 	// worker's adds (≈1–2 KiB of torchrun's variables and paths).
-	forkEnvPad = 16 << 10
+	envPad = 16 << 10
 )
 
-// forkServer is the agent's side of one fork server.
-type forkServer struct {
-	cmd  *exec.Cmd
-	conn *net.UnixConn
-	pid  int
-	// mark is the server's KFELASTIC_AGENT value, and its forks'.
-	mark    string
+// Server is the agent's side of one fork server.
+type Server struct {
+	cmd     *exec.Cmd
+	conn    *net.UnixConn
+	pid     int
 	logPath string
 	log     *slog.Logger
 	started time.Time
@@ -104,24 +91,24 @@ type forkServer struct {
 	dead chan struct{}
 
 	emu   sync.Mutex
-	exits map[int]chan forkExit
+	exits map[int]chan End
 	// refusal is why the server refused to fork (threads, CUDA), "" if it
 	// did not; it will not fork again.
 	refusal string
 }
 
-// forkExit is a forked worker's end: its wait status, or lost when the
-// server died before it reported one.
-type forkExit struct {
-	status syscall.WaitStatus
-	lost   bool
+// End is a forked worker's end: its wait status, or Lost when the server
+// died before it reported one.
+type End struct {
+	Status syscall.WaitStatus
+	Lost   bool
 }
 
 type forkReply struct {
 	id   int
 	pid  int
 	err  string
-	exit chan forkExit
+	exit chan End
 }
 
 // forkMessage is a line from the server.
@@ -135,10 +122,11 @@ type forkMessage struct {
 	Failed map[string]string `json:"failed"`
 }
 
-// startForkServer starts a fork server with python; env is its environment
-// (the workers' defaults: OMP_NUM_THREADS is read when torch loads OpenMP),
-// its output goes to logPath.
-func startForkServer(python string, env []string, preload, mark, logPath string, log *slog.Logger) (*forkServer, error) {
+// Start starts a fork server with python; env is its environment (the
+// workers' defaults: OMP_NUM_THREADS is read when torch loads OpenMP, and
+// the mark its forks carry until they write their own), its output goes to
+// logPath.
+func Start(python string, env []string, preload, logPath string, log *slog.Logger) (*Server, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -160,8 +148,7 @@ func startForkServer(python string, env []string, preload, mark, logPath string,
 	// The pad makes room in the server's environment block for each
 	// worker's, which a forked worker writes over it (forkserver.py,
 	// expose): its torchrun variables are the difference.
-	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, agentMarkEnv+"="+mark,
-		"KFELASTIC_FORK_PAD="+strings.Repeat("-", forkEnvPad))
+	cmd.Env = append(env, "KFELASTIC_FORK_PRELOAD="+preload, "KFELASTIC_FORK_PAD="+strings.Repeat("-", envPad))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{theirs}
 	// Its own process group, and it dies with the agent; its workers die
@@ -171,16 +158,16 @@ func startForkServer(python string, env []string, preload, mark, logPath string,
 		fc.Close()
 		return nil, err
 	}
-	s := &forkServer{cmd: cmd, conn: fc.(*net.UnixConn), pid: cmd.Process.Pid, mark: mark, logPath: logPath, log: log,
+	s := &Server{cmd: cmd, conn: fc.(*net.UnixConn), pid: cmd.Process.Pid, logPath: logPath, log: log,
 		started: time.Now(), replies: make(chan forkReply, 1), ready: make(chan struct{}), dead: make(chan struct{}),
-		exits: map[int]chan forkExit{}}
+		exits: map[int]chan End{}}
 	go s.read()
 	go func() { _ = cmd.Wait() }()
 	return s, nil
 }
 
 // read dispatches the server's lines until its connection ends.
-func (s *forkServer) read() {
+func (s *Server) read() {
 	sc := bufio.NewScanner(s.conn)
 	sc.Buffer(make([]byte, 4096), 1<<20)
 	for sc.Scan() {
@@ -203,7 +190,7 @@ func (s *forkServer) read() {
 			if m.Error == "" {
 				// Registered before the next line is read: a worker's exit
 				// can only follow its fork.
-				r.exit = make(chan forkExit, 1)
+				r.exit = make(chan End, 1)
 				s.emu.Lock()
 				s.exits[m.PID] = r.exit
 				s.emu.Unlock()
@@ -218,7 +205,7 @@ func (s *forkServer) read() {
 			delete(s.exits, m.PID)
 			s.emu.Unlock()
 			if ch != nil {
-				ch <- forkExit{status: syscall.WaitStatus(m.Status)}
+				ch <- End{Status: syscall.WaitStatus(m.Status)}
 			}
 		}
 	}
@@ -227,20 +214,20 @@ func (s *forkServer) read() {
 	s.emu.Lock()
 	lost := len(s.exits)
 	for pid, ch := range s.exits {
-		ch <- forkExit{lost: true}
+		ch <- End{Lost: true}
 		delete(s.exits, pid)
 	}
 	s.emu.Unlock()
 	if lost > 0 {
 		s.log.Warn("fork server died; its workers died with it (reported as SIGKILL)", "pid", s.pid, "workers", lost,
-			"its_log", tail(s.logPath, 2048))
+			"its_log", s.LogTail(2048))
 	}
 }
 
-// waitReady waits until the server has imported its preloads; false if it
-// died, stop was closed or forkReadyTimeout passed.
-func (s *forkServer) waitReady(stop <-chan struct{}) bool {
-	t := time.NewTimer(forkReadyTimeout)
+// WaitReady waits until the server has imported its preloads; false if it
+// died, stop was closed or readyTimeout passed.
+func (s *Server) WaitReady(stop <-chan struct{}) bool {
+	t := time.NewTimer(readyTimeout)
 	defer t.Stop()
 	select {
 	case <-s.ready:
@@ -248,32 +235,39 @@ func (s *forkServer) waitReady(stop <-chan struct{}) bool {
 	case <-s.dead:
 	case <-stop:
 	case <-t.C:
-		s.log.Warn("fork server not ready in time; starting the workers with exec", "after", forkReadyTimeout)
+		s.log.Warn("fork server not ready in time; starting the workers with exec", "after", readyTimeout)
 	}
 	return false
 }
 
-// isDead reports whether the server's connection has ended.
-func (s *forkServer) isDead() bool {
+// IsReady reports whether the server has imported its preloads (it may
+// have died since).
+func (s *Server) IsReady() bool { return closed(s.ready) }
+
+// IsDead reports whether the server's connection has ended.
+func (s *Server) IsDead() bool { return closed(s.dead) }
+
+func closed(ch <-chan struct{}) bool {
 	select {
-	case <-s.dead:
+	case <-ch:
 		return true
 	default:
 		return false
 	}
 }
 
-// fork asks the server for a worker running argv (the command after the
-// interpreter) with env, in the agent's working directory, with stdout and
-// stderr as its fds 1 and 2. It returns the worker's pid, which leads its
-// own process group, and the channel of its end.
-func (s *forkServer) fork(argv, env []string, stdout, stderr *os.File) (int, <-chan forkExit, error) {
+// Fork asks the server for a worker running argv (the command after the
+// interpreter) with env as its whole environment, in the agent's working
+// directory, with stdout and stderr as its fds 1 and 2. It returns the
+// worker's pid, which leads its own process group, and the channel of its
+// end.
+func (s *Server) Fork(argv []string, env map[string]string, stdout, stderr *os.File) (int, <-chan End, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.refusal != "" {
 		return 0, nil, errors.New(s.refusal)
 	}
-	if s.isDead() {
+	if s.IsDead() {
 		return 0, nil, errors.New("fork server died")
 	}
 	cwd, err := os.Getwd()
@@ -281,7 +275,7 @@ func (s *forkServer) fork(argv, env []string, stdout, stderr *os.File) (int, <-c
 		return 0, nil, err
 	}
 	s.id++
-	body, err := json.Marshal(map[string]any{"id": s.id, "argv": argv, "env": envMap(env), "cwd": cwd})
+	body, err := json.Marshal(map[string]any{"id": s.id, "argv": argv, "env": env, "cwd": cwd})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -312,29 +306,32 @@ func (s *forkServer) fork(argv, env []string, stdout, stderr *os.File) (int, <-c
 		case <-s.dead:
 			return 0, nil, errors.New("fork server died")
 		case <-t.C:
-			s.stop()
+			s.Stop()
 			return 0, nil, fmt.Errorf("fork server did not answer in %v; killed it", forkTimeout)
 		}
 	}
 }
 
-// stop ends the server and, by PR_SET_PDEATHSIG, any worker of its still
+// Stop ends the server and, by PR_SET_PDEATHSIG, any worker of its still
 // alive; idempotent.
-func (s *forkServer) stop() {
+func (s *Server) Stop() {
 	s.conn.Close()
 	_ = syscall.Kill(-s.pid, syscall.SIGKILL)
 }
 
-// refused is why the server refused to fork, "" if it has not.
-func (s *forkServer) refused() string {
+// Refused is why the server refused to fork, "" if it has not.
+func (s *Server) Refused() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.refusal
 }
 
-// tail is the last n bytes of a file, for a log line.
-func tail(path string, n int64) string {
-	f, err := os.Open(path)
+// Pid is the server's pid, the leader of its own process group.
+func (s *Server) Pid() int { return s.pid }
+
+// LogTail is the last n bytes of the server's log, for a log line.
+func (s *Server) LogTail(n int64) string {
+	f, err := os.Open(s.logPath)
 	if err != nil {
 		return ""
 	}
