@@ -6,6 +6,7 @@ require (
 	github.com/aws/aws-sdk-go-v2 v1.46.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.20.3
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.111.0
+	github.com/cockroachdb/datadriven v1.0.3
 	github.com/flyteorg/flyte/flyteidl v1.16.8
 	github.com/flyteorg/flyte/flyteplugins v1.16.8
 	github.com/flyteorg/flyte/flytepropeller v1.16.8

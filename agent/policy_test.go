@@ -1,38 +1,51 @@
 package agent
 
 import (
-	"bufio"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"golang.org/x/sys/unix"
 )
 
-// TestPolicyScripts replays the scenarios in testdata/policy/*.txt. A script
-// is a list of events, each followed by the actions the policy must answer
-// with ("> " lines, in order; none means no action). Times are offsets from
-// the start ("1.5s"). Lines:
+// TestPolicyScripts replays the scenarios in testdata/policy/*.txt
+// (cockroachdb/datadriven: a command, "----", what the policy answered; run
+// with -rewrite to accept a deliberate change, then read the diff). Each
+// command is one event, answered by the actions of the policy, one a line,
+// in order (none: nothing). Times are offsets from the start ("1.5s").
+// Commands:
 //
 //	config workers=2 max-restarts=1 grace=5s hang=0 dump=SIGUSR1 dump-timeout=10s [command]
 //	at 1s round 1
-//	at 2s exit attempt=1 rank=0 code=1|signal=KILL [torch="Type: msg"@1.25s] [oom] [recoverable]
+//	at 2s exit attempt=1 rank=0 code=1|signal=KILL [torch=(Type: msg, 1.25s)] [oom] [recoverable]
 //	at 2s progress attempt=1 rank=0 at=1.5s
 //	at 2s membership round=1 | sigterm | signal SIGINT | tick | rdzv-failed [code=C] [no-relaunch]
-//	deadline 7s         (the policy's Deadline, "none" if zero)
+//	deadline            the policy's Deadline ("none" if zero)
 func TestPolicyScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/policy/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) { runScript(t, file) })
-	}
+	datadriven.Walk(t, "testdata/policy", func(t *testing.T, path string) {
+		var p *Policy
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			switch d.Cmd {
+			case "config":
+				p = NewPolicy(policyConfig(t, d))
+				return formatActions(p.Start())
+			case "deadline":
+				return offset(p.Deadline())
+			case "at":
+				if len(d.CmdArgs) < 2 {
+					d.Fatalf(t, "at TIME EVENT …")
+				}
+				now := at(t, d.CmdArgs[0].Key)
+				return formatActions(p.Step(scriptEvent(t, d), now))
+			}
+			d.Fatalf(t, "unknown command %q", d.Cmd)
+			return ""
+		})
+	})
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -52,88 +65,14 @@ func offset(tm time.Time) string {
 	return tm.Sub(t0).String()
 }
 
-func runScript(t *testing.T, file string) {
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var p *Policy
-	var got []string // actions not yet matched
-	lineNo := 0
-	flush := func() {
-		if len(got) > 0 {
-			t.Errorf("%s:%d: unexpected actions:\n  %s", file, lineNo, strings.Join(got, "\n  "))
-			got = nil
-		}
-	}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		lineNo++
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if want, ok := strings.CutPrefix(line, "> "); ok {
-			if len(got) == 0 {
-				t.Errorf("%s:%d: want %q, got no action", file, lineNo, want)
-				continue
-			}
-			if got[0] != want {
-				t.Errorf("%s:%d: want %q, got %q", file, lineNo, want, got[0])
-			}
-			got = got[1:]
-			continue
-		}
-		flush()
-		fields := splitFields(line)
-		switch fields[0] {
-		case "config":
-			p = NewPolicy(policyConfig(t, fields[1:]))
-			got = formatActions(p.Start())
-		case "deadline":
-			if d := offset(p.Deadline()); d != fields[1] {
-				t.Errorf("%s:%d: deadline %s, want %s", file, lineNo, d, fields[1])
-			}
-		case "at":
-			now := at(t, fields[1])
-			got = formatActions(p.Step(scriptEvent(t, fields[2:]), now))
-		default:
-			t.Fatalf("%s:%d: unknown line %q", file, lineNo, line)
-		}
-	}
-	flush()
-}
-
-// splitFields splits on spaces, keeping "quoted strings" whole.
-func splitFields(line string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted := false
-	for _, r := range line {
-		switch {
-		case r == '"':
-			quoted = !quoted
-		case r == ' ' && !quoted:
-			if cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-			}
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
-func kv(t *testing.T, fields []string) map[string]string {
+// kv maps each argument to its first value ("" for a bare word).
+func kv(args []datadriven.CmdArg) map[string]string {
 	m := map[string]string{}
-	for _, f := range fields {
-		k, v, _ := strings.Cut(f, "=")
-		m[k] = v
+	for _, a := range args {
+		m[a.Key] = ""
+		if len(a.Vals) > 0 {
+			m[a.Key] = a.Vals[0]
+		}
 	}
 	return m
 }
@@ -157,22 +96,30 @@ func dur(t *testing.T, s string) time.Duration {
 	return d
 }
 
-func policyConfig(t *testing.T, fields []string) PolicyConfig {
-	m := kv(t, fields)
+func policyConfig(t *testing.T, d *datadriven.TestData) PolicyConfig {
+	m := kv(d.CmdArgs)
 	c := PolicyConfig{Pod: "pod-0", LocalWorkers: num(t, m["workers"]), MaxRestarts: num(t, m["max-restarts"]),
 		StopGrace: dur(t, m["grace"]), HangTimeout: dur(t, m["hang"]), DumpTimeout: dur(t, m["dump-timeout"])}
 	if s := m["dump"]; s != "" {
 		c.DumpSignal = unix.SignalNum(s)
 	}
-	_, c.Command = m["command"]
+	c.Command = d.HasArg("command")
 	return c
 }
 
-func scriptEvent(t *testing.T, fields []string) Event {
-	m := kv(t, fields[1:])
-	switch fields[0] {
+// scriptEvent reads "at TIME EVENT [operand] [key=value…]".
+func scriptEvent(t *testing.T, d *datadriven.TestData) Event {
+	name, args := d.CmdArgs[1].Key, d.CmdArgs[2:]
+	operand := func() string {
+		if len(args) == 0 {
+			d.Fatalf(t, "%s needs an operand", name)
+		}
+		return args[0].Key
+	}
+	m := kv(args)
+	switch name {
 	case "round":
-		return RoundReady{Round: Round{Number: num(t, fields[1]), GroupWorldSize: 1, WorldSize: 2}}
+		return RoundReady{Round: Round{Number: num(t, operand()), GroupWorldSize: 1, WorldSize: 2}}
 	case "rdzv-failed":
 		_, noRelaunch := m["no-relaunch"]
 		return RendezvousFailed{Message: "join timeout", Code: m["code"], NoRelaunch: noRelaunch}
@@ -185,8 +132,8 @@ func scriptEvent(t *testing.T, fields []string) Event {
 		if s, ok := m["signal"]; ok {
 			e.Signal = unix.SignalNum("SIG" + s)
 		}
-		if s, ok := m["torch"]; ok {
-			msg, when, _ := strings.Cut(s, "@")
+		if a, ok := d.Arg("torch"); ok {
+			msg, when := a.TwoVals(t)
 			e.TorchError = &kferrors.TorchError{Message: msg, Time: at(t, when)}
 		}
 		_, e.OOM = m["oom"]
@@ -199,15 +146,16 @@ func scriptEvent(t *testing.T, fields []string) Event {
 	case "sigterm":
 		return Terminate{}
 	case "signal":
-		return Terminate{Signal: unix.SignalNum(fields[1])}
+		return Terminate{Signal: unix.SignalNum(operand())}
 	case "tick":
 		return Tick{}
 	}
-	t.Fatalf("unknown event %q", fields[0])
+	d.Fatalf(t, "unknown event %q", name)
 	return nil
 }
 
-func formatActions(as []Action) []string {
+// formatActions prints the actions one a line.
+func formatActions(as []Action) string {
 	var out []string
 	for _, a := range as {
 		switch a := a.(type) {
@@ -233,7 +181,7 @@ func formatActions(as []Action) []string {
 			out = append(out, fmt.Sprintf("%T", a))
 		}
 	}
-	return out
+	return strings.Join(out, "\n")
 }
 
 // TestRootCauseMatchesReference checks RootCause against a dumb reference:

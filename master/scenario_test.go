@@ -1,24 +1,21 @@
 package master
 
 import (
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/scenarios/*.txt")
-
 // TestScenarios replays the scripts in testdata/scenarios against the Job
-// state machine. A script is blocks separated by blank lines: a command,
-// "----", and what the master answered and did. Commands:
+// state machine (cockroachdb/datadriven: a command, "----", what the master
+// answered and did; run with -rewrite to accept a deliberate change, then
+// read the diff). Commands:
 //
 //	config min=2 max=3 [unit=1] [waiting=30s] [join-timeout=…] [pend-timeout=…]
 //	       [heartbeat-timeout=30s] [check] [exclude-straggler] [check-timeout=…] [max-relaunches=5]
@@ -34,16 +31,15 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // After each command the runner prints the answers and then what the state
 // machine reported: rounds, check rounds (DLRover's log lines), decisions,
-// stops. Run with -rewrite to update the expectations after a deliberate
-// change, and read the diff.
+// stops.
 func TestScenarios(t *testing.T) {
-	files, err := filepath.Glob("testdata/scenarios/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenarios: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f) })
-	}
+	datadriven.Walk(t, "testdata/scenarios", func(t *testing.T, path string) {
+		s := &scenario{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pods: map[string]*scenarioPod{}}
+		s.now = s.t0
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			return s.run(d.FullCmd())
+		})
+	})
 }
 
 type scenarioPod struct {
@@ -66,57 +62,6 @@ type scenario struct {
 	t0   time.Time
 	now  time.Time
 	pods map[string]*scenarioPod
-}
-
-func runScenario(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &scenario{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pods: map[string]*scenarioPod{}}
-	s.now = s.t0
-	var out strings.Builder
-	blocks := strings.Split(strings.TrimSpace(string(data)), "\n\n")
-	failed := false
-	for _, block := range blocks {
-		cmd, want, hasWant := strings.Cut(block, "\n----\n")
-		if !hasWant {
-			cmd, _, _ = strings.Cut(block, "\n----")
-		}
-		lines := strings.Split(strings.TrimSpace(cmd), "\n")
-		var comments []string
-		var command string
-		for _, l := range lines {
-			if strings.HasPrefix(strings.TrimSpace(l), "#") {
-				comments = append(comments, l)
-			} else {
-				command = strings.TrimSpace(l)
-			}
-		}
-		got := ""
-		if command != "" {
-			got = s.run(command)
-		}
-		for _, c := range comments {
-			out.WriteString(c + "\n")
-		}
-		if command == "" {
-			out.WriteString("\n")
-			continue
-		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n\n", command, got)
-		if !*rewrite && strings.TrimSpace(want) != strings.TrimSpace(got) {
-			failed = true
-			t.Errorf("%s: %s\nwant:\n%s\ngot:\n%s", filepath.Base(path), command, want, got)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.ReplaceAll(out.String(), "\n\n\n", "\n\n")), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	} else if failed {
-		t.Log("run with -rewrite to accept the new output")
-	}
 }
 
 func (s *scenario) args(fields []string) map[string]string {
