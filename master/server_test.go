@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -259,106 +260,109 @@ func TestThousandAgentsRendezvous(t *testing.T) {
 // joins, the two running members are told to restart (scale up) within
 // milliseconds, not at their next interval.
 func TestHeartbeatCarriesRestart(t *testing.T) {
-	addr, _ := startServer(t, master.Config{JobID: "hb", MinNodes: 2, MaxNodes: 3, WaitingTimeout: 200 * time.Millisecond}, "")
-	c := dial(t, addr, token)
-	ctx := t.Context()
-	var g errgroup.Group
-	for i := range 2 {
-		g.Go(func() error { _, err := join(ctx, c, node(i), 0); return err })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan time.Time, 1)
-	go func() {
-		res, err := c.Heartbeat(ctx, &masterpb.HeartbeatRequest{Node: node(0), Round: 1, WaitMs: 20000})
-		if err == nil && res.GetAction() == masterpb.HeartbeatResponse_RESTART {
-			got <- time.Now()
+	synctest.Test(t, func(t *testing.T) {
+		m := startInBubble(t, master.Options{StateURL: "mem://",
+			Job: master.Config{JobID: "hb", MinNodes: 2, MaxNodes: 3, WaitingTimeout: 200 * time.Millisecond}})
+		c := m.client(t, token)
+		ctx := t.Context()
+		joinAll(t, c, 2)
+		got := make(chan time.Time, 1)
+		go func() {
+			res, err := c.Heartbeat(ctx, &masterpb.HeartbeatRequest{Node: node(0), Round: 1, WaitMs: 20000})
+			if err == nil && res.GetAction() == masterpb.HeartbeatResponse_RESTART {
+				got <- time.Now()
+			}
+		}()
+		synctest.Wait() // the master holds the heartbeat
+		joined := time.Now()
+		go func() { _, _ = join(ctx, c, node(2), 0) }()
+		select {
+		case at := <-got:
+			if d := at.Sub(joined); d != 0 {
+				t.Errorf("restart reached the member %v after the join, want at once", d)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no restart on the heartbeat after a node joined")
 		}
-	}()
-	time.Sleep(100 * time.Millisecond)
-	joined := time.Now()
-	go func() { _, _ = join(ctx, c, node(2), 0) }()
-	select {
-	case at := <-got:
-		if d := at.Sub(joined); d > time.Second {
-			t.Errorf("restart reached the member %v after the join", d)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no restart on the heartbeat after a node joined")
-	}
+	})
 }
 
 // A node waiting for a round that cannot form yet is held at most half the
 // heartbeat timeout per call, and, calling again, is never declared lost
 // while it waits (it was, when a Join was held for the agent's 30 s).
 func TestWaitingNodeNotLost(t *testing.T) {
-	addr, _ := startServer(t, master.Config{JobID: "wait", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: 600 * time.Millisecond}, "")
-	c := dial(t, addr, token)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-	defer cancel()
-	for {
-		start := time.Now()
-		res, err := c.Join(ctx, &masterpb.JoinRequest{Node: node(0), WaitMs: 30000})
-		if ctx.Err() != nil {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		m := startInBubble(t, master.Options{StateURL: "mem://",
+			Job: master.Config{JobID: "wait", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: 600 * time.Millisecond}})
+		c := m.client(t, token)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		for {
+			start := time.Now()
+			res, err := c.Join(ctx, &masterpb.JoinRequest{Node: node(0), WaitMs: 30000})
+			if ctx.Err() != nil {
+				break
+			}
+			if err != nil {
+				t.Fatalf("join: %v", err)
+			}
+			if d := time.Since(start); d > 300*time.Millisecond {
+				t.Fatalf("a join was held %v, beyond half the heartbeat timeout", d)
+			}
+			if res.GetRound() != nil || res.GetExcluded() != nil {
+				t.Fatalf("a lone node of 2:2 got %v", res)
+			}
 		}
+		st, err := c.Status(t.Context(), &masterpb.StatusRequest{})
 		if err != nil {
-			t.Fatalf("join: %v", err)
+			t.Fatal(err)
 		}
-		if d := time.Since(start); d > 500*time.Millisecond {
-			t.Fatalf("a join was held %v, beyond half the heartbeat timeout", d)
+		if len(st.GetDecisions()) != 0 {
+			t.Errorf("the waiting node was declared lost: %v", st.GetDecisions())
 		}
-		if res.GetRound() != nil || res.GetExcluded() != nil {
-			t.Fatalf("a lone node of 2:2 got %v", res)
-		}
-	}
-	st, err := c.Status(t.Context(), &masterpb.StatusRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.GetDecisions()) != 0 {
-		t.Errorf("the waiting node was declared lost: %v", st.GetDecisions())
-	}
+	})
 }
 
 // The store over gRPC: WAIT blocks until a key exists or its timeout;
 // retried mutations apply once.
 func TestStoreOverGRPC(t *testing.T) {
-	addr, _ := startServer(t, master.Config{JobID: "st", MinNodes: 1, MaxNodes: 1}, "file://"+t.TempDir())
-	c := dial(t, addr, token)
-	ctx := t.Context()
-	start := time.Now()
-	_, err := c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"k"}, TimeoutMs: 200}}})
-	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) < 150*time.Millisecond {
-		t.Errorf("wait on a missing key: %v after %v", err, time.Since(start))
-	}
-	waited := make(chan error, 1)
-	go func() {
-		_, err := c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"a", "b"}, TimeoutMs: 5000}}})
-		waited <- err
-	}()
-	add := func(seq uint64) int64 {
-		res, err := c.Store(ctx, &masterpb.StoreRequest{Client: "w0", Seq: seq, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "a", Delta: 5}}})
-		if err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		m := startInBubble(t, master.Options{StateURL: "file://" + t.TempDir(), Job: master.Config{JobID: "st", MinNodes: 1, MaxNodes: 1}})
+		c := m.client(t, token)
+		ctx := t.Context()
+		start := time.Now()
+		_, err := c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"k"}, TimeoutMs: 200}}})
+		if status.Code(err) != codes.DeadlineExceeded || time.Since(start) != 200*time.Millisecond {
+			t.Errorf("wait on a missing key: %v after %v, want DeadlineExceeded after 200ms", err, time.Since(start))
+		}
+		waited := make(chan error, 1)
+		go func() {
+			_, err := c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"a", "b"}, TimeoutMs: 5000}}})
+			waited <- err
+		}()
+		add := func(seq uint64) int64 {
+			res, err := c.Store(ctx, &masterpb.StoreRequest{Client: "w0", Seq: seq, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "a", Delta: 5}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.GetNumber()
+		}
+		if add(1) != 5 || add(1) != 5 || add(2) != 10 {
+			t.Error("a retried add applied twice")
+		}
+		synctest.Wait()
+		select {
+		case err := <-waited:
+			t.Fatalf("wait for a and b returned with b missing: %v", err)
+		default:
+		}
+		if _, err := c.Store(ctx, &masterpb.StoreRequest{Client: "w0", Seq: 3, Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: "b", Value: []byte("x")}}}); err != nil {
 			t.Fatal(err)
 		}
-		return res.GetNumber()
-	}
-	if add(1) != 5 || add(1) != 5 || add(2) != 10 {
-		t.Error("a retried add applied twice")
-	}
-	select {
-	case err := <-waited:
-		t.Fatalf("wait for a and b returned with b missing: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	if _, err := c.Store(ctx, &masterpb.StoreRequest{Client: "w0", Seq: 3, Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: "b", Value: []byte("x")}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waited; err != nil {
-		t.Errorf("wait: %v", err)
-	}
+		if err := <-waited; err != nil {
+			t.Errorf("wait: %v", err)
+		}
+	})
 }
 
 // The master is SIGKILLed mid-job and restarted on the same state: no
@@ -400,6 +404,19 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 	// master is killed in the middle.
 	var acked atomic.Int64
 	var lastSeq atomic.Uint64
+	// progress carries each acknowledged seq to ackedAtLeast (the latest
+	// only, when it is not read in time).
+	progress := make(chan int64, 1)
+	ackedAtLeast := func(n int64) {
+		t.Helper()
+		for acked.Load() < n {
+			select {
+			case <-progress:
+			case <-ctx.Done():
+				t.Fatalf("%d adds acknowledged, waited for %d", acked.Load(), n)
+			}
+		}
+	}
 	stop := make(chan struct{})
 	adderDone := make(chan error, 1)
 	go func() {
@@ -424,6 +441,10 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 					}
 					acked.Store(int64(seq))
 					lastSeq.Store(seq)
+					select {
+					case progress <- int64(seq):
+					default:
+					}
 					break
 				}
 				if ctx.Err() != nil {
@@ -434,7 +455,7 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	ackedAtLeast(20) // the master is killed in the middle of the adds
 	before := acked.Load()
 	_ = m.Process.Signal(syscall.SIGKILL)
 	_ = m.Wait()
@@ -457,7 +478,7 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond)
+	ackedAtLeast(acked.Load() + 20) // adds go on after the restart
 	close(stop)
 	if err := <-adderDone; err != nil {
 		t.Fatal(err)
@@ -540,38 +561,34 @@ func TestMetrics(t *testing.T) {
 // A relaunch the master decides is drawn in the report: the master appends
 // a relaunch event next to the job's error documents.
 func TestRelaunchEventWritten(t *testing.T) {
-	dir := t.TempDir()
-	m := mastertest.StartWith(t, master.Options{Job: master.Config{JobID: "ev", MinNodes: 1, MaxNodes: 2}, EventsURL: "file://" + dir})
-	c := dial(t, m.Addr, token)
-	ctx := t.Context()
-	joinAll(t, c, 2)
-	res, err := c.Leave(ctx, &masterpb.LeaveRequest{Node: node(1), Failure: &masterpb.Failure{Code: "Preempted", Recoverable: true, Message: "SIGTERM"}})
-	if err != nil || !res.GetRelaunch() {
-		t.Fatalf("leave: %v %v", res, err)
-	}
-	b, err := kferrors.OpenPrefix(ctx, "file://"+dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		m := startInBubble(t, master.Options{StateURL: "file://" + t.TempDir(), EventsURL: "file://" + dir,
+			Job: master.Config{JobID: "ev", MinNodes: 1, MaxNodes: 2}})
+		c := m.client(t, token)
+		ctx := t.Context()
+		joinAll(t, c, 2)
+		res, err := c.Leave(ctx, &masterpb.LeaveRequest{Node: node(1), Failure: &masterpb.Failure{Code: "Preempted", Recoverable: true, Message: "SIGTERM"}})
+		if err != nil || !res.GetRelaunch() {
+			t.Fatalf("leave: %v %v", res, err)
+		}
+		synctest.Wait() // the event is written in the background
+		b, err := kferrors.OpenPrefix(ctx, "file://"+dir, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
 		log, err := events.Read(ctx, b, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(log.Events) == 1 {
-			ev := log.Events[0]
-			if ev.Kind != events.Relaunch || ev.Pod != "job-worker-1" || ev.Code != "Preempted" || ev.Reason != "relaunch" {
-				t.Errorf("event %+v", ev)
-			}
-			break
+		if len(log.Events) != 1 {
+			t.Fatalf("events %+v, want one relaunch", log.Events)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no relaunch event: %+v", log)
+		if ev := log.Events[0]; ev.Kind != events.Relaunch || ev.Pod != "job-worker-1" || ev.Code != "Preempted" || ev.Reason != "relaunch" {
+			t.Errorf("event %+v", ev)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
 }
 
 // A round tells its members how many members of the round before are gone
@@ -579,26 +596,29 @@ func TestRelaunchEventWritten(t *testing.T) {
 // its old one departed, whose torch c10d node a command-mode agent's relay
 // can then forget at once (agent/storerelay/c10dstate.go).
 func TestRoundSaysDeparted(t *testing.T) {
-	addr, _ := startServer(t, master.Config{JobID: "departed", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond}, "")
-	c := dial(t, addr, token)
-	ctx := t.Context()
-	rounds := joinAll(t, c, 2)
-	if rounds[0].GetDeparted() != 0 {
-		t.Errorf("first round: departed %d", rounds[0].GetDeparted())
-	}
-	restarted := node(1)
-	restarted.Incarnation = "2"
-	var g errgroup.Group
-	g.Go(func() (err error) { rounds[0], err = join(ctx, c, node(0), 1); return err })
-	g.Go(func() (err error) { rounds[1], err = join(ctx, c, restarted, 0); return err })
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range rounds {
-		if r.GetNumber() != 2 || r.GetDeparted() != 1 {
-			t.Errorf("member %d: round %d, departed %d; want round 2, 1 departed", i, r.GetNumber(), r.GetDeparted())
+	synctest.Test(t, func(t *testing.T) {
+		m := startInBubble(t, master.Options{StateURL: "mem://",
+			Job: master.Config{JobID: "departed", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond}})
+		c := m.client(t, token)
+		ctx := t.Context()
+		rounds := joinAll(t, c, 2)
+		if rounds[0].GetDeparted() != 0 {
+			t.Errorf("first round: departed %d", rounds[0].GetDeparted())
 		}
-	}
+		restarted := node(1)
+		restarted.Incarnation = "2"
+		var g errgroup.Group
+		g.Go(func() (err error) { rounds[0], err = join(ctx, c, node(0), 1); return err })
+		g.Go(func() (err error) { rounds[1], err = join(ctx, c, restarted, 0); return err })
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rounds {
+			if r.GetNumber() != 2 || r.GetDeparted() != 1 {
+				t.Errorf("member %d: round %d, departed %d; want round 2, 1 departed", i, r.GetNumber(), r.GetDeparted())
+			}
+		}
+	})
 }
 
 // An owner in the master's process hears of each round the master

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -58,6 +59,15 @@ func serveState(t *testing.T, jobID, state string) *runningMaster {
 		}
 	})
 	return m
+}
+
+// serveStateInBubble is serveState inside the calling synctest bubble.
+func serveStateInBubble(t *testing.T, jobID, state string) *runningMaster {
+	t.Helper()
+	b := startInBubble(t, master.Options{StateURL: state, HeartbeatInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&prefixWriter{t: t, prefix: jobID + ": "}, nil)),
+		Job:    master.Config{JobID: jobID, MinNodes: 1, MaxNodes: 2}})
+	return &runningMaster{addr: "pipe", c: b.client(t, token), ended: b.ended, cancel: b.cancel}
 }
 
 func (m *runningMaster) set(ctx context.Context, client string, seq uint64, key, value string) error {
@@ -135,78 +145,85 @@ func TestStateOnAnotherFileSystem(t *testing.T) {
 // log this master would write next: the write then succeeds, and the
 // snapshot still fences it.
 func TestFencedMasterAnswersNothing(t *testing.T) {
-	ctx := t.Context()
 	for _, tc := range []struct {
 		name    string
 		batches int  // the first master's batches after the second loaded
 		held    bool // the call is made before those batches, and held meanwhile
-		call    func(m *runningMaster) error
+		call    func(ctx context.Context, m *runningMaster) error
 	}{
-		{"get", 1, false, func(m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
-		{"status", 1, false, func(m *runningMaster) error { _, err := m.c.Status(ctx, &masterpb.StatusRequest{}); return err }},
-		{"held wait", 1, true, func(m *runningMaster) error {
+		{"get", 1, false, func(ctx context.Context, m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
+		{"status", 1, false, func(ctx context.Context, m *runningMaster) error {
+			_, err := m.c.Status(ctx, &masterpb.StatusRequest{})
+			return err
+		}},
+		{"held wait", 1, true, func(ctx context.Context, m *runningMaster) error {
 			_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"absent"}, TimeoutMs: 1000}}})
 			return err
 		}},
-		{"get after a snapshot", 1001, false, func(m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
-		{"set after a snapshot", 1001, false, func(m *runningMaster) error { return m.set(ctx, "second", 1, "k", "stale") }},
+		{"get after a snapshot", 1001, false, func(ctx context.Context, m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
+		{"set after a snapshot", 1001, false, func(ctx context.Context, m *runningMaster) error { return m.set(ctx, "second", 1, "k", "stale") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.batches > 1 && testing.Short() {
 				t.Skip("a thousand batches")
 			}
-			// The state on a tmpfs when there is one: fsyncs cost nothing there.
-			var dir string
-			if os.Geteuid() == 0 {
-				dir = testenv.OtherFileSystem(t, 64<<20)
-			} else {
-				dir = t.TempDir()
-			}
-			state := "file://" + filepath.Join(dir, "state")
-			a := serveState(t, "job", state)
-			if err := a.set(ctx, "a", 1, "k", "1"); err != nil {
-				t.Fatal(err)
-			}
-			b := serveState(t, "job", state)
-			if v, err := b.get(ctx, "k"); err != nil || v != "1" {
-				t.Fatalf("second master, before the first wrote again: %q %v", v, err)
-			}
-			called := make(chan error, 1)
-			if tc.held {
-				go func() { called <- tc.call(b) }()
-				time.Sleep(300 * time.Millisecond)
-			}
-			for i := range tc.batches {
-				if err := a.set(ctx, "a", uint64(2+i), "k", "2"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if tc.batches > 1000 && len(files(t, filepath.Join(dir, "state"), "snap/*.pb")) == 0 {
-				t.Fatal("no snapshot")
-			}
-			if !tc.held {
-				called <- tc.call(b)
-			}
-			err := <-called
-			if err == nil {
-				t.Fatalf("the fenced master answered")
-			}
-			if c := status.Code(err); c != codes.Unavailable && c != codes.Aborted && c != codes.FailedPrecondition {
-				t.Errorf("the fenced master's refusal: %v", err)
-			}
-			select {
-			case err := <-b.ended:
-				if !errors.Is(err, master.ErrFenced) {
-					t.Errorf("the fenced master ended with %v, want ErrFenced", err)
-				}
-				b.ended <- err
-			case <-time.After(5 * time.Second):
-				t.Error("the fenced master did not stop")
-			}
-			if v, err := a.get(ctx, "k"); err != nil || v != "2" {
-				t.Errorf("the first master: k = %q, %v", v, err)
-			}
+			synctest.Test(t, func(t *testing.T) { fencedMasterAnswersNothing(t, tc.batches, tc.held, tc.call) })
 		})
+	}
+}
+
+func fencedMasterAnswersNothing(t *testing.T, batches int, held bool, call func(ctx context.Context, m *runningMaster) error) {
+	ctx := t.Context()
+	// The state on a tmpfs when there is one: fsyncs cost nothing there.
+	var dir string
+	if os.Geteuid() == 0 {
+		dir = testenv.OtherFileSystem(t, 64<<20)
+	} else {
+		dir = t.TempDir()
+	}
+	state := "file://" + filepath.Join(dir, "state")
+	a := serveStateInBubble(t, "job", state)
+	if err := a.set(ctx, "a", 1, "k", "1"); err != nil {
+		t.Fatal(err)
+	}
+	b := serveStateInBubble(t, "job", state)
+	if v, err := b.get(ctx, "k"); err != nil || v != "1" {
+		t.Fatalf("second master, before the first wrote again: %q %v", v, err)
+	}
+	called := make(chan error, 1)
+	if held {
+		go func() { called <- call(ctx, b) }()
+		synctest.Wait() // the second master holds the call
+	}
+	for i := range batches {
+		if err := a.set(ctx, "a", uint64(2+i), "k", "2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if batches > 1000 && len(files(t, filepath.Join(dir, "state"), "snap/*.pb")) == 0 {
+		t.Fatal("no snapshot")
+	}
+	if !held {
+		called <- call(ctx, b)
+	}
+	err := <-called
+	if err == nil {
+		t.Fatalf("the fenced master answered")
+	}
+	if c := status.Code(err); c != codes.Unavailable && c != codes.Aborted && c != codes.FailedPrecondition {
+		t.Errorf("the fenced master's refusal: %v", err)
+	}
+	select {
+	case err := <-b.ended:
+		if !errors.Is(err, master.ErrFenced) {
+			t.Errorf("the fenced master ended with %v, want ErrFenced", err)
+		}
+		b.ended <- err
+	case <-time.After(5 * time.Second):
+		t.Error("the fenced master did not stop")
+	}
+	if v, err := a.get(ctx, "k"); err != nil || v != "2" {
+		t.Errorf("the first master: k = %q, %v", v, err)
 	}
 }
 
@@ -218,72 +235,68 @@ func TestStateDiskFull(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounts a small tmpfs (root)")
 	}
-	ctx := t.Context()
-	dir := testenv.OtherFileSystem(t, 1<<20)
-	m := serveState(t, "full", "file://"+filepath.Join(dir, "state"))
-	if err := m.set(ctx, "w", 1, "k", "before"); err != nil {
-		t.Fatal(err)
-	}
-	filler := filepath.Join(dir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 4096)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		dir := testenv.OtherFileSystem(t, 1<<20)
+		m := serveStateInBubble(t, "full", "file://"+filepath.Join(dir, "state"))
+		if err := m.set(ctx, "w", 1, "k", "before"); err != nil {
+			t.Fatal(err)
 		}
-	}
-	f.Close()
-	// The add is applied, then held until durable: its caller's deadline
-	// ends the wait, unacknowledged.
-	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
-	cancel()
-	if status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("an add while the state cannot be written: %v, want DeadlineExceeded", err)
-	}
-	// Later calls, reads included, wait behind it (their answers may
-	// depend on it) and end at their own deadline too.
-	for _, call := range []func(context.Context) error{
-		func(ctx context.Context) error {
-			_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}})
-			return err
-		},
-		func(ctx context.Context) error { _, err := m.c.Status(ctx, &masterpb.StatusRequest{}); return err },
-	} {
+		filler := filepath.Join(dir, "filler")
+		f, err := os.Create(filler)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunk := make([]byte, 4096)
+		for {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		f.Close()
+		// The add is applied, then held until durable: its caller's deadline
+		// ends the wait, unacknowledged.
 		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		start := time.Now()
-		err := call(cctx)
+		_, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
 		cancel()
 		if status.Code(err) != codes.DeadlineExceeded {
-			t.Errorf("a call while the state cannot be written: %v, want DeadlineExceeded", err)
+			t.Errorf("an add while the state cannot be written: %v, want DeadlineExceeded", err)
 		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("held %v past its 500 ms deadline", d)
+		// Later calls, reads included, wait behind it (their answers may
+		// depend on it) and end at their own deadline too.
+		for _, call := range []func(context.Context) error{
+			func(ctx context.Context) error {
+				_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}})
+				return err
+			},
+			func(ctx context.Context) error { _, err := m.c.Status(ctx, &masterpb.StatusRequest{}); return err },
+		} {
+			cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			start := time.Now()
+			err := call(cctx)
+			cancel()
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Errorf("a call while the state cannot be written: %v, want DeadlineExceeded", err)
+			}
+			if d := time.Since(start); d != 500*time.Millisecond {
+				t.Errorf("held %v, want its 500 ms deadline", d)
+			}
 		}
-	}
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
-	var res *masterpb.StoreResponse
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		res, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		// The master retries its write on its own (backoff on the bubble's
+		// clock); the retried call waits behind it.
+		cctx, cancel = context.WithTimeout(ctx, 20*time.Second)
+		res, err := m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
 		cancel()
-		if err == nil || time.Now().After(deadline) {
-			break
+		if err != nil || res.GetNumber() != 1 {
+			t.Fatalf("the add retried once there is room: %v %v, want 1", res, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil || res.GetNumber() != 1 {
-		t.Fatalf("the add retried once there is room: %v %v, want 1", res, err)
-	}
+	})
 }
 
 // --state and --error-prefix file URLs that are ambiguous are refused at
