@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -249,6 +250,7 @@ func MinIO(t testing.TB) *MinIOServer {
 // MinIO and one kube-apiserver + etcd per test process at most). Call it from
 // TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
 func Main(m *testing.M) {
+	childrenExitAtOnce()
 	kube.Lock()
 	kube.inMain = true
 	kube.Unlock()
@@ -259,6 +261,21 @@ func Main(m *testing.M) {
 		shared.p.Stop()
 	}
 	os.Exit(code)
+}
+
+// childrenExitAtOnce makes the processes a test starts from a binary built
+// with -race (the test binary re-executed as a worker, an agent, a master)
+// exit when they return, as the binaries they stand for do. The race
+// runtime otherwise sleeps a second at exit (GORACE atexit_sleep_ms,
+// default 1000): a worker silent for that second before its exit was
+// killed as hung by a 1 s hang watchdog (TestUnreadOutputDoesNotStallWorkers).
+// Without -race GORACE is read by nobody.
+func childrenExitAtOnce() {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return
+	}
+	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
 }
 
 // freePort asks the kernel for a free loopback port.
