@@ -107,7 +107,7 @@ func TestStopSignals(t *testing.T) {
 			waitFor(t, out, "[default1]:helper ignoreterm", 10*time.Second)
 			start := time.Now()
 			_ = cmd.Process.Signal(tc.sig)
-			time.Sleep(200 * time.Millisecond)
+			waitFor(t, out, "signaling workers", 10*time.Second)
 			_ = cmd.Process.Signal(tc.sig) // ignored: the stop is under way
 			if code := waitExit(t, cmd, 20*time.Second); code != tc.exit {
 				t.Fatalf("exit %d, want %d\n%s", code, tc.exit, out)
