@@ -558,15 +558,29 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 	}
 }
 
+// The watchdog's clock runs from the hung worker's last output line, so the
+// test times the detection from that line (seen in the agent's output,
+// after the agent read it), not from the agent's start: a helper's own
+// start is slow on a loaded machine, and under -race.
 func TestHangWatchdog(t *testing.T) {
 	cfg, out := helperConfig(t, 2, "hang,touch:3s")
 	cfg.HangTimeout = 700 * time.Millisecond
-	ee, took := runAgent(t, t.Context(), cfg)
+	silent := make(chan time.Time, 1)
+	go func() {
+		waitFor(t, out, "[default0]:helper hang", 20*time.Second)
+		silent <- time.Now()
+	}()
+	ee, _ := runAgent(t, t.Context(), cfg)
+	returned := time.Now()
 	if ee == nil || ee.Code != kferrors.ExitHang || ee.Failure.Code != kferrors.CodeHang || ee.Failure.Worker != "pod-0/0" {
 		t.Fatalf("want Hang of worker 0, got %+v\n%s", ee, out)
 	}
-	if took > 2500*time.Millisecond {
-		t.Errorf("hang detected after %v, timeout 700ms", took)
+	lastLine := <-silent
+	if deadline := lastLine.Add(cfg.HangTimeout); ee.Failure.Time.After(deadline) {
+		t.Errorf("Hang dated %v, after its deadline %v (last output + 700ms)", ee.Failure.Time, deadline)
+	}
+	if d := returned.Sub(lastLine); d > 1800*time.Millisecond {
+		t.Errorf("hang detected and the workers stopped %v after the worker's last output, timeout 700ms", d)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -150,30 +151,33 @@ func TestImageRunsFromItsLayout(t *testing.T) {
 }
 
 // The same binary gives the same image: the digest does not depend on when
-// it was built.
+// it was built. The second build is a second later on the clock of a
+// testing/synctest bubble, which is the clock any time.Now in Image reads.
 func TestImageIsReproducible(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "kfelastic")
-	if err := os.WriteFile(bin, bytes.Repeat([]byte("\x7fELF"), 1000), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var digests []string
-	for i := range 2 {
-		if i > 0 {
-			time.Sleep(1100 * time.Millisecond) // a clock read would show
-		}
-		img, err := Image(bin, ImageOptions{Version: "v1", Arch: "amd64"})
-		if err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		bin := filepath.Join(t.TempDir(), "kfelastic")
+		if err := os.WriteFile(bin, bytes.Repeat([]byte("\x7fELF"), 1000), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		d, err := img.Digest()
-		if err != nil {
-			t.Fatal(err)
+		var digests []string
+		for i := range 2 {
+			if i > 0 {
+				time.Sleep(1100 * time.Millisecond) // the bubble's clock: at once
+			}
+			img, err := Image(bin, ImageOptions{Version: "v1", Arch: "amd64"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := img.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			digests = append(digests, d.String())
 		}
-		digests = append(digests, d.String())
-	}
-	if digests[0] != digests[1] {
-		t.Errorf("digests %v differ", digests)
-	}
+		if digests[0] != digests[1] {
+			t.Errorf("digests %v differ", digests)
+		}
+	})
 }
 
 // WriteLayout never replaces a folder that is not a layout.
