@@ -329,18 +329,23 @@ exit 1
 // if it had not reached its group: one stuck waiting for its group (after
 // its progress line) fails as a group failure, one stuck before it as its
 // own; both within the timeout.
+//
+// The scripts are written before the subtests run in parallel: a script
+// written while a parallel subtest forks is held open for writing by that
+// child until it execs, and exec of the script fails with ETXTBSY ("text
+// file busy", golang.org/issue/22315; seen under -race).
 func TestNodeCheckDeadline(t *testing.T) {
 	for _, c := range []struct {
-		name, body string
-		self       bool
-		want       string
+		name, python string
+		self         bool
+		want         string
 	}{
-		{"in the group", `echo '{"phase":"group","compute":0.01}'; exec sleep 30`, false, "the group did not finish"},
-		{"before it", `exec sleep 30`, true, "did not finish within 1s"},
+		{"in the group", fakePython(t, `echo '{"phase":"group","compute":0.01}'; exec sleep 30`+"\n"), false, "the group did not finish"},
+		{"before it", fakePython(t, "exec sleep 30\n"), true, "did not finish within 1s"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			nc := &Checker{Python: fakePython(t, c.body+"\n")}
+			nc := &Checker{Python: c.python}
 			start := time.Now()
 			res := nc.Run(t.Context(), Task{GroupSize: 2, GroupRank: 1, LeaderAddr: "127.0.0.1", LeaderPort: 1, Timeout: time.Second})
 			if took := time.Since(start); took > 2*time.Second {
