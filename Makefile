@@ -33,9 +33,13 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 
-# The full suite: real MinIO, real kube-apiserver + etcd, real torch workers.
+# The full suite: real MinIO, real kube-apiserver + etcd, real torch workers,
+# all under the race detector, in one run: e2e/'s test process is a harness
+# (the binaries it starts are built static by the tests, CGO_ENABLED=0), so
+# -race costs it little, and it runs once, beside the other packages.
+# -race needs cgo (gcc: scripts/deps.sh) for this run only.
 test: deps vet
-	$(GO) test -count=1 -timeout 25m ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 25m ./...
 
 # Unit tests only: no external servers (they skip with a note).
 test-short:

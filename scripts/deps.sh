@@ -17,6 +17,8 @@ need_apt() {
   command -v etcd >/dev/null || missing+=(etcd-server)
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   command -v curl >/dev/null || missing+=(curl)
+  # go test -race needs cgo, so a C compiler and the C library's headers.
+  command -v gcc >/dev/null && [ -e /usr/include/stdlib.h ] || missing+=(gcc libc6-dev)
   # Headless Chromium loads the failure report in report/'s browser test.
   command -v chromium >/dev/null || missing+=(chromium)
   [ ${#missing[@]} -eq 0 ] && return 0
