@@ -2,26 +2,22 @@ package local
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 	"golang.org/x/sys/unix"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/job/*.txt")
-
 // TestJobScenarios replays the scripts in testdata/job against the Job
-// bookkeeping, in the master's script format: blocks separated by blank
-// lines, each a command, "----", and what the Job asked the engine to do.
+// bookkeeping: each a command, "----", and what the Job asked the engine
+// to do.
 // The runner does what the engine's carryOut does: it starts every pod the
 // Job asks for (pids 1000, 1001, …) and tells the Job at once. Commands:
 //
@@ -44,57 +40,17 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	pods                       the view's table
 //	outcome                    how the job ended
 //
-// Run with -rewrite to update the expectations after a deliberate change,
-// and read the diff.
+// The scripts are cockroachdb/datadriven files, as the master's scenarios
+// and the agent's policy scripts: run with -rewrite to accept a deliberate
+// change, then read the diff.
 func TestJobScenarios(t *testing.T) {
-	files, err := filepath.Glob("testdata/job/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenarios: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runJobScript(t, f) })
-	}
-}
-
-// runJobScript replays one script: each block's command through run, its
-// output compared with (or, with -rewrite, written as) what follows "----".
-func runJobScript(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &jobScript{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), refused: map[string]bool{}}
-	s.now = s.t0
-	var out strings.Builder
-	failed := false
-	for _, block := range strings.Split(strings.TrimSpace(string(data)), "\n\n") {
-		cmd, want, _ := strings.Cut(block, "\n----")
-		var command string
-		for _, l := range strings.Split(strings.TrimSpace(cmd), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), "#") {
-				out.WriteString(l + "\n")
-			} else {
-				command = strings.TrimSpace(l)
-			}
-		}
-		if command == "" {
-			out.WriteString("\n")
-			continue
-		}
-		got := s.run(command)
-		fmt.Fprintf(&out, "%s\n----\n%s\n\n", command, got)
-		if !*rewrite && strings.TrimSpace(want) != got {
-			failed = true
-			t.Errorf("%s: %s\nwant:\n%s\ngot:\n%s", filepath.Base(path), command, strings.TrimSpace(want), got)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.ReplaceAll(out.String(), "\n\n\n", "\n\n")), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	} else if failed {
-		t.Log("run with -rewrite to accept the new output")
-	}
+	datadriven.Walk(t, "testdata/job", func(t *testing.T, path string) {
+		s := &jobScript{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), refused: map[string]bool{}}
+		s.now = s.t0
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			return s.run(d.FullCmd())
+		})
+	})
 }
 
 type jobScript struct {
