@@ -131,7 +131,7 @@ type WorkerExited struct {
 	Attempt   int
 	LocalRank int
 	// Exit is what was observed (code, signal, error file, OOM evidence).
-	Exit kferrors.Exit
+	Exit kferrors.WorkerExit
 	// StartError is set when the process could not be started at all;
 	// Permanent when no restart can start it either (its program or script
 	// does not exist): the pod fails without restarting.

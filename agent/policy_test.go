@@ -125,7 +125,7 @@ func scriptEvent(t *testing.T, d *datadriven.TestData) Event {
 		return RendezvousFailed{Message: "join timeout", Code: m["code"], NoRelaunch: noRelaunch}
 	case "exit":
 		rank := num(t, m["rank"])
-		e := kferrors.Exit{Worker: workerName("pod-0", rank)}
+		e := kferrors.WorkerExit{Worker: workerName("pod-0", rank)}
 		if s, ok := m["code"]; ok {
 			e.ExitCode = num(t, s)
 		}

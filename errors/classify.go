@@ -53,13 +53,6 @@ type WorkerExit struct {
 	ErrorFileProblem string
 }
 
-// Exit is WorkerExit's old name.
-//
-// Deprecated: use WorkerExit. It stays only while agent/policy.go and its
-// script test, rewritten on another branch at the same time, still say
-// Exit; it goes once they say WorkerExit.
-type Exit = WorkerExit
-
 // Classify maps an observed exit to a Failure following docs/DESIGN.md §2.4. The
 // order matters: platform causes (OOM, preemption) win over what the dying
 // process managed to write, and an exception named in the error file wins
