@@ -25,7 +25,7 @@ import (
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
 	"github.com/kfelastic/kfelastic/internal/stopsignal"
 	"github.com/kfelastic/kfelastic/internal/termsafe"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
@@ -54,7 +54,7 @@ import (
 //	dump:DIR           on SIGUSR1 write DIR/dumped-<rank>, exit 0; else sleep
 //	flytedoc:DIR       write a flytekit-style error document into DIR, exit 1
 //	pyflyte:DIR|S|MS|LINE|N  as pyflyte-execute after a worker failed: a torch error file dated
-//	                   S (epoch s) + MS ms, flytekit's document into DIR (internal/flytekitdoc:
+//	                   S (epoch s) + MS ms, flytekit's document into DIR (internal/test/flytekitdoc:
 //	                   _F_WN, torch's whole second S, the exception LINE), exit N
 //	breakprefix:DIR    replace the folder DIR by a file, exit 3
 //	envdump:DIR        write DIR/<pod>-<rank>-<restart>.json, then wait for DIR/stop, exit 0

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/flytekitdoc"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/outputreader"
 )

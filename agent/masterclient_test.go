@@ -16,7 +16,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 

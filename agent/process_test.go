@@ -10,7 +10,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // An agent whose stdout and stderr are pipes nobody reads: the workers'

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 

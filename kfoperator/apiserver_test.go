@@ -14,8 +14,8 @@ import (
 
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
-	"github.com/kfelastic/kfelastic/internal/flytetest"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/flytetest"
 	"github.com/kfelastic/kfelastic/internal/version"
 )
 

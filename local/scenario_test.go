@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // The scenarios of docs/DESIGN.md §8, end to end: the real kfelastic binary as

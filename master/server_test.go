@@ -29,7 +29,7 @@ import (
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/events"
-	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 

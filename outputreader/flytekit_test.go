@@ -10,7 +10,7 @@ import (
 	"gocloud.dev/blob/memblob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
+	"github.com/kfelastic/kfelastic/internal/test/flytekitdoc"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 

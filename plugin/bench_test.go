@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/flytetest"
 )
 
 func BenchmarkBuildResource(b *testing.B) {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/events"
-	"github.com/kfelastic/kfelastic/internal/flytekitdoc"
+	"github.com/kfelastic/kfelastic/internal/test/flytekitdoc"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/report"
 )

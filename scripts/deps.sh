@@ -90,7 +90,7 @@ build_k8s() {
   rmdir "$dir/.tmp-$name"
 }
 
-# The one-node cluster whose pods really run (internal/testenv/cluster.go):
+# The one-node cluster whose pods really run (internal/test/testenv/cluster.go):
 # containerd, runc, the CNI plugins and a static busybox (the training
 # operator's init container) from Debian, kubelet, kube-scheduler
 # and kube-controller-manager at the API server's version, CoreDNS, and a
@@ -130,7 +130,7 @@ need_cluster() {
 
 # The worker image's root file system: Debian bookworm (minbase) with
 # python3-torch 1.13, as the machine's own; ≈4.5 min cold, 1.3 GB. The
-# cluster turns it into an image (internal/testenv) and imports it.
+# cluster turns it into an image (internal/test/testenv) and imports it.
 need_worker_root() {
   local root=$CACHE/worker-root
   [ -x "$root/usr/bin/python3" ] && [ -d "$root/usr/lib/python3/dist-packages/torch" ] && return 0

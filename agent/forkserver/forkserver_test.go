@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // The fork server's tests run real interpreters: Debian's Python 3

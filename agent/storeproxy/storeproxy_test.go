@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // echoServer stands in for rank 0's store: it echoes each connection until

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
-	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 

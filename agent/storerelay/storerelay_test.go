@@ -21,8 +21,8 @@ import (
 	"github.com/kfelastic/kfelastic/agent/masterconn"
 	"github.com/kfelastic/kfelastic/agent/tcpstore"
 	"github.com/kfelastic/kfelastic/api/masterpb"
-	"github.com/kfelastic/kfelastic/internal/mastertest"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 

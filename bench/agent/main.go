@@ -37,7 +37,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/internal/procmem"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // python is the interpreter of the torch being measured (runTorch).

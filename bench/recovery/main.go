@@ -55,7 +55,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/local"
 )
 

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kfelastic/kfelastic/agent"
-	"github.com/kfelastic/kfelastic/internal/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/flytetest"
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
 

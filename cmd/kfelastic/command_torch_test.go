@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // Real processes throughout: `kfelastic master`, `kfelastic agent

@@ -15,7 +15,7 @@ import (
 	"gocloud.dev/blob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 func TestErrorsCommand(t *testing.T) {

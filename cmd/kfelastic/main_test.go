@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // TestMain stops the MinIO server the tests start (testenv.MinIO).

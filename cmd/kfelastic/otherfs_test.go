@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // The machine: /tmp on one file system, the outputs on another.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent"
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +29,8 @@ import (
 // checkout, because checkouts (worktrees, other branches) sharing the cache
 // would otherwise relink it in turn, or run each other's plugin.
 func PropellerBinary() string {
-	sum := sha256.Sum256([]byte(moduleRoot()))
+	sum := sha256.Sum256([]byte(ProjectRoot()))
 	return filepath.Join(CacheDir(), "propeller", hex.EncodeToString(sum[:6]), "flytepropeller-kfelastic")
-}
-
-// moduleRoot is the root of this checkout of the module.
-func moduleRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
 var propellerBuild struct {
@@ -88,7 +81,7 @@ func buildPropeller(ctx context.Context, out string) error {
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/flytepropeller-kfelastic")
-	cmd.Dir = moduleRoot()
+	cmd.Dir = ProjectRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr

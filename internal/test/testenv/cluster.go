@@ -1122,7 +1122,7 @@ func (c *Cluster) importImages(ctx context.Context) error {
 // does, with version v stamped, imports it, and returns its name: the
 // plugin's default agentImage for a plugin built with the same version.
 func (c *Cluster) ImportAgentImage(ctx context.Context, v string) (string, error) {
-	repo := filepath.Dir(filepath.Dir(packageDir()))
+	repo := ProjectRoot()
 	bin, err := ociimage.BuildBinary(ctx, ociimage.BuildOptions{Version: v, Out: filepath.Join(clusterDir(), "images", "kfelastic"), ModuleDir: repo})
 	if err != nil {
 		return "", err
@@ -1319,7 +1319,7 @@ exec python3 /opt/kfelastic/testdata/flytekit/elastic_task.py --output-prefix "$
 // scripts, the flytekit stand-in) under /opt/kfelastic, and the stand-in's
 // pyflyte-execute in /opt/kfelastic/bin (on the image's PATH).
 func scriptsLayer(path string) (ociBlob, error) {
-	repo := filepath.Dir(filepath.Dir(packageDir()))
+	repo := ProjectRoot()
 	return writeLayer(path, func(tw *tar.Writer) error {
 		for _, d := range []string{"examples", "testdata"} {
 			if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}); err != nil {

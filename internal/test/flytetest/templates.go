@@ -15,7 +15,7 @@ import (
 // templates (protojson) the kfoperator and plugin tests share.
 func TemplatesDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "tasks")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "testdata", "tasks")
 }
 
 // TemplateNames lists the templates whose file names start with prefix

@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -29,8 +28,7 @@ var TorchVersions = []string{"1.13", "2.14"}
 
 // ProjectRoot is the module's folder.
 func ProjectRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Clean(filepath.Join(packageDir(), "..", "..", ".."))
 }
 
 // Cache is $KFELASTIC_CACHE, else ~/.cache/kfelastic.

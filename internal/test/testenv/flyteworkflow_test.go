@@ -9,8 +9,8 @@ import (
 	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/kfelastic/kfelastic/internal/flytetest"
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // TestTaskWorkflowOfEveryTemplate: propeller's compiler accepts the

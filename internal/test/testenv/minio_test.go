@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfelastic/kfelastic/internal/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
