@@ -92,7 +92,7 @@ func commandRealTorchSingleNode(t *testing.T, py string) {
 	cfg, out := torchConfig(t, py, 2)
 	cfg.Launcher = LauncherCommand
 	cfg.Command = []string{py, standIn(t), "--output-prefix", t.TempDir(), "--nproc-per-node", "2", "--steps", "15", "--sleep", "0.01"}
-	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
+	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", testenv.FreePort(t)), "OMP_NUM_THREADS=1")
 	if ee, _ := runBounded(t, t.Context(), cfg, 60*time.Second); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}
@@ -120,7 +120,7 @@ func commandRealTorchDumpAndPreempted(t *testing.T, py string) {
 	cfg.ErrorPrefix = "file://" + docs
 	ckpt := filepath.Join(t.TempDir(), "ckpt")
 	cfg.Command = []string{py, standIn(t), "--output-prefix", docs, "--nproc-per-node", "2", "--steps", "100000", "--sleep", "0.02", "--ckpt", ckpt}
-	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", freePortT(t)), "OMP_NUM_THREADS=1")
+	cfg.Env = append(os.Environ(), fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", testenv.FreePort(t)), "OMP_NUM_THREADS=1")
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		waitFor(t, out, "[default0]:step = 12", 40*time.Second)
@@ -222,14 +222,6 @@ func TestCommandMasterExitStopsChild(t *testing.T) {
 	if testenv.Alive(pid) {
 		t.Errorf("the command %d of the stopped job lives on", pid)
 	}
-}
-
-func freePortT(t *testing.T) int {
-	p, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // A command whose main is under torch's @record (torchrun's is) writes its

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 
@@ -27,7 +28,7 @@ import (
 // TestMain) on loopback and returns it once it serves.
 func startMasterProcess(t *testing.T, state string) (*exec.Cmd, string) {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE="+state,
 		"KFELASTIC_TEST_MIN=1", "KFELASTIC_TEST_MAX=2")

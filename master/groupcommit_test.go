@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // Concurrent store writers share batches (group commit): a master process
@@ -30,7 +31,7 @@ func TestGroupCommitConcurrentWriters(t *testing.T) {
 	}
 	dir := t.TempDir()
 	state := "file://" + dir
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	trace := filepath.Join(t.TempDir(), "fsyncs")
 	strace, _ := exec.LookPath("strace")
 	start := func(traced bool) (*exec.Cmd, int) {

@@ -30,6 +30,7 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/test/mastertest"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 
@@ -373,7 +374,7 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 		t.Skip("starts master processes")
 	}
 	state := "file://" + t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -505,15 +506,6 @@ func retryJoin(ctx context.Context, c masterpb.MasterClient, n *masterpb.Node, a
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 type prefixWriter struct {

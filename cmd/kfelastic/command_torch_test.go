@@ -49,7 +49,7 @@ func newCommandJob(t *testing.T, py string, nodes, steps int, masterFlags ...str
 	t.Helper()
 	bin := torchBinary(t)
 	dir := t.TempDir()
-	j := &commandJob{t: t, bin: bin, dir: dir, python: py, addr: fmt.Sprintf("127.0.0.1:%d", freePortForTest(t)),
+	j := &commandJob{t: t, bin: bin, dir: dir, python: py, addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
 		tokenFile: filepath.Join(dir, "token"), nodes: nodes, nnodes: fmt.Sprint(nodes), ckpt: filepath.Join(dir, "ckpt"), steps: steps, flags: masterFlags}
 	if err := os.WriteFile(j.tokenFile, []byte("job-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -252,7 +252,7 @@ func TestUpstreamLayoutWorkerZeroLostFails(t *testing.T) {
 
 func upstreamLayoutWorkerZeroLostFails(t *testing.T, py string) {
 	dir := t.TempDir()
-	port := freePortForTest(t)
+	port := testenv.FreePort(t)
 	script, _ := filepath.Abs("../../testdata/flytekit/elastic_task.py")
 	pod := func() *proc {
 		env := []string{"OMP_NUM_THREADS=1", "PET_NNODES=3", "PET_NPROC_PER_NODE=1", "PYTHONUNBUFFERED=1",

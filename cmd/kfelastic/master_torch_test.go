@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,7 +90,7 @@ func TestMasterScaleUpRealTorch(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	_ = os.WriteFile(tokenFile, []byte("job-token\n"), 0o600)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePortForTest(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	m := startProc(t, nil, bin, "master", "--listen", addr, "--nnodes", "2:3", "--rdzv-id", "scale", "--token-file", tokenFile,
 		"--state", "file://"+filepath.Join(dir, "state"), "--waiting-timeout", "1s", "--heartbeat-interval", "1s",
 		"--heartbeat-timeout", "10s")
@@ -164,13 +163,4 @@ func torchBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return bin
-}
-
-func freePortForTest(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -58,7 +58,7 @@ func TestBinaryOnAnotherFileSystem(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("tok\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", freePortForTest(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	m := startProc(t, env, bin, "master", "--listen", addr, "--nnodes", "1:2", "--token-file", tokenFile,
 		"--state", "file://"+filepath.Join(other, "state"), "--error-prefix", "file://"+prefix)
 	m.waitFor(t, regexp.MustCompile(`serving|listening`), 30*time.Second)

@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"net"
 	"testing"
 )
 
@@ -9,10 +8,9 @@ import (
 // a test starts later, or one it wants nothing to listen on.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
