@@ -14,6 +14,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
 	"github.com/kfelastic/kfelastic/agent/storerelay"
+	"github.com/kfelastic/kfelastic/agent/torchhook"
 )
 
 // --launcher command (docs/DESIGN.md §4.4).
@@ -93,6 +94,9 @@ type commandGroups struct {
 	relay      *storerelay.Relay
 	relayAddr  string
 	outdatedAt time.Time
+	// hook is the folder of the command's torch hook (agent/torchhook); ""
+	// when it could not be written.
+	hook string
 }
 
 var _ groupStarter = (*commandGroups)(nil)
@@ -108,6 +112,11 @@ func newCommandGroups(l *loop) (*commandGroups, error) {
 	if relay != nil {
 		c.relay, c.relayAddr = relay, relay.Addr()
 	}
+	if c.hook, err = torchhook.Install(l.runDir); err != nil {
+		// torch then starts and waits as it would: slower, not wrong.
+		l.log.Warn("no torch hook for the command", "err", err)
+		c.hook = ""
+	}
 	return c, nil
 }
 
@@ -115,7 +124,7 @@ func (c *commandGroups) start(a StartGroup) (*group, []WorkerExited) {
 	l, r := c.l, a.Round
 	gs := l.groupStart(1)
 	gs.commandMode, gs.launcher = true, execLauncher{}
-	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves()}
+	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves(), hook: c.hook}
 	gs.env = func(w *worker, mark string) []string {
 		s := spec
 		s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, mark
@@ -179,6 +188,8 @@ type commandSpec struct {
 	errorFile    string
 	progressFile string
 	mark         string
+	// hook is the torch hook's folder (agent/torchhook); "" for none.
+	hook string
 }
 
 // CommandEnv is the child's environment under --launcher command: the pod's
@@ -192,7 +203,8 @@ type commandSpec struct {
 // and the agent's mark, PYTHONUNBUFFERED=1 when unset. No worker variable
 // (RANK, MASTER_ADDR, …: torch's agent sets its workers' own), no _F_WN or
 // _F_DES (the pod's, for flytekit's documents). The training operator's
-// per-pod worker variables are dropped (operatorPodEnv).
+// per-pod worker variables are dropped (operatorPodEnv). The torch hook
+// (agent/torchhook) comes first on PYTHONPATH, with its variables.
 func CommandEnv(base []string, s commandSpec) []string {
 	env := envMap(base)
 	c := s.cfg
@@ -242,6 +254,14 @@ func CommandEnv(base []string, s commandSpec) []string {
 			env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 		}
 	}
+	var hook torchhook.Options
+	if !c.NoForkServer && !c.WarmSpares {
+		hook.Preload = c.preload()
+	}
+	if s.rdzvEndpoint != "" {
+		hook.Poll = rdzvPoll
+	}
+	torchhook.Env(env, s.hook, hook)
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile
 	env[ProgressFileEnv] = s.progressFile
 	if s.mark != "" {
@@ -249,6 +269,11 @@ func CommandEnv(base []string, s commandSpec) []string {
 	}
 	return envList(env)
 }
+
+// rdzvPoll is how often (seconds) c10d's rendezvous in the command reads
+// its state from the relay while it waits: a tenth of torch's second, a
+// read of the master's store per node each time.
+const rdzvPoll = "0.1"
 
 // relayEndpoint is the relay's loopback address as the command's
 // PET_RDZV_ENDPOINT: 0.0.0.0:<port>. flytekit passes PET_RDZV_ENDPOINT to
@@ -349,7 +374,8 @@ func signalWorkers(pid int, sig syscall.Signal) int {
 // started it (multiprocessing's spawn_main: flytekit's default start
 // method), when fork started it (the same command line as its parent), or
 // when torch exec'd it (LOCAL_RANK in its environment: torchrun, a binary
-// entrypoint). A single child that is none of these is a launcher in
+// entrypoint); the children of multiprocessing's forkserver are workers
+// (the torch hook's, agent/torchhook, where spawn was asked for). A single child that is none of these is a launcher in
 // between (pyflyte-fast-execute runs pyflyte-execute as its child; a
 // script may run torchrun), and the search goes on below it, four levels
 // at most. multiprocessing's helpers (the resource tracker that runs
@@ -359,11 +385,19 @@ func signalWorkers(pid int, sig syscall.Signal) int {
 func commandWorkers(pid int) []int {
 	parent := pid
 	for range 4 {
-		var kids []int
+		var kids, forked []int
 		for _, c := range childPIDs(parent) {
-			if !multiprocessingHelper(procCmdline(c)) {
+			switch cmd := procCmdline(c); {
+			case forkServer(cmd):
+				// multiprocessing's forkserver (the spawn hook's, or the
+				// command's own choice): its children are workers.
+				forked = append(forked, childPIDs(c)...)
+			case !multiprocessingHelper(cmd):
 				kids = append(kids, c)
 			}
+		}
+		if len(forked) > 0 {
+			return append(kids, forked...)
 		}
 		if len(kids) != 1 || isWorker(parent, kids[0]) {
 			return kids
@@ -372,6 +406,10 @@ func commandWorkers(pid int) []int {
 	}
 	return nil
 }
+
+// forkServer reports whether a command line is multiprocessing's
+// forkserver.
+func forkServer(cmd string) bool { return strings.Contains(cmd, "multiprocessing.forkserver") }
 
 func isWorker(parent, pid int) bool {
 	cmd := procCmdline(pid)
@@ -390,7 +428,7 @@ func isWorker(parent, pid int) bool {
 // multiprocessingHelper reports whether a command line is one of Python
 // multiprocessing's helper processes.
 func multiprocessingHelper(cmd string) bool {
-	return strings.Contains(cmd, "multiprocessing.resource_tracker") || strings.Contains(cmd, "multiprocessing.forkserver") ||
+	return strings.Contains(cmd, "multiprocessing.resource_tracker") || forkServer(cmd) ||
 		strings.Contains(cmd, "multiprocessing.semaphore_tracker")
 }
 

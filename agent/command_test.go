@@ -57,6 +57,23 @@ func TestCommandEnv(t *testing.T) {
 	if !slices.Contains(got, "PET_RDZV_ENDPOINT=127.0.0.1:4242") {
 		t.Errorf("CommandEnv, hostname unresolved: %q", got)
 	}
+	// The torch hook (agent/torchhook) first on PYTHONPATH: the forkserver
+	// with the fork server's preload, c10d's poll only with the relay.
+	hooked := append(slices.Clone(base), "PYTHONPATH=/image")
+	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook"})
+	for _, kv := range []string{"PYTHONPATH=/hook:/image", "KFELASTIC_SPAWN_PRELOAD=torch", "KFELASTIC_RDZV_POLL=0.1"} {
+		if !slices.Contains(got, kv) {
+			t.Errorf("CommandEnv with the hook: no %s in %q", kv, got)
+		}
+	}
+	off := *cfg
+	off.NoForkServer = true
+	got = CommandEnv(nil, commandSpec{cfg: &off, hook: "/hook"})
+	if slices.ContainsFunc(got, func(s string) bool {
+		return strings.HasPrefix(s, "PYTHONPATH=") || strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") || strings.HasPrefix(s, "KFELASTIC_RDZV_POLL=")
+	}) {
+		t.Errorf("CommandEnv with --fork-server=false and no relay: the hook has nothing to do: %q", got)
+	}
 	// Without a relay (no master) the endpoint is the pod's, or the flag's.
 	got = CommandEnv(nil, commandSpec{cfg: cfg})
 	if !slices.Contains(got, "PET_RDZV_ENDPOINT=master:29400") || slices.ContainsFunc(got, func(s string) bool {
@@ -344,8 +361,9 @@ func TestCommandRefinesFlytekitDocuments(t *testing.T) {
 
 // The command's workers are what torch's agent started: spawned ones (with
 // multiprocessing's resource tracker beside them, which is no worker and
-// must not get the dump signal: its default action would kill it) and
-// forked ones, also below a launcher in between (pyflyte-fast-execute runs
+// must not get the dump signal: its default action would kill it), forked
+// ones, and the children of multiprocessing's forkserver (the torch hook's),
+// also below a launcher in between (pyflyte-fast-execute runs
 // pyflyte-execute as its child).
 func TestCommandWorkers(t *testing.T) {
 	py, err := exec.LookPath("python3")
@@ -366,7 +384,7 @@ if __name__ == "__main__":
     print(" ".join(str(p.pid) for p in ps), flush=True)
     time.sleep(60)
 `), 0o644)
-	for _, c := range []struct{ method, launcher string }{{"spawn", ""}, {"fork", ""}, {"spawn", "launcher"}} {
+	for _, c := range []struct{ method, launcher string }{{"spawn", ""}, {"fork", ""}, {"forkserver", ""}, {"spawn", "launcher"}} {
 		t.Run(c.method+c.launcher, func(t *testing.T) {
 			args := []string{script, c.method}
 			if c.launcher != "" {

@@ -269,3 +269,12 @@ func (c *Config) CheckRanges() error {
 	}
 	return nil
 }
+
+// preload is what a fork server, the spares and the command's spawn hook
+// import ahead: Preload, torch when unset.
+func (c *Config) preload() string {
+	if c.Preload == "" {
+		return "torch"
+	}
+	return c.Preload
+}

@@ -237,12 +237,7 @@ func (g *workerGroups) torch2() bool {
 }
 
 // preload is what the fork server and the spares import ahead.
-func (g *workerGroups) preload() string {
-	if g.l.cfg.Preload == "" {
-		return "torch"
-	}
-	return g.l.cfg.Preload
-}
+func (g *workerGroups) preload() string { return g.l.cfg.preload() }
 
 // maxForkRestarts: a fork server that keeps dying is given up; workers are
 // exec'd from then on.

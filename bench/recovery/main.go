@@ -21,11 +21,14 @@
 // with the ratio, and DLRover's reported ≈ 2 min to a replacement pod on
 // Kubernetes (bench/README.md, "Anchors") as a reference row for scenario
 // 1. Scenario 11 is worker-0's pod deleted with torch's own elastic agent
-// in every pod: kfelastic local --launcher command running torchrun (c10d,
-// through each agent's store relay to the master's store) against
-// upstream's layout, torchrun c10d with node 0 hosting the store, where
-// losing node 0 loses the store and the job: the other nodes' torch
-// agents fail, replacement or not ("job lost", not a time).
+// in every pod, started as flytekit's pyflyte-execute starts it (the
+// stand-in, testdata/flytekit/elastic_task.py: elastic_launch with spawn,
+// c10d, the decorator's rdzv_configs): under kfelastic local --launcher
+// command (c10d through each agent's store relay to the master's store)
+// against upstream's layout, the same stand-in per node with node 0
+// hosting the store on PET_RDZV_ENDPOINT, where losing node 0 loses the
+// store and the job: the other nodes' torch agents fail, replacement or not
+// ("job lost", not a time).
 //
 // Every scenario runs once per torch of -torch (default 1.13 and 2.14, the
 // latter through scripts/torch2.14/python3, skipped with a note when
@@ -59,15 +62,18 @@ import (
 	"github.com/kfelastic/kfelastic/local"
 )
 
-// python is the interpreter of the torch being measured (runTorch).
-var python string
+// python is the interpreter of the torch being measured (runTorch);
+// standInPath the flytekit stand-in's absolute path.
+var python, standInPath string
 
 var (
-	binary = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary the pods run")
-	script = flag.String("script", "bench/recovery/train.py", "the training script")
-	runs   = flag.Int("runs", 3, "runs per scenario and launcher")
-	only   = flag.String("only", "", "comma-separated scenario numbers (default: all)")
-	torch  = flag.String("torch", strings.Join(testenv.TorchVersions, ","), "torch versions, comma-separated (scripts/torch-python)")
+	binary    = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary the pods run")
+	script    = flag.String("script", "bench/recovery/train.py", "the training script")
+	agentArgs = flag.String("agent-args", "", "more flags for every kfelastic agent, space-separated (--fork-server=false: workers as torch starts them)")
+	standIn   = flag.String("standin", "testdata/flytekit/elastic_task.py", "the flytekit stand-in (scenario 11)")
+	runs      = flag.Int("runs", 3, "runs per scenario and launcher")
+	only      = flag.String("only", "", "comma-separated scenario numbers (default: all)")
+	torch     = flag.String("torch", strings.Join(testenv.TorchVersions, ","), "torch versions, comma-separated (scripts/torch-python)")
 )
 
 // scenario is one fault, as the engine and as torchrun express it.
@@ -79,9 +85,11 @@ type scenario struct {
 	// killWorker: instead of a chaos action, the bench kill -9s a worker of
 	// node 1 once the job has trained a second.
 	killWorker bool
-	// command: the pods' agents run --launcher command with torchrun (torch's
-	// own elastic agent, as torchrun runs on the other side) as the command.
-	command bool
+	// flytekit: every pod runs the flytekit stand-in (torch's own elastic
+	// agent, started as pyflyte-execute starts it) instead of the script:
+	// the agents with --launcher command, on the other side one per node
+	// with node 0's endpoint.
+	flytekit bool
 	// faulted is the node the fault hits; torchrun's job is lost when
 	// every other node exited before a recovered step.
 	faulted       int
@@ -104,7 +112,7 @@ var scenarios = []scenario{
 			return t, c.killNode(3)
 		}},
 	{id: "11", name: "--launcher command (torch's elastic agent in the pods), worker-0 deleted; replacement", minNodes: 2, maxNodes: 3, nproc: 1, world: 3,
-		command: true, chaos: "delete-pod:0@step=20", faulted: 0, torchFault: func(c *cluster) (time.Time, error) { return c.replace(0) }},
+		flytekit: true, chaos: "delete-pod:0@step=20", faulted: 0, torchFault: func(c *cluster) (time.Time, error) { return c.replace(0) }},
 }
 
 // torchrunArgs are torchrun's flags on both sides: workers' output on
@@ -145,13 +153,14 @@ func run() error {
 
 // runTorch runs every scenario with python's torch.
 func runTorch() error {
-	for _, p := range []string{*binary, *script, python} {
+	for _, p := range []string{*binary, *script, *standIn, python} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%v (make build; scripts/deps.sh torch)", err)
 		}
 	}
 	bin, _ := filepath.Abs(*binary)
 	scr, _ := filepath.Abs(*script)
+	standInPath, _ = filepath.Abs(*standIn)
 	fmt.Printf("bench-recovery: fault → first training step after recovery, %d runs each, %d CPUs\n", *runs, numCPU())
 	var rows []row
 	for _, s := range scenarios {
@@ -268,13 +277,13 @@ func ours(s scenario, bin, scr string) (recovery, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	opts := local.Options{Job: "bench", MinNodes: s.minNodes, MaxNodes: s.maxNodes, NProcPerNode: s.nproc, MaxRestarts: 3,
-		Out: filepath.Join(out, "job"), Chaos: chaos, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock,
+		Out: filepath.Join(out, "job"), Chaos: chaos, Binary: bin, MaxRelaunches: s.maxRelaunches, View: clock, AgentArgs: strings.Fields(*agentArgs),
 		Command: []string{python, scr, "--marks", marks, "--ckpt", filepath.Join(out, "ckpt")}}
-	if s.command {
-		// torchrun takes its job from the PET_* the agent gives it: nodes,
-		// rendezvous (c10d on the agent's relay), id and node rank.
+	if s.flytekit {
+		// flytekit takes only the rendezvous endpoint from the agent (its
+		// relay); the rest is the task's decorator.
 		opts.Launcher = "command"
-		opts.Command = append(append([]string{python}, torchrunArgs...), append([]string{"--rdzv_conf", "last_call_timeout=2"}, opts.Command[1:]...)...)
+		opts.Command = standInCommand(s, out, marks, filepath.Join(out, "ckpt"))
 	}
 	if s.killWorker {
 		go func() {
@@ -318,6 +327,7 @@ func ours(s scenario, bin, scr string) (recovery, error) {
 type cluster struct {
 	s      scenario
 	args   []string
+	env    []string // added to each node's
 	dir    string
 	nodes  []*exec.Cmd
 	exited []chan struct{}
@@ -340,7 +350,7 @@ func (c *cluster) start(i int) error {
 	// store shared in its own agent (the default), never got them to a
 	// first step here; torch's own opt-out makes it restart as on 1.13,
 	// which ignores it (bench-agent does the same).
-	cmd.Env = append(os.Environ(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+	cmd.Env = append(append(os.Environ(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), c.env...)
 	log, err := os.OpenFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -419,6 +429,13 @@ func theirs(s scenario, scr string) (_ recovery, err error) {
 			"--nproc_per_node", strconv.Itoa(s.nproc), "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:"+strconv.Itoa(port),
 			"--rdzv_id", "bench", "--rdzv_conf", "last_call_timeout=2",
 			scr, "--marks", marks, "--ckpt", filepath.Join(dir, "ckpt"))}
+	if s.flytekit {
+		// What the training operator gives upstream's pods: node 0's
+		// endpoint, which its torch agent hosts the store on.
+		cmd := standInCommand(s, dir, marks, filepath.Join(dir, "ckpt"))
+		c.args = cmd[1:]
+		c.env = []string{"PET_RDZV_ENDPOINT=127.0.0.1:" + strconv.Itoa(port), fmt.Sprintf("PET_NNODES=%d:%d", s.minNodes, s.maxNodes)}
+	}
 	defer c.stop()
 	for i := range s.maxNodes {
 		if err := c.start(i); err != nil {
@@ -467,6 +484,17 @@ func theirs(s scenario, scr string) (_ recovery, err error) {
 		return recovery{}, fmt.Errorf("%w (logs in %s)", err, dir)
 	}
 	return r, nil
+}
+
+// standInCommand is the flytekit stand-in's command line for scenario s:
+// the decorator's nnodes, nproc_per_node and flytekit's defaults otherwise
+// (spawn, rdzv_configs {timeout, join_timeout: 900}), except the
+// launcher's check each second and 3 restarts, as torchrun's here.
+func standInCommand(s scenario, dir, marks, ckpt string) []string {
+	return []string{python, standInPath, "--output-prefix", filepath.Join(dir, "flytekit-docs"),
+		"--nnodes", fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes), "--nproc-per-node", strconv.Itoa(s.nproc),
+		"--max-restarts", "3", "--monitor-interval", "1", "--run-id", "bench",
+		"--steps", "1000000", "--sleep", "0.05", "--ckpt", ckpt, "--marks", marks}
 }
 
 // errJobLost is a torchrun job that cannot recover from the fault.

@@ -66,7 +66,8 @@ print "dumped at step N". --raise RANK:STEP:TYPE makes global rank RANK
 raise TYPE (ValueError, RuntimeError, FlyteRecoverableException, ...) at
 step STEP, in its first attempt only.
 
-Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise;
+Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise,
+--marks DIR (each worker's first step, for make bench-recovery);
 --run-id ID (default FLYTE_INTERNAL_EXECUTION_ID or "standin").
 """
 import argparse
@@ -85,6 +86,8 @@ import traceback
 import urllib.parse
 import urllib.request
 import uuid
+
+BEGIN = time.time()  # this process's start, for --marks (a worker imports this module again)
 
 import torch
 import torch.distributed as dist
@@ -281,7 +284,17 @@ def debug_timing(what):
         sys.stderr.flush()
 
 
-def train(steps, sleep, ckpt, fail=""):
+def mark(marks, rank, world):
+    """--marks DIR: DIR/<pid>.json once, at the worker's first step, as
+    bench/recovery/train.py writes it (make bench-recovery reads them)."""
+    tmp = os.path.join(marks, f".{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write('{"begin": %r, "first": %r, "world": %d, "rank": %d, "group_rank": %d}' % (
+            BEGIN, time.time(), world, rank, int(os.environ.get("GROUP_RANK", "-1"))))
+    os.replace(tmp, os.path.join(marks, f"{os.getpid()}.json"))
+
+
+def train(steps, sleep, ckpt, fail="", marks=""):
     """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
     debug_timing("process group ready")
@@ -321,6 +334,8 @@ def train(steps, sleep, ckpt, fail=""):
             p.grad /= world
         opt.step()
         say(f"step = {step}")
+        if marks and step == start:
+            mark(marks, rank, world)
         if progress:
             with open(progress, "a"):
                 os.utime(progress)
@@ -376,7 +391,7 @@ def execute(a):
         monitor_interval=a.monitor_interval,
         start_method=a.start_method,
     )
-    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise")}
+    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks}
     if a.start_method == "spawn":
         entrypoint, args = run_task, (kwargs,)
     elif a.start_method == "fork":
@@ -422,6 +437,7 @@ def main():
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--ckpt", default="")
     p.add_argument("--raise", default="")
+    p.add_argument("--marks", default="")
     p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
     a = p.parse_args()
     if os.environ.get("LOGLEVEL"):

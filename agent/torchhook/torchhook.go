@@ -1,0 +1,92 @@
+// Package torchhook is the agent's hook inside a --launcher command's Python
+// (docs/DESIGN.md §4.4): it makes torch's own elastic agent there restart
+// its workers as fast as the agent's fork server does under --launcher
+// agent, and see a completed rendezvous at once.
+//
+// Under --launcher command torch's elastic agent inside the command starts
+// the workers, not the agent, and flytekit has it use multiprocessing's
+// "spawn": every worker, at every restart, is a new interpreter that imports
+// torch and the task's module again (2–3 s on torch 2.x, most of a restart;
+// under load far more), and in a replacement pod that comes after the
+// command's own import of torch. The agent cannot fork those workers from
+// outside; the only place is inside the command's Python. So the agent puts
+// a sitecustomize.py (this package's) first on the command's PYTHONPATH.
+// With Preload, at the command's start it starts multiprocessing's own
+// forkserver, which imports torch and torch._dynamo beside the command's own
+// imports, and has torch elastic's MultiprocessContext use it where it was
+// told "spawn". A worker is then a fork of that server: it still imports
+// the task's module afresh and gets its own environment and files as torch
+// gives them, only without importing torch again. Python 3.14 made the
+// forkserver multiprocessing's default on Linux; flytekit asks for spawn to
+// be safe from a parent's threads and CUDA, which the forkserver, a fresh
+// single-threaded interpreter, is safe from too.
+//
+// With Poll, c10d's rendezvous reads its state that often while it waits
+// for other nodes, instead of once a second: its store is then the master,
+// through the agent's relay.
+//
+// It is off with --fork-server=false (Preload) and without a relay (Poll).
+// It starts no forkserver under torchrun, whose workers are subprocesses;
+// it never fails the command (whatever goes wrong leaves torch as it was,
+// with a line on stderr), runs the sitecustomize it hides, and takes itself
+// out of the environment, so that nothing below the command sees it.
+package torchhook
+
+import (
+	_ "embed"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+//go:embed sitecustomize.py
+var program []byte
+
+const (
+	// PreloadEnv turns the forkserver on, with the modules it imports
+	// (comma-separated).
+	PreloadEnv = "KFELASTIC_SPAWN_PRELOAD"
+	// PollEnv is c10d's rendezvous poll interval in seconds.
+	PollEnv = "KFELASTIC_RDZV_POLL"
+)
+
+// Install writes the hook into dir/torchhook (created if needed) and
+// returns that folder, for Env.
+func Install(dir string) (string, error) {
+	dir = filepath.Join(dir, "torchhook")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sitecustomize.py"), program, 0o644); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// Options are what the hook does; the zero value nothing.
+type Options struct {
+	// Preload are the modules the forkserver imports ("": no forkserver).
+	Preload string
+	// Poll is c10d's rendezvous poll interval in seconds ("": torch's 1 s).
+	Poll string
+}
+
+// Env adds the hook in folder (from Install) to a command's environment:
+// folder first on PYTHONPATH, and the variables of o. Nothing when o asks
+// for nothing.
+func Env(env map[string]string, folder string, o Options) {
+	if folder == "" || (o.Preload == "" && o.Poll == "") {
+		return
+	}
+	path := folder
+	if old := env["PYTHONPATH"]; old != "" {
+		path += string(os.PathListSeparator) + old
+	}
+	env["PYTHONPATH"] = path
+	if o.Preload != "" {
+		env[PreloadEnv] = strings.TrimSpace(o.Preload)
+	}
+	if o.Poll != "" {
+		env[PollEnv] = o.Poll
+	}
+}

@@ -1,0 +1,139 @@
+package torchhook_test
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kfelastic/kfelastic/agent/torchhook"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// launch.py runs one worker through torch's own elastic_launch, with spawn
+// and c10d, as flytekit's Elastic task does, and records what the launcher
+// and the worker saw.
+const launch = `import json, os, sys
+TORCH_AT_IMPORT = "torch" in sys.modules  # a forkserver's child has it already
+import torch
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def work(out):
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    with open(out, "w") as f:
+        json.dump({"torch_at_import": TORCH_AT_IMPORT, "dynamo": "torch._dynamo" in sys.modules, "parent": parent,
+                   "late": os.environ.get("LATE"), "hook_env": os.environ.get("KFELASTIC_SPAWN_PRELOAD"),
+                   "pythonpath": os.environ.get("PYTHONPATH", ""), "local_rank": os.environ.get("LOCAL_RANK")}, f)
+
+
+if __name__ == "__main__":
+    import multiprocessing
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    seen = {"chained": os.environ.get("CHAINED"), "start_method": multiprocessing.get_start_method(allow_none=True),
+            "poll": getattr(dynamic_rendezvous._delay, "_kfelastic", False), "hook_env": os.environ.get("KFELASTIC_RDZV_POLL")}
+    os.environ["LATE"] = "1"  # after the forkserver started: a spawned worker would see it
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="hook", rdzv_backend="c10d",
+                       rdzv_endpoint="127.0.0.1:" + sys.argv[3], max_restarts=0, monitor_interval=0.1,
+                       start_method="spawn")
+    elastic_launch(cfg, work)(sys.argv[2])
+    with open(sys.argv[1], "w") as f:
+        json.dump(seen, f)
+`
+
+// The hook under a real torch elastic_launch (spawn, as flytekit asks):
+// the worker is a child of multiprocessing's forkserver, which had torch
+// (and on 2.x torch._dynamo) imported before the worker's module ran, and
+// it sees what the launcher put in its environment after the start, as a
+// spawned worker would; c10d's rendezvous polls at the hook's interval; the
+// sitecustomize the hook hides still runs; multiprocessing's start method
+// is left for the command to choose; nothing of the hook reaches the
+// worker's environment. Without the hook's variables nothing changes: the
+// worker is spawned by the launcher.
+func TestHookUnderElasticLaunch(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		dir := t.TempDir()
+		script := filepath.Join(dir, "launch.py")
+		if err := os.WriteFile(script, []byte(launch), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// An image's own sitecustomize, which the hook hides on sys.path.
+		other := filepath.Join(dir, "other")
+		_ = os.Mkdir(other, 0o755)
+		chained := "import os\nos.environ['CHAINED'] = 'yes'\n"
+		if tc.Version != "1.13" {
+			// scripts/torch-python shows the root's sitecustomize (the
+			// classic TCPStore for Debian's libuv-less torch); this one
+			// hides it in turn, so it runs it as the image's would.
+			chained += "exec(open(" + strconv.Quote(filepath.Join(testenv.ProjectRoot(), "scripts", "torch2.14", "sitecustomize.py")) + ").read())\n"
+		}
+		if err := os.WriteFile(filepath.Join(other, "sitecustomize.py"), []byte(chained), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		folder, err := torchhook.Install(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(t *testing.T, o torchhook.Options) (launcher map[string]any, worker map[string]any) {
+			env := map[string]string{"PYTHONPATH": other}
+			torchhook.Env(env, folder, o)
+			cmd := exec.Command(tc.Python, script, filepath.Join(dir, "launcher.json"), filepath.Join(dir, "worker.json"),
+				strconv.Itoa(testenv.FreePort(t)))
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			if out, err := cmd.CombinedOutput(); err != nil || strings.Contains(string(out), "kfelastic torch hook") {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			return readJSON(t, filepath.Join(dir, "launcher.json")), readJSON(t, filepath.Join(dir, "worker.json"))
+		}
+
+		t.Run("on", func(t *testing.T) {
+			l, w := run(t, torchhook.Options{Preload: "torch", Poll: "0.1"})
+			if !strings.Contains(w["parent"].(string), "multiprocessing.forkserver") || w["torch_at_import"] != true {
+				t.Errorf("the worker was not forked from a forkserver with torch: %v", w)
+			}
+			if tc.Version != "1.13" && w["dynamo"] != true {
+				t.Errorf("torch._dynamo not preloaded: %v", w)
+			}
+			if w["late"] != "1" || w["local_rank"] != "0" {
+				t.Errorf("the worker's environment is not the launcher's of its start plus torch's: %v", w)
+			}
+			if w["hook_env"] != nil || strings.Contains(w["pythonpath"].(string), folder) {
+				t.Errorf("the hook reached the worker's environment: %v", w)
+			}
+			if l["chained"] != "yes" || l["start_method"] != nil || l["poll"] != true || l["hook_env"] != nil {
+				t.Errorf("launcher: want the hidden sitecustomize run, no start method fixed, c10d's poll patched, the variables gone: %v", l)
+			}
+		})
+		t.Run("off", func(t *testing.T) {
+			l, w := run(t, torchhook.Options{})
+			if strings.Contains(w["parent"].(string), "multiprocessing.forkserver") || w["torch_at_import"] != false {
+				t.Errorf("without the hook the worker should be spawned: %v", w)
+			}
+			if l["chained"] != "yes" || l["poll"] != false {
+				t.Errorf("launcher: %v", l)
+			}
+		})
+	})
+}
+
+func readJSON(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
