@@ -101,7 +101,10 @@ Restarts are as fast as a fork (--fork-server, on by default): for a
 Its memory (one idle interpreter per pod) is logged when it is ready.
 --fork-server=false starts every worker with exec; --warm-spares (which turns the
 fork server off) pre-starts whole interpreters instead, for scripts that cannot be
-forked.
+forked. Under --launcher command the same flag has torch's own agent in the command
+fork the workers it would spawn (flytekit's start method) from multiprocessing's
+forkserver, started with --preload at the command's start (a sitecustomize.py the
+agent puts first on the command's PYTHONPATH; docs/DESIGN.md §4.7).
 
 Signals: SIGTERM is a preemption (--dump-signal, --dump-timeout, then the stop;
 a Preempted document, exit 143). SIGINT, SIGHUP and SIGQUIT stop the workers
