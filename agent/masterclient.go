@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -42,6 +43,10 @@ type MasterConfig struct {
 	// check with no interpreter.
 	Check  *nodecheck.Checker
 	Logger *slog.Logger
+	// Dialer, when set, opens the connections to Endpoint instead of TCP:
+	// tests serve a master over an in-memory pipe inside a testing/synctest
+	// bubble, where a TCP socket cannot be waited on durably.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Master is the rendezvous of an elastic job through the kfelastic master
@@ -117,7 +122,7 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
 	}
-	conn, err := masterconn.Dial(cfg.Endpoint, cfg.Token)
+	conn, err := masterconn.Dial(cfg.Endpoint, cfg.Token, cfg.Dialer)
 	if err != nil {
 		return nil, fmt.Errorf("master %s: %w", cfg.Endpoint, err)
 	}

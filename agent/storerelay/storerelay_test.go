@@ -66,7 +66,7 @@ func startRelay(t *testing.T, endpoint, tokenFile string) *Relay {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	conn, err := masterconn.Dial(endpoint, strings.TrimSpace(string(token)))
+	conn, err := masterconn.Dial(endpoint, strings.TrimSpace(string(token)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
