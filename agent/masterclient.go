@@ -424,16 +424,35 @@ func (m *Master) heartbeat(ctx context.Context) {
 				}
 			}
 			m.mu.Unlock()
-			if round == 0 || res.GetAction() == masterpb.HeartbeatResponse_EXIT {
-				// Nothing to restart; do not spin on an answer that stays.
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(m.cfg.HeartbeatInterval / 4):
-				}
+			// Do not spin on an answer that stays: the master answers
+			// RESTART for round at once until the workers have stopped and
+			// Next has cleared the round (a whole stop grace; hundreds of
+			// calls a second before this pause), EXIT for good.
+			if !m.pause(ctx, round) {
+				return
 			}
 		}
 	}
+}
+
+// pause waits a quarter of the heartbeat interval after an answer that
+// stays, cut short when Next brings a round other than round (as it cuts a
+// held heartbeat short: hbCall); false when ctx ended.
+func (m *Master) pause(ctx context.Context, round int64) bool {
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.HeartbeatInterval/4)
+	defer cancel()
+	m.mu.Lock()
+	if m.round != round && m.round != 0 {
+		m.mu.Unlock()
+		return ctx.Err() == nil // a new round already: its heartbeat at once
+	}
+	m.hbCall, m.hbRound = cancel, round
+	m.mu.Unlock()
+	<-pctx.Done()
+	m.mu.Lock()
+	m.hbCall = nil
+	m.mu.Unlock()
+	return ctx.Err() == nil
 }
 
 // Leave tells the master how this node ended and returns whether the master
