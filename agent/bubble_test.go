@@ -358,3 +358,93 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 }
 
 func (bearer) RequireTransportSecurity() bool { return false }
+
+// A master that goes away is a pause while the workers train: the
+// heartbeat retries and nothing times out. The join of the restart after a
+// worker's failure retries for MasterConfig.Unreachable, then the pod
+// fails with RendezvousTimeout (exit 202): between Unreachable and
+// Unreachable plus one retry backoff (at most 2 s plus 50% jitter) after
+// the join began.
+func TestBubbleMasterUnreachable(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const hb, unreachable = 5 * time.Second, 2 * time.Minute
+		b := mastertest.StartInBubble(t, master.Options{HeartbeatInterval: hb,
+			Job: master.Config{JobID: "bubble", MinNodes: 1, MaxNodes: 1}})
+		l := newFakeWorkers()
+		cfg, out := bubbleAgent(t, b, "job-worker-0", 0, l, MasterConfig{HeartbeatInterval: hb, Unreachable: unreachable})
+		cfg.MaxRestarts = 1
+		done := runInBubble(t.Context(), cfg)
+		w := l.next(t, time.Minute)
+		time.Sleep(30 * time.Second)
+		if err := b.Stop(); err != nil {
+			t.Fatalf("master: %v", err)
+		}
+		time.Sleep(3 * unreachable)
+		if s := w.Signals(); len(s) != 0 {
+			t.Fatalf("the worker got %v while the master was away\n%s", s, out)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the agent ended while its workers trained without the master: %v\n%s", err, out)
+		default:
+		}
+		failed := time.Now()
+		w.Exit(1)
+		ee := exitError(t, <-done, out)
+		d := ee.Failure.Time.Sub(failed)
+		if ee.Code != kferrors.ExitRendezvousTimeout || ee.Failure.Code != kferrors.CodeRendezvousTimeout ||
+			!strings.Contains(ee.Failure.Message, "unreachable for 2m0s") {
+			t.Errorf("got %v: %s, want RendezvousTimeout (master unreachable for 2m0s), exit %d\n%s",
+				ee, ee.Failure.Message, kferrors.ExitRendezvousTimeout, out)
+		}
+		if d < unreachable || d > unreachable+3*time.Second {
+			t.Errorf("the agent gave up %v after the join began, want %v to %v", d, unreachable, unreachable+3*time.Second)
+		}
+		select {
+		case s := <-l.started:
+			t.Errorf("attempt %d started without a round", s.w.attempt)
+		default:
+		}
+	})
+}
+
+// A replacement pod that joins while the pod it replaces still holds the
+// rank waits, and when the old pod still holds it after the master's
+// PendTimeout, exits 1 with a RankHeld document; the old pod's workers are
+// not disturbed.
+func TestBubbleReplacementPendTimeoutRankHeld(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const hb, pend = 5 * time.Second, 3 * time.Minute
+		b := mastertest.StartInBubble(t, master.Options{HeartbeatInterval: hb,
+			Job: master.Config{JobID: "bubble", MinNodes: 1, MaxNodes: 2, WaitingTimeout: time.Second, PendTimeout: pend}})
+		lOld, lNew := newFakeWorkers(), newFakeWorkers()
+		oldCfg, oldOut := bubbleAgent(t, b, "job-worker-0", 0, lOld, MasterConfig{HeartbeatInterval: hb})
+		newCfg, newOut := bubbleAgent(t, b, "job-worker-3", 0, lNew, MasterConfig{HeartbeatInterval: hb})
+		oldCtx, preempt := context.WithCancel(t.Context())
+		defer preempt()
+		oldDone := runInBubble(oldCtx, oldCfg)
+		w := lOld.next(t, time.Minute)
+		time.Sleep(time.Minute)
+		claimed := time.Now()
+		newDone := runInBubble(t.Context(), newCfg)
+		ee := exitError(t, <-newDone, newOut)
+		if ee.Code != 1 || ee.Failure.Code != kferrors.CodeRankHeld {
+			t.Errorf("replacement: %v, want RankHeld, exit 1\n%s", ee, newOut)
+		}
+		if d := ee.Failure.Time.Sub(claimed); d != pend {
+			t.Errorf("the replacement gave up %v after it joined, want the pend timeout, %v\n%s", d, pend, newOut)
+		}
+		select {
+		case s := <-lNew.started:
+			t.Errorf("the replacement started attempt %d", s.w.attempt)
+		default:
+		}
+		if s := w.Signals(); len(s) != 0 {
+			t.Errorf("the old pod's worker got %v\n%s", s, oldOut)
+		}
+		preempt()
+		if ee := exitError(t, <-oldDone, oldOut); ee.Failure.Code != kferrors.CodePreempted {
+			t.Errorf("old pod: %v, want Preempted", ee)
+		}
+	})
+}
