@@ -15,6 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -93,10 +94,8 @@ type signalAt struct {
 }
 
 func (s signalAt) String() string {
-	return fmt.Sprintf("%s at %s", unixSignalName(s.Signal), s.At.Format("15:04:05.000"))
+	return fmt.Sprintf("%s at %s", unix.SignalName(s.Signal), s.At.Format("15:04:05.000"))
 }
-
-func unixSignalName(sig syscall.Signal) string { return strings.ToUpper(sig.String()) }
 
 var _ launcher = (*fakeWorkers)(nil)
 
