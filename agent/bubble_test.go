@@ -191,12 +191,40 @@ func bubbleConfig(t *testing.T, nproc int, l *fakeWorkers) (Config, *syncBuffer)
 	}, out
 }
 
-// runInBubble runs the agent in the background; its result comes on the
-// channel.
-func runInBubble(ctx context.Context, cfg Config) <-chan error {
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg) }()
-	return done
+// agentRun is an agent running in the background.
+type agentRun struct {
+	done chan struct{}
+	err  error
+}
+
+// runInBubble runs the agent in the background. The test's end waits for
+// it (ctx should end with the test's): the bubble's clock stops once the
+// test's own goroutine has returned, and Run must not be left waiting on
+// it.
+func runInBubble(t *testing.T, ctx context.Context, cfg Config) *agentRun {
+	r := &agentRun{done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = Run(ctx, cfg)
+	}()
+	t.Cleanup(func() { <-r.done })
+	return r
+}
+
+// wait returns Run's result.
+func (r *agentRun) wait() error {
+	<-r.done
+	return r.err
+}
+
+// ended reports whether Run returned.
+func (r *agentRun) ended() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // exitError is Run's *ExitError; the test fails for another result.
@@ -226,14 +254,14 @@ func TestBubbleHangStoppedThenKilled(t *testing.T) {
 		cfg, out := bubbleConfig(t, 2, l)
 		cfg.HangTimeout, cfg.StopGrace = 90*time.Second, 7*time.Second
 		start := time.Now()
-		done := runInBubble(t.Context(), cfg)
+		done := runInBubble(t, t.Context(), cfg)
 		w0, w1 := l.next(t, time.Second), l.next(t, time.Second)
 		if !w0.started.Equal(start) || !w1.started.Equal(start) {
 			t.Fatalf("workers started at %v and %v, want at once (%v)", w0.started, w1.started, start)
 		}
 		time.Sleep(60 * time.Second)
 		w1.Print()
-		ee := exitError(t, <-done, out)
+		ee := exitError(t, done.wait(), out)
 		hung := start.Add(cfg.HangTimeout)
 		for _, w := range []*fakeWorker{w0, w1} {
 			wantSignals(t, w, signalAt{syscall.SIGTERM, hung}, signalAt{syscall.SIGKILL, hung.Add(cfg.StopGrace)})
@@ -257,12 +285,12 @@ func TestBubblePreemptedDumpThenStop(t *testing.T) {
 		cfg.DumpSignal, cfg.DumpTimeout, cfg.StopGrace = syscall.SIGUSR1, 20*time.Second, 7*time.Second
 		ctx, preempt := context.WithCancel(t.Context())
 		defer preempt()
-		done := runInBubble(ctx, cfg)
+		done := runInBubble(t, ctx, cfg)
 		w0, w1 := l.next(t, time.Second), l.next(t, time.Second)
 		time.Sleep(30 * time.Second)
 		preempted := time.Now()
 		preempt()
-		ee := exitError(t, <-done, out)
+		ee := exitError(t, done.wait(), out)
 		for _, w := range []*fakeWorker{w0, w1} {
 			wantSignals(t, w, signalAt{syscall.SIGUSR1, preempted}, signalAt{syscall.SIGTERM, preempted.Add(cfg.DumpTimeout)},
 				signalAt{syscall.SIGKILL, preempted.Add(cfg.DumpTimeout + cfg.StopGrace)})
@@ -302,7 +330,7 @@ func TestBubbleMasterRestartThroughHeartbeat(t *testing.T) {
 		cfg, out := bubbleAgent(t, b, "job-worker-0", 0, l, MasterConfig{HeartbeatInterval: hb})
 		cfg.MaxRestarts = 0 // a membership restart spends none
 		start := time.Now()
-		done := runInBubble(t.Context(), cfg)
+		done := runInBubble(t, t.Context(), cfg)
 		first := l.next(t, time.Minute)
 		if d := first.started.Sub(start); d != 3*time.Second {
 			t.Errorf("first round's workers started after %v, want the waiting timeout, 3s", d)
@@ -343,7 +371,7 @@ func TestBubbleMasterRestartThroughHeartbeat(t *testing.T) {
 			t.Errorf("the second node got %v, want round 2", res)
 		}
 		second.Exit(0)
-		if err := <-done; err != nil {
+		if err := done.wait(); err != nil {
 			t.Errorf("Run: %v, want success\n%s", err, out)
 		}
 	})
@@ -372,7 +400,7 @@ func TestBubbleMasterUnreachable(t *testing.T) {
 		l := newFakeWorkers()
 		cfg, out := bubbleAgent(t, b, "job-worker-0", 0, l, MasterConfig{HeartbeatInterval: hb, Unreachable: unreachable})
 		cfg.MaxRestarts = 1
-		done := runInBubble(t.Context(), cfg)
+		done := runInBubble(t, t.Context(), cfg)
 		w := l.next(t, time.Minute)
 		time.Sleep(30 * time.Second)
 		if err := b.Stop(); err != nil {
@@ -382,14 +410,12 @@ func TestBubbleMasterUnreachable(t *testing.T) {
 		if s := w.Signals(); len(s) != 0 {
 			t.Fatalf("the worker got %v while the master was away\n%s", s, out)
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("the agent ended while its workers trained without the master: %v\n%s", err, out)
-		default:
+		if done.ended() {
+			t.Fatalf("the agent ended while its workers trained without the master: %v\n%s", done.err, out)
 		}
 		failed := time.Now()
 		w.Exit(1)
-		ee := exitError(t, <-done, out)
+		ee := exitError(t, done.wait(), out)
 		d := ee.Failure.Time.Sub(failed)
 		if ee.Code != kferrors.ExitRendezvousTimeout || ee.Failure.Code != kferrors.CodeRendezvousTimeout ||
 			!strings.Contains(ee.Failure.Message, "unreachable for 2m0s") {
@@ -421,12 +447,12 @@ func TestBubbleReplacementPendTimeoutRankHeld(t *testing.T) {
 		newCfg, newOut := bubbleAgent(t, b, "job-worker-3", 0, lNew, MasterConfig{HeartbeatInterval: hb})
 		oldCtx, preempt := context.WithCancel(t.Context())
 		defer preempt()
-		oldDone := runInBubble(oldCtx, oldCfg)
+		oldDone := runInBubble(t, oldCtx, oldCfg)
 		w := lOld.next(t, time.Minute)
 		time.Sleep(time.Minute)
 		claimed := time.Now()
-		newDone := runInBubble(t.Context(), newCfg)
-		ee := exitError(t, <-newDone, newOut)
+		newDone := runInBubble(t, t.Context(), newCfg)
+		ee := exitError(t, newDone.wait(), newOut)
 		if ee.Code != 1 || ee.Failure.Code != kferrors.CodeRankHeld {
 			t.Errorf("replacement: %v, want RankHeld, exit 1\n%s", ee, newOut)
 		}
@@ -442,7 +468,7 @@ func TestBubbleReplacementPendTimeoutRankHeld(t *testing.T) {
 			t.Errorf("the old pod's worker got %v\n%s", s, oldOut)
 		}
 		preempt()
-		if ee := exitError(t, <-oldDone, oldOut); ee.Failure.Code != kferrors.CodePreempted {
+		if ee := exitError(t, oldDone.wait(), oldOut); ee.Failure.Code != kferrors.CodePreempted {
 			t.Errorf("old pod: %v, want Preempted", ee)
 		}
 	})
