@@ -108,9 +108,12 @@ func Run(ctx context.Context, cfg Config) error {
 	// Nothing the workers start outlives the agent, even a SIGKILLed one
 	// (agent/guardian).
 	agentID := guardian.NewAgentID()
-	guard, err := guardian.Start(agentID, filepath.Join(runDir, "guardian.log"))
-	if err != nil {
-		log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
+	var guard *guardian.Guardian
+	if !cfg.noGuardian {
+		guard, err = guardian.Start(agentID, filepath.Join(runDir, "guardian.log"))
+		if err != nil {
+			log.Warn("no guardian: processes the workers start may outlive a SIGKILLed agent", "err", err)
+		}
 	}
 	defer guard.Stop()
 

@@ -101,6 +101,13 @@ type Config struct {
 
 	// checkCommand replaces the Go node check's argv (tests).
 	checkCommand []string
+	// launcher, when set, starts the agent's workers instead of exec, the
+	// fork server or warm spares (launch.go), and noGuardian runs the
+	// agent without its guardian process: the tests that run the agent's
+	// loop inside a testing/synctest bubble, where no process may run,
+	// start in-process stand-ins of the workers (bubble_test.go).
+	launcher   launcher
+	noGuardian bool
 }
 
 // ErrMasterRequired is returned for an elastic multi-node job without a

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -42,6 +43,10 @@ type MasterConfig struct {
 	// check with no interpreter.
 	Check  *nodecheck.Checker
 	Logger *slog.Logger
+	// Dialer, when set, opens the connections to Endpoint instead of TCP:
+	// tests serve a master over an in-memory pipe inside a testing/synctest
+	// bubble, where a TCP socket cannot be waited on durably.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Master is the rendezvous of an elastic job through the kfelastic master
@@ -117,7 +122,7 @@ func DialMaster(cfg MasterConfig) (*Master, error) {
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
 	}
-	conn, err := masterconn.Dial(cfg.Endpoint, cfg.Token)
+	conn, err := masterconn.Dial(cfg.Endpoint, cfg.Token, cfg.Dialer)
 	if err != nil {
 		return nil, fmt.Errorf("master %s: %w", cfg.Endpoint, err)
 	}
@@ -419,16 +424,35 @@ func (m *Master) heartbeat(ctx context.Context) {
 				}
 			}
 			m.mu.Unlock()
-			if round == 0 || res.GetAction() == masterpb.HeartbeatResponse_EXIT {
-				// Nothing to restart; do not spin on an answer that stays.
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(m.cfg.HeartbeatInterval / 4):
-				}
+			// Do not spin on an answer that stays: the master answers
+			// RESTART for round at once until the workers have stopped and
+			// Next has cleared the round (a whole stop grace; hundreds of
+			// calls a second before this pause), EXIT for good.
+			if !m.pause(ctx, round) {
+				return
 			}
 		}
 	}
+}
+
+// pause waits a quarter of the heartbeat interval after an answer that
+// stays, cut short when Next brings a round other than round (as it cuts a
+// held heartbeat short: hbCall); false when ctx ended.
+func (m *Master) pause(ctx context.Context, round int64) bool {
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.HeartbeatInterval/4)
+	defer cancel()
+	m.mu.Lock()
+	if m.round != round && m.round != 0 {
+		m.mu.Unlock()
+		return ctx.Err() == nil // a new round already: its heartbeat at once
+	}
+	m.hbCall, m.hbRound = cancel, round
+	m.mu.Unlock()
+	<-pctx.Done()
+	m.mu.Lock()
+	m.hbCall = nil
+	m.mu.Unlock()
+	return ctx.Err() == nil
 }
 
 // Leave tells the master how this node ended and returns whether the master

@@ -77,7 +77,7 @@ func newWorkerGroups(l *loop) *workerGroups {
 	cfg := l.cfg
 	g := &workerGroups{l: l, torchProbe: make(chan string, 1),
 		// The fork server starts with the first group (forkServer).
-		forkWanted: !cfg.NoForkServer && !cfg.WarmSpares && forkable(cfg.Command)}
+		forkWanted: cfg.launcher == nil && !cfg.NoForkServer && !cfg.WarmSpares && forkable(cfg.Command)}
 	go func() { g.torchProbe <- torchVersion(l.work, cfg.Command, cfg.Env, torchProbeLimit) }()
 	return g
 }
@@ -151,9 +151,12 @@ func (g *workerGroups) start(a StartGroup) (*group, []WorkerExited) {
 }
 
 // launcher is how this group's workers start (launch.go): released from
-// warm spares, forked from the fork server once it is ready, or exec'd.
+// warm spares, forked from the fork server once it is ready, or exec'd; or
+// the tests' stand-in (Config.launcher).
 func (g *workerGroups) launcher(server *forkserver.Server) launcher {
 	switch {
+	case g.l.cfg.launcher != nil:
+		return g.l.cfg.launcher
 	case g.l.cfg.WarmSpares:
 		return spareLauncher{spares: g.spares}
 	case server != nil && server.WaitReady(g.l.stopping):

@@ -104,6 +104,10 @@ type worker struct {
 	// active: a worker, not a spare waiting for release; spoken: it has
 	// printed a line since.
 	active, spoken atomic.Bool
+	// signaler, when set, takes the group's signals instead of the
+	// worker's process group (pgid is 0): a launcher that runs no process,
+	// the tests' in-process stand-in (Config.launcher).
+	signaler func(syscall.Signal)
 }
 
 // tee is the agent's own stdout/stderr, shared by the workers' tee.
@@ -401,7 +405,14 @@ func (w *worker) wait(gs groupStart, readers *sync.WaitGroup, status func() (sys
 // under --launcher command to the child's children, its workers.
 func (g *group) signal(sig syscall.Signal) {
 	for _, w := range g.workers {
-		if w.pgid == 0 || w.exited.Load() {
+		if w.exited.Load() {
+			continue
+		}
+		if w.signaler != nil {
+			w.signaler(sig)
+			continue
+		}
+		if w.pgid == 0 {
 			continue
 		}
 		switch {

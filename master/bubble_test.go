@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
 
@@ -22,57 +21,13 @@ import (
 // timers run on the bubble's clock, which moves only when every goroutine
 // of the bubble waits, and synctest.Wait says "the master holds the call"
 // where a test slept before. Only the transport differs from production:
-// an in-memory pipe instead of TCP, which a bubble cannot wait on durably.
-
-// pipeListener is a net.Listener over net.Pipe connections made by dial.
-type pipeListener struct {
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-// dial hands the server one end of a new pipe and returns the other.
-func (l *pipeListener) dial(ctx context.Context, _ string) (net.Conn, error) {
-	server, client := net.Pipe()
-	select {
-	case l.conns <- server:
-		return client, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
+// an in-memory pipe instead of TCP, which a bubble cannot wait on durably
+// (mastertest.PipeListener).
 
 // bubbleMaster is a master served on a pipe inside a synctest bubble.
 type bubbleMaster struct {
 	Server *master.Server
-	lis    *pipeListener
+	lis    *mastertest.PipeListener
 	// ended receives Serve's result once.
 	ended  chan error
 	cancel context.CancelFunc
@@ -96,7 +51,7 @@ func startInBubble(t *testing.T, opts master.Options) *bubbleMaster {
 		cancel()
 		t.Fatal(err)
 	}
-	m := &bubbleMaster{Server: s, lis: newPipeListener(), ended: make(chan error, 1), cancel: cancel}
+	m := &bubbleMaster{Server: s, lis: mastertest.NewPipeListener(), ended: make(chan error, 1), cancel: cancel}
 	go func() { m.ended <- s.Serve(ctx, m.lis) }()
 	t.Cleanup(func() {
 		cancel()
@@ -112,7 +67,7 @@ func startInBubble(t *testing.T, opts master.Options) *bubbleMaster {
 // the test ends.
 func (m *bubbleMaster) client(t *testing.T, tok string) masterpb.MasterClient {
 	t.Helper()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(m.lis.dial)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(m.lis.Dial)}
 	if tok != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
 	}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 	mathrand "math/rand/v2"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,11 +31,22 @@ func (t tokenAuth) GetRequestMetadata(context.Context, ...string) (map[string]st
 // cluster's network policy is for).
 func (tokenAuth) RequireTransportSecurity() bool { return false }
 
+// Dialer opens a connection to the master's address; nil is TCP.
+type Dialer func(ctx context.Context, addr string) (net.Conn, error)
+
 // Dial prepares the channel to the master at endpoint (host:port), which
 // sends token with every call; it connects lazily (the master may start
-// after the agents).
-func Dial(endpoint, token string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(endpoint,
+// after the agents). A non-nil dial replaces TCP (tests: an in-memory
+// pipe inside a testing/synctest bubble) and is handed endpoint as it is,
+// unresolved.
+func Dial(endpoint, token string, dial Dialer) (*grpc.ClientConn, error) {
+	target := endpoint
+	var extra []grpc.DialOption
+	if dial != nil {
+		target = "passthrough:///" + endpoint
+		extra = append(extra, grpc.WithContextDialer(dial))
+	}
+	return grpc.NewClient(target, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithPerRPCCredentials(tokenAuth(token)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(80<<20), grpc.MaxCallSendMsgSize(80<<20)),
@@ -45,7 +57,7 @@ func Dial(endpoint, token string) (*grpc.ClientConn, error) {
 		// ≤ 2 s anyway, so the channel redials about as often.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}),
-	)
+	}, extra...)...)
 }
 
 // Transient reports whether a call failed because the master is away

@@ -93,6 +93,25 @@ func noLeak(t *testing.T, base int) {
 	}
 }
 
+// waitHeld waits until p holds n client connections while it polls the
+// absent store, for at most 5 s.
+func waitHeld(t *testing.T, p *Proxy, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.mu.Lock()
+		held, polling := len(p.conns), p.polling
+		p.mu.Unlock()
+		if held == n && polling {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy holds %d connections (polling the store: %v), want %d held while it polls", held, polling, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func stopWithin(t *testing.T, p *Proxy, d time.Duration) {
 	t.Helper()
 	done := make(chan struct{})
@@ -122,7 +141,8 @@ func TestStoreProxyHoldsUntilStoreStarts(t *testing.T) {
 		fmt.Fprintf(c, "hello %d\n", i)
 		conns[i] = c
 	}
-	time.Sleep(150 * time.Millisecond) // the store is still importing torch
+	// The store is still importing torch: the proxy holds every client.
+	waitHeld(t, p, clients)
 	started := time.Now()
 	echo := startEcho(t, backend)
 	for i, c := range conns {
@@ -216,7 +236,7 @@ func TestStoreProxyStopClosesConnections(t *testing.T) {
 		defer c.Close()
 		held = append(held, c)
 	}
-	time.Sleep(50 * time.Millisecond) // held, polling the absent store
+	waitHeld(t, never, len(held))
 
 	stopWithin(t, up, time.Second)
 	if n, err := r.ReadString('\n'); err == nil {
@@ -350,6 +370,9 @@ func storeLag(t *testing.T, py string, proxy bool) time.Duration {
 	line(client, "ready")
 	_, _ = io.WriteString(client.go_, "go\n")
 	line(client, "connecting")
+	// The scenario: the store comes up 0.2 s after the client's first
+	// connect (its imports take that much longer), inside torch 1.13's
+	// one-second retry. A sleep that simulates the store's start, not a wait.
 	time.Sleep(200 * time.Millisecond)
 	_, _ = io.WriteString(server.go_, "go\n")
 	up := line(server, "up")

@@ -9,10 +9,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,7 +69,7 @@ func startRelay(t *testing.T, endpoint, tokenFile string) *Relay {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	conn, err := masterconn.Dial(endpoint, strings.TrimSpace(string(token)))
+	conn, err := masterconn.Dial(endpoint, strings.TrimSpace(string(token)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +245,7 @@ func TestStoreRelayMisbehavingClients(t *testing.T) {
 	}
 	waiter := dialStore(t, r)
 	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/never"}})
-	time.Sleep(100 * time.Millisecond) // the WAIT is with the master
+	waitForMasterWaits(t, inProcessMetrics(m.Server), 2) // good's and waiter's WAITs are with the master
 	waiter.conn.Close()
 	unknown := dialStore(t, r)
 	unknown.send(tcpstore.Request{Cmd: tcpstore.WatchKey, Key: "/go"})
@@ -279,8 +282,49 @@ func TestStoreRelayMisbehavingClients(t *testing.T) {
 	}
 }
 
+// masterWaits is how many store WAITs the master whose metrics get
+// fetches has taken (kfelastic_master_store_operations_total{op="wait"}):
+// a WAIT counts once the master holds it.
+func masterWaits(t *testing.T, get func() (string, error)) int {
+	t.Helper()
+	text, err := get()
+	if err != nil {
+		return -1 // not serving (yet)
+	}
+	for line := range strings.Lines(text) {
+		if v, ok := strings.CutPrefix(line, `kfelastic_master_store_operations_total{op="wait"} `); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// waitForMasterWaits waits until the master holds n WAITs in all, for at
+// most 10 s.
+func waitForMasterWaits(t *testing.T, get func() (string, error), n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for masterWaits(t, get) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the master took %d store WAITs, want %d", masterWaits(t, get), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// inProcessMetrics reads the metrics of a master in this process.
+func inProcessMetrics(s *master.Server) func() (string, error) {
+	return func() (string, error) {
+		rec := httptest.NewRecorder()
+		s.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Body.String(), nil
+	}
+}
+
 // storeMasterEnv makes the test binary a master serving on the address and
-// state it names ("ADDR STATE_URL"), until it is killed.
+// state it names, and its metrics on the third address
+// ("ADDR STATE_URL METRICS_ADDR"), until it is killed.
 const storeMasterEnv = "KFELASTIC_TEST_STORE_MASTER"
 
 func init() {
@@ -288,23 +332,30 @@ func init() {
 	if !ok {
 		return
 	}
-	addr, state, _ := strings.Cut(v, " ")
+	addr, rest, _ := strings.Cut(v, " ")
+	state, metricsAddr, _ := strings.Cut(rest, " ")
 	s, err := master.NewServer(context.Background(), master.Options{Token: mastertest.Token, StateURL: state,
 		Job: master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	var lis net.Listener
-	for i := 0; ; i++ { // the killed master's port may linger a moment
-		if lis, err = net.Listen("tcp", addr); err == nil || i > 200 {
-			break
+	listen := func(addr string) net.Listener {
+		for i := 0; ; i++ { // the killed master's port may linger a moment
+			lis, err := net.Listen("tcp", addr)
+			if err == nil {
+				return lis
+			}
+			if i > 200 {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+	lis := listen(addr)
+	if metricsAddr != "" {
+		go func() { _ = http.Serve(listen(metricsAddr), s.MetricsHandler()) }()
 	}
 	err = s.Serve(context.Background(), lis)
 	fmt.Fprintln(os.Stderr, err)
@@ -313,15 +364,15 @@ func init() {
 
 // masterProcess is a master in a process of its own, for SIGKILL.
 type masterProcess struct {
-	t           *testing.T
-	addr, state string
-	cmd         *exec.Cmd
+	t                    *testing.T
+	addr, state, metrics string
+	cmd                  *exec.Cmd
 }
 
 func (p *masterProcess) start() {
 	p.t.Helper()
 	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	p.cmd.Env = append(os.Environ(), storeMasterEnv+"="+p.addr+" "+p.state)
+	p.cmd.Env = append(os.Environ(), storeMasterEnv+"="+p.addr+" "+p.state+" "+p.metrics)
 	p.cmd.Stderr = testWriter{p.t}
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -348,7 +399,8 @@ func TestStoreRelaySurvivesMasterKill(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	p := &masterProcess{t: t, addr: addr, state: "file://" + t.TempDir()}
+	p := &masterProcess{t: t, addr: addr, state: "file://" + t.TempDir(),
+		metrics: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
 	p.start()
 	t.Cleanup(p.kill)
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -375,7 +427,7 @@ func TestStoreRelaySurvivesMasterKill(t *testing.T) {
 				// in flight as it dies.
 				if line == "200" || line == "600" {
 					p.kill()
-					time.Sleep(300 * time.Millisecond)
+					time.Sleep(300 * time.Millisecond) // the master is away a while, as a restart takes
 					p.start()
 				}
 			}
@@ -391,10 +443,20 @@ func TestStoreRelaySurvivesMasterKill(t *testing.T) {
 	// one, and answered by a SET made there.
 	r := startRelay(t, addr, tokenFile)
 	waiter, setter := dialStore(t, r), dialStore(t, r)
+	metrics := func() (string, error) {
+		res, err := http.Get("http://" + p.metrics + "/metrics")
+		if err != nil {
+			return "", err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		return string(b), err
+	}
+	held := masterWaits(t, metrics)
 	waiter.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/after-kill"}})
-	time.Sleep(100 * time.Millisecond)
+	waitForMasterWaits(t, metrics, held+1)
 	p.kill()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the master is away a while, as a restart takes
 	p.start()
 	setter.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/after-kill", Value: []byte("1")})
 	if got := waiter.readN(1); got[0] != tcpstore.StopWaiting {
