@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"runtime"
 	"strings"
 	"time"
@@ -70,24 +71,37 @@ func (s *Server) GRPCServer() *grpc.Server {
 	return g
 }
 
-// Serve runs the loop and serves gRPC on lis until ctx ends.
+// Serve runs the loop and serves gRPC on lis, with Options.Transport,
+// until ctx ends.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	g := s.GRPCServer()
 	errc := make(chan error, 2)
 	go func() { errc <- s.Run(ctx) }()
-	go func() { errc <- g.Serve(lis) }()
+	var stop func()
+	switch s.opts.Transport {
+	case TransportHTTP2, TransportHTTP2GRPC:
+		var h http.Handler
+		if s.opts.Transport == TransportHTTP2 {
+			h = s.unaryHandler()
+		} else {
+			g := s.GRPCServer()
+			defer g.Stop()
+			h = g
+		}
+		t := newH2Server(s.httpAuthorized(h), s.log)
+		go func() { errc <- t.serve(ctx, lis) }()
+		stop = func() {
+			lis.Close()
+			t.stop(2 * time.Second)
+		}
+	default:
+		stop = serveGRPC(ctx, s.GRPCServer(), lis, errc)
+	}
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	stopped := make(chan struct{})
-	go func() { g.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		g.Stop()
-	}
+	stop()
 	<-s.done
 	if err == nil || errors.Is(err, grpc.ErrServerStopped) {
 		return s.err
