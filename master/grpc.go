@@ -78,6 +78,13 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go func() { errc <- s.Run(ctx) }()
 	var stop func()
 	switch s.opts.Transport {
+	case TransportLean:
+		t := newLeanServer(s)
+		go func() { errc <- t.serve(ctx, lis) }()
+		stop = func() {
+			lis.Close()
+			t.stop(2 * time.Second)
+		}
 	case TransportHTTP2, TransportHTTP2GRPC:
 		var h http.Handler
 		if s.opts.Transport == TransportHTTP2 {

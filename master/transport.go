@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -26,6 +27,9 @@ const (
 	// master's own unary gRPC handler (unary.go): per agent, two goroutines
 	// for the connection and one for a held call.
 	TransportHTTP2 Transport = "http2"
+	// TransportLean is the master's own HTTP/2 server (lean.go): one
+	// goroutine per connection, one per call while it runs.
+	TransportLean Transport = "lean"
 	// TransportHTTP2GRPC is Go's HTTP/2 server with grpc-go's handler
 	// (grpc.Server.ServeHTTP), which adds two goroutines to every call.
 	TransportHTTP2GRPC Transport = "http2-grpc"
@@ -35,10 +39,19 @@ const (
 const DefaultTransport = TransportGRPC
 
 // Transports are the transports the master knows, the default first.
-var Transports = []Transport{TransportGRPC, TransportHTTP2, TransportHTTP2GRPC}
+var Transports = []Transport{TransportGRPC, TransportLean, TransportHTTP2, TransportHTTP2GRPC}
 
-// ParseTransport checks a transport's name; empty is the default.
+// TransportEnv names the environment variable that, where set, replaces
+// DefaultTransport for a master whose Options leave Transport empty: how the
+// tests of the master and of its clients run under another transport.
+const TransportEnv = "KFELASTIC_MASTER_TRANSPORT"
+
+// ParseTransport checks a transport's name; empty is the default
+// ($KFELASTIC_MASTER_TRANSPORT, else DefaultTransport).
 func ParseTransport(s string) (Transport, error) {
+	if s == "" {
+		s = os.Getenv(TransportEnv)
+	}
 	if s == "" {
 		return DefaultTransport, nil
 	}
@@ -123,7 +136,8 @@ func (t *h2Server) serve(ctx context.Context, lis net.Listener) error {
 		}
 		go func() {
 			defer t.wg.Done()
-			t.h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, BaseConfig: t.hs, Handler: t.h})
+			// Calls outlive ctx by their answers: stop ends them.
+			t.h2.ServeConn(c, &http2.ServeConnOpts{Context: context.WithoutCancel(ctx), BaseConfig: t.hs, Handler: t.h})
 			c.Close()
 			t.mu.Lock()
 			delete(t.conns, c)
