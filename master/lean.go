@@ -125,18 +125,17 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 }
 
 // stop sends every connection GOAWAY: its calls in flight are answered and
-// it closes once they are; after grace the rest are closed.
+// it closes once they are; after grace the rest are closed. A connection
+// whose peer reads nothing (a write blocked, its lock held) delays neither:
+// GOAWAY goes out from a goroutine of its own, and closing the socket
+// first ends a blocked write.
 func (t *leanServer) stop(grace time.Duration) {
 	t.mu.Lock()
 	t.closing = true
-	conns := make([]*leanConn, 0, len(t.conns))
 	for c := range t.conns {
-		conns = append(conns, c)
+		go c.goAway()
 	}
 	t.mu.Unlock()
-	for _, c := range conns {
-		c.goAway()
-	}
 	done := make(chan struct{})
 	go func() { t.wg.Wait(); close(done) }()
 	select {
@@ -146,7 +145,8 @@ func (t *leanServer) stop(grace time.Duration) {
 	}
 	t.mu.Lock()
 	for c := range t.conns {
-		c.close()
+		c.nc.Close()
+		go c.close()
 	}
 	t.mu.Unlock()
 	<-done
@@ -633,6 +633,7 @@ func (c *leanConn) writeAnswer(st *leanStream, msg []byte) error {
 	}()
 	b := appendHeaders((*bp)[:0], st.id, block, false, c.maxFrame)
 	flush := func() error {
+		c.sentSince = true // as grpc-go's server, each write forgives the pings before it (BDP pings follow data)
 		_, err := c.nc.Write(b)
 		b = b[:0]
 		if err != nil {
