@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"runtime"
 	"strings"
 	"time"
@@ -80,21 +79,6 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	switch s.opts.Transport {
 	case TransportLean:
 		t := newLeanServer(s)
-		go func() { errc <- t.serve(ctx, lis) }()
-		stop = func() {
-			lis.Close()
-			t.stop(2 * time.Second)
-		}
-	case TransportHTTP2, TransportHTTP2GRPC:
-		var h http.Handler
-		if s.opts.Transport == TransportHTTP2 {
-			h = s.unaryHandler()
-		} else {
-			g := s.GRPCServer()
-			defer g.Stop()
-			h = g
-		}
-		t := newH2Server(s.httpAuthorized(h), s.log)
 		go func() { errc <- t.serve(ctx, lis) }()
 		stop = func() {
 			lis.Close()

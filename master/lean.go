@@ -76,12 +76,7 @@ type leanServer struct {
 }
 
 func newLeanServer(s *Server) *leanServer {
-	u := s.unaryHandler()
-	t := &leanServer{s: s, svc: u.svc, methods: map[string]*grpc.MethodDesc{}, log: s.log, conns: map[*leanConn]struct{}{}}
-	for path, m := range u.methods {
-		t.methods[path] = &m
-	}
-	return t
+	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, conns: map[*leanConn]struct{}{}}
 }
 
 // serve accepts connections on lis until it is closed.

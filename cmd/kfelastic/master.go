@@ -105,7 +105,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HOST:PORT to serve Prometheus metrics on /metrics (empty: off)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "", "with --kube-job: carry out relaunch decisions on this Kubernetes namespace's PyTorchJob (in-cluster credentials)")
 	fl.StringVar(&f.kubeJob, "kube-job", "", "the PyTorchJob whose pods this master owns (see --kube-namespace)")
-	fl.StringVar(&f.transport, "transport", "", "how the gRPC service is served: grpc (grpc-go's transport), http2 (Go's HTTP/2 server, fewer goroutines per agent) or http2-grpc (Go's HTTP/2 server with grpc-go's handler); empty: $"+master.TransportEnv+", else "+string(master.DefaultTransport)+" (docs/DESIGN.md §5.11)")
+	fl.StringVar(&f.transport, "transport", "", "how the gRPC service is served: lean (the master's own HTTP/2 server: under half of grpc-go's memory per agent) or grpc (grpc-go's server, to fall back on); empty: $"+master.TransportEnv+", else "+string(master.DefaultTransport)+" (docs/DESIGN.md §5.11)")
 	fl.StringVar(&f.errorPrefix, "error-prefix", "", "the job's error prefix (the agents'): the master appends a relaunch event there for each relaunch it decides, for kfelastic report (empty: none)")
 	return cmd
 }
