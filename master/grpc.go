@@ -35,8 +35,9 @@ const maxWait = 5 * time.Minute
 // take a few hundred bytes; grpc-go's default is 16 MiB.
 const maxHeaderListBytes = 16 << 10
 
-// GRPCServer returns a gRPC server that serves s and refuses every call
-// without the job's token. The token is checked on the call's headers,
+// GRPCServer returns grpc-go's server for s (--transport grpc; the lean
+// transport, lean.go, is the default), which refuses every call without
+// the job's token. The token is checked on the call's headers,
 // before its message is read (InTapHandle): a refused call costs the
 // master its headers and nothing of its body, which the transport drops as
 // it arrives, however large. The interceptor checks again, in case a call

@@ -150,3 +150,57 @@ func TestLeanStopWithPeerNotReading(t *testing.T) {
 		t.Fatal("Serve did not return: a write to a peer that reads nothing held it")
 	}
 }
+
+// A call without the token is answered on its headers (trailers-only,
+// UNAUTHENTICATED) and its sender told to stop (RST_STREAM NO_ERROR); what
+// it still sends is dropped, and the connection goes on serving.
+func TestLeanRefusedCallNotRead(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	r := rawDial(t, addr, 65535)
+	get := &masterpb.StoreRequest{Client: "y", Seq: 1, Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}}
+	r.call(1, "Store", "wrong", get)
+	r.call(3, "Status", token, &masterpb.StatusRequest{})
+	r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var refused, reset, answered bool
+	for !answered {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("refused %v, reset %v, answered %v: %v", refused, reset, answered, err)
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			switch f.StreamID {
+			case 1:
+				if !f.StreamEnded() || f.PseudoValue("status") != "200" || headerValue(f, "grpc-status") != "16" ||
+					headerValue(f, "grpc-message") != "missing or wrong job token" {
+					t.Errorf("the refused call's answer: end %v, %v", f.StreamEnded(), f.Fields)
+				}
+				refused = true
+			case 3:
+				if f.StreamEnded() {
+					if headerValue(f, "grpc-status") != "0" {
+						t.Errorf("the call with the token: %v", f.Fields)
+					}
+					answered = true
+				}
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID != 1 || f.ErrCode != http2.ErrCodeNo || !refused {
+				t.Errorf("RST_STREAM %d %v (after the answer: %v), want 1 NO_ERROR after it", f.StreamID, f.ErrCode, refused)
+			}
+			reset = true
+		}
+	}
+	if !refused || !reset {
+		t.Errorf("refused %v, reset %v", refused, reset)
+	}
+}
+
+func headerValue(f *http2.MetaHeadersFrame, name string) string {
+	for _, hf := range f.Fields {
+		if hf.Name == name {
+			return hf.Value
+		}
+	}
+	return ""
+}
