@@ -35,8 +35,9 @@ const maxWait = 5 * time.Minute
 // take a few hundred bytes; grpc-go's default is 16 MiB.
 const maxHeaderListBytes = 16 << 10
 
-// GRPCServer returns a gRPC server that serves s and refuses every call
-// without the job's token. The token is checked on the call's headers,
+// GRPCServer returns grpc-go's server for s (--transport grpc; the lean
+// transport, lean.go, is the default), which refuses every call without
+// the job's token. The token is checked on the call's headers,
 // before its message is read (InTapHandle): a refused call costs the
 // master its headers and nothing of its body, which the transport drops as
 // it arrives, however large. The interceptor checks again, in case a call
@@ -70,24 +71,29 @@ func (s *Server) GRPCServer() *grpc.Server {
 	return g
 }
 
-// Serve runs the loop and serves gRPC on lis until ctx ends.
+// Serve runs the loop and serves gRPC on lis, with Options.Transport,
+// until ctx ends.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	g := s.GRPCServer()
 	errc := make(chan error, 2)
 	go func() { errc <- s.Run(ctx) }()
-	go func() { errc <- g.Serve(lis) }()
+	var stop func()
+	switch s.opts.Transport {
+	case TransportLean:
+		t := newLeanServer(s)
+		go func() { errc <- t.serve(ctx, lis) }()
+		stop = func() {
+			lis.Close()
+			t.stop(2 * time.Second)
+		}
+	default:
+		stop = serveGRPC(ctx, s.GRPCServer(), lis, errc)
+	}
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	stopped := make(chan struct{})
-	go func() { g.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		g.Stop()
-	}
+	stop()
 	<-s.done
 	if err == nil || errors.Is(err, grpc.ErrServerStopped) {
 		return s.err

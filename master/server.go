@@ -60,6 +60,9 @@ type Options struct {
 	// the failure report shows it in the pod's lane. Empty: none.
 	EventsURL string
 	Logger    *slog.Logger
+	// Transport carries the gRPC service (transport.go); empty: the
+	// default.
+	Transport Transport
 }
 
 // Server is the master: the Job and the store inside one loop that orders
@@ -153,6 +156,11 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	if opts.HeartbeatInterval <= 0 {
 		opts.HeartbeatInterval = DefaultHeartbeatInterval
 	}
+	t, err := ParseTransport(string(opts.Transport))
+	if err != nil {
+		return nil, err
+	}
+	opts.Transport = t
 	s := &Server{opts: opts, log: opts.Logger, store: store.New(opts.Store), inbox: make(chan *call, 4096),
 		done: make(chan struct{}), joinWaiters: map[int][]*call{}, hbWaiters: map[int][]*call{},
 		storeWaiters: map[string][]*call{}, decisions: make(chan Decision, 1024)}

@@ -65,6 +65,7 @@ var (
 	ops     = flag.Int("ops", 2000, "store operations per client and kind")
 	kinds   = flag.String("kinds", "set,get,add,compare_set", "store operations to measure, in order")
 	verbose = flag.Bool("v", false, "also print the master's memory breakdown")
+	mflags  = flag.String("master-flags", "", "more flags for every `kfelastic master` it starts, space-separated (e.g. \"--transport http2\")")
 )
 
 const token = "bench-token"
@@ -93,7 +94,11 @@ func run() error {
 	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		return err
 	}
-	fmt.Printf("bench-master: %d CPUs; kfelastic master with file:// state on local disk\n\n", numCPU())
+	fmt.Printf("bench-master: %d CPUs; kfelastic master with file:// state on local disk", numCPU())
+	if *mflags != "" {
+		fmt.Printf("; master flags %q", *mflags)
+	}
+	fmt.Print("\n\n")
 
 	fmt.Println("Rendezvous: all agents start joining → all have their round")
 	fmt.Printf("%-28s %8s %14s %14s\n", "", "agents", "completion", "master RSS")
@@ -144,6 +149,7 @@ func startMaster(dir, tokenFile, state string, n int) (*masterProc, error) {
 	cmd := exec.Command(*binary_, "master", "--listen", addr, "--metrics-listen", metrics, "--nnodes", fmt.Sprintf("%d:%d", n, n), "--rdzv-id", "bench",
 		"--token-file", tokenFile, "--state", state, "--heartbeat-interval", "60s", "--heartbeat-timeout", "600s",
 		"--waiting-timeout", "600s")
+	cmd.Args = append(cmd.Args, strings.Fields(*mflags)...)
 	logf, err := os.Create(filepath.Join(dir, "master.log"))
 	if err != nil {
 		return nil, err

@@ -45,6 +45,7 @@ type masterFlags struct {
 	kubeNamespace     string
 	kubeJob           string
 	errorPrefix       string
+	transport         string
 }
 
 // masterServe is what the command runs with the parsed options (tests
@@ -104,6 +105,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HOST:PORT to serve Prometheus metrics on /metrics (empty: off)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "", "with --kube-job: carry out relaunch decisions on this Kubernetes namespace's PyTorchJob (in-cluster credentials)")
 	fl.StringVar(&f.kubeJob, "kube-job", "", "the PyTorchJob whose pods this master owns (see --kube-namespace)")
+	fl.StringVar(&f.transport, "transport", "", "how the gRPC service is served: lean (the master's own HTTP/2 server: under half of grpc-go's memory per agent) or grpc (grpc-go's server, to fall back on); empty: $"+master.TransportEnv+", else "+string(master.DefaultTransport)+" (docs/DESIGN.md §5.11)")
 	fl.StringVar(&f.errorPrefix, "error-prefix", "", "the job's error prefix (the agents'): the master appends a relaunch event there for each relaunch it decides, for kfelastic report (empty: none)")
 	return cmd
 }
@@ -129,6 +131,10 @@ func (f *masterFlags) options() (master.Options, error) {
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		return o, fmt.Errorf("--listen %q: %w", f.listen, err)
+	}
+	t, err := master.ParseTransport(f.transport)
+	if err != nil {
+		return o, fmt.Errorf("--transport: %w", err)
 	}
 	if f.metricsListen != "" {
 		if _, _, err := net.SplitHostPort(f.metricsListen); err != nil {
@@ -173,6 +179,7 @@ func (f *masterFlags) options() (master.Options, error) {
 		StateURL:          f.state,
 		EventsURL:         f.errorPrefix,
 		HeartbeatInterval: f.heartbeatInterval,
+		Transport:         t,
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Job: master.Config{
 			JobID: f.rdzvID, MinNodes: lo, MaxNodes: hi, NodeUnit: f.nodeUnit,
@@ -238,7 +245,7 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	log.Info("master serving", "listen", lis.Addr().String(), "job", cfg.JobID, "nnodes", strconv.Itoa(cfg.MinNodes)+":"+strconv.Itoa(cfg.MaxNodes),
 		"node_unit", cfg.NodeUnit, "waiting_timeout", cfg.WaitingTimeout, "expected_nodes", cfg.ExpectedNodes, "heartbeat_interval", opts.HeartbeatInterval,
 		"heartbeat_timeout", cfg.HeartbeatTimeout, "network_check", cfg.NetworkCheck, "exclude_straggler", cfg.ExcludeStraggler,
-		"state", opts.StateURL, "metrics", f.metricsListen)
+		"state", opts.StateURL, "metrics", f.metricsListen, "transport", opts.Transport)
 	if err := s.Serve(ctx, lis); err != nil {
 		return err
 	}

@@ -1,0 +1,206 @@
+package master_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/master"
+)
+
+// rawConn is an HTTP/2 client written frame by frame, for what grpc-go's
+// client never does (flood pings, stop reading).
+type rawConn struct {
+	t    *testing.T
+	nc   net.Conn
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	enc  *hpack.Encoder
+}
+
+func rawDial(t *testing.T, addr string, window uint32) *rawConn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	r := &rawConn{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
+	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	r.enc = hpack.NewEncoder(&r.hbuf)
+	if _, err := nc.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: window}); err != nil {
+		t.Fatal(err)
+	}
+	if window > 65535 {
+		if err := r.fr.WriteWindowUpdate(0, window-65535); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// call sends a unary call on stream id: headers (with the token), the
+// message, the end of the stream.
+func (r *rawConn) call(id uint32, method, tok string, req proto.Message) {
+	r.t.Helper()
+	r.hbuf.Reset()
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/kfelastic.master.v1.Master/" + method},
+		{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + tok}} {
+		r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
+		r.t.Fatal(err)
+	}
+	b, err := proto.Marshal(req)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	msg := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b)))
+	if err := r.fr.WriteData(id, true, append(msg, b...)); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func startLean(t *testing.T, ctx context.Context) (string, <-chan error) {
+	t.Helper()
+	s, err := master.NewServer(ctx, master.Options{Transport: master.TransportLean, Token: token, StateURL: "mem://",
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+	return lis.Addr().String(), served
+}
+
+// Pings closer than 5 s, with nothing sent between them, end the
+// connection as grpc-go's enforcement policy does: GOAWAY
+// ENHANCE_YOUR_CALM "too_many_pings".
+func TestLeanPingFlood(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	r := rawDial(t, addr, 65535)
+	for i := range 4 {
+		if err := r.fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	acks := 0
+	for {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY after a ping flood (%d pings answered): %v", acks, err)
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if f.IsAck() {
+				acks++
+			}
+		case *http2.GoAwayFrame:
+			if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
+				t.Errorf("GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", f.ErrCode, f.DebugData())
+			}
+			if acks != 3 {
+				t.Errorf("%d pings answered before the GOAWAY, want 3", acks)
+			}
+			return
+		}
+	}
+}
+
+// A peer that asks for a large answer and reads nothing holds a write of
+// the master's; the master still stops within its grace.
+func TestLeanStopWithPeerNotReading(t *testing.T) {
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	addr, served := startLean(t, ctx)
+	c := dial(t, addr, token)
+	value := make([]byte, 32<<20)
+	set := &masterpb.StoreRequest{Client: "x", Seq: 1, Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: "k", Value: value}}}
+	if _, err := c.Store(t.Context(), set, grpc.MaxCallSendMsgSize(master.MaxMessageBytes)); err != nil {
+		t.Fatal(err)
+	}
+	r := rawDial(t, addr, 1<<30)
+	r.call(1, "Store", token, &masterpb.StoreRequest{Client: "y", Seq: 1, Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}})
+	time.Sleep(500 * time.Millisecond) // the answer fills the socket's buffers
+	start := time.Now()
+	stop()
+	select {
+	case <-served:
+		if d := time.Since(start); d > 4*time.Second {
+			t.Errorf("stopping took %s", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return: a write to a peer that reads nothing held it")
+	}
+}
+
+// A call without the token is answered on its headers (trailers-only,
+// UNAUTHENTICATED) and its sender told to stop (RST_STREAM NO_ERROR); what
+// it still sends is dropped, and the connection goes on serving.
+func TestLeanRefusedCallNotRead(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	r := rawDial(t, addr, 65535)
+	get := &masterpb.StoreRequest{Client: "y", Seq: 1, Op: &masterpb.StoreRequest_Get{Get: &masterpb.StoreGet{Key: "k"}}}
+	r.call(1, "Store", "wrong", get)
+	r.call(3, "Status", token, &masterpb.StatusRequest{})
+	r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var refused, reset, answered bool
+	for !answered {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("refused %v, reset %v, answered %v: %v", refused, reset, answered, err)
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			switch f.StreamID {
+			case 1:
+				if !f.StreamEnded() || f.PseudoValue("status") != "200" || headerValue(f, "grpc-status") != "16" ||
+					headerValue(f, "grpc-message") != "missing or wrong job token" {
+					t.Errorf("the refused call's answer: end %v, %v", f.StreamEnded(), f.Fields)
+				}
+				refused = true
+			case 3:
+				if f.StreamEnded() {
+					if headerValue(f, "grpc-status") != "0" {
+						t.Errorf("the call with the token: %v", f.Fields)
+					}
+					answered = true
+				}
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID != 1 || f.ErrCode != http2.ErrCodeNo || !refused {
+				t.Errorf("RST_STREAM %d %v (after the answer: %v), want 1 NO_ERROR after it", f.StreamID, f.ErrCode, refused)
+			}
+			reset = true
+		}
+	}
+	if !refused || !reset {
+		t.Errorf("refused %v, reset %v", refused, reset)
+	}
+}
+
+func headerValue(f *http2.MetaHeadersFrame, name string) string {
+	for _, hf := range f.Fields {
+		if hf.Name == name {
+			return hf.Value
+		}
+	}
+	return ""
+}

@@ -1,0 +1,72 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Transport is how the master's gRPC service is carried over HTTP/2.
+type Transport string
+
+const (
+	// TransportLean is the master's own HTTP/2 server for its unary
+	// service (lean.go): one goroutine per connection, one per call while
+	// it runs; under half of grpc-go's memory at 10,000 agents
+	// (docs/DESIGN.md §5.11).
+	TransportLean Transport = "lean"
+	// TransportGRPC is grpc-go's own server (grpc.Server.Serve), as before
+	// the lean transport: kept to fall back on.
+	TransportGRPC Transport = "grpc"
+)
+
+// DefaultTransport is the transport the master serves with unless told.
+const DefaultTransport = TransportLean
+
+// Transports are the transports the master knows, the default first.
+var Transports = []Transport{TransportLean, TransportGRPC}
+
+// TransportEnv names the environment variable that, where set, replaces
+// DefaultTransport for a master whose Options leave Transport empty: how the
+// tests of the master and of its clients run under another transport.
+const TransportEnv = "KFELASTIC_MASTER_TRANSPORT"
+
+// ParseTransport checks a transport's name; empty is the default
+// ($KFELASTIC_MASTER_TRANSPORT, else DefaultTransport).
+func ParseTransport(s string) (Transport, error) {
+	if s == "" {
+		s = os.Getenv(TransportEnv)
+	}
+	if s == "" {
+		return DefaultTransport, nil
+	}
+	for _, t := range Transports {
+		if string(t) == s {
+			return t, nil
+		}
+	}
+	return "", fmt.Errorf("unknown transport %q (want one of %v)", s, Transports)
+}
+
+// maxReadFrameBytes is the largest HTTP/2 frame the lean transport reads:
+// the protocol's minimum, what grpc-go's clients send anyway. The framer
+// keeps a buffer of the largest frame it read, per connection.
+const maxReadFrameBytes = 16 << 10
+
+// serveGRPC serves g on lis until ctx ends (grpc-go's transport).
+func serveGRPC(ctx context.Context, g *grpc.Server, lis net.Listener, errc chan<- error) (stop func()) {
+	go func() { errc <- g.Serve(lis) }()
+	return func() {
+		stopped := make(chan struct{})
+		go func() { g.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(2 * time.Second):
+			g.Stop()
+		}
+	}
+}
