@@ -148,7 +148,7 @@ func (c *commandGroups) roundCompleted(r Round) {
 	c.l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 		"round", r.Number, "group_rank", r.GroupRank, "group_world_size", r.GroupWorldSize)
 	if c.relay != nil && !c.outdatedAt.IsZero() {
-		go c.forgetLost(c.outdatedAt, r.GroupWorldSize, r.Departed)
+		go c.forgetLost(c.outdatedAt, r.DepartedSince, r.GroupWorldSize, r.Departed)
 	}
 	c.outdatedAt = time.Time{}
 }
@@ -168,10 +168,10 @@ const forgetLostLimit = 20 * time.Second
 // forgetLost has the relay age the heartbeats of the c10d nodes that were
 // lost when the master outdated the command's round (Relay.ForgetLost): live
 // nodes are in the master's new round, lost of the round before are not.
-func (c *commandGroups) forgetLost(cutoff time.Time, live, lost int) {
+func (c *commandGroups) forgetLost(cutoff, since time.Time, live, lost int) {
 	ctx, cancel := context.WithTimeout(c.l.work, forgetLostLimit)
 	defer cancel()
-	if n := c.relay.ForgetLost(ctx, cutoff, live, lost); n > 0 {
+	if n := c.relay.ForgetLost(ctx, storerelay.Cutoffs{Learnt: cutoff, Departed: since}, live, lost); n > 0 {
 		c.l.log.Info("lost nodes forgotten in torch's c10d rendezvous", "nodes", n, "live", live,
 			"lost", lost, "after", time.Since(cutoff).Round(time.Millisecond))
 	}

@@ -233,7 +233,7 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			return Round{Number: int(r.GetNumber()), RunID: r.GetRunId(), GroupRank: int(r.GetGroupRank()),
 				GroupWorldSize: int(r.GetGroupWorldSize()), WorldSize: int(r.GetWorldSize()),
 				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort()),
-				Departed: int(r.GetDeparted())}, nil
+				Departed: int(r.GetDeparted()), DepartedSince: fromUnixNano(r.GetDepartedSinceUnixNano())}, nil
 		case *masterpb.JoinResponse_Check:
 			if err := m.runCheck(ctx, pb, o.Check); err != nil {
 				return Round{}, err
@@ -495,4 +495,12 @@ func unixNanoOrZero(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
+}
+
+// fromUnixNano is a master's time; zero for 0.
+func fromUnixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // NodeInfo is what an agent tells the rendezvous about itself when it joins.
@@ -41,6 +42,9 @@ type Round struct {
 	// --launcher command, torch's c10d nodes of that round that are dead
 	// (forgetLost).
 	Departed int
+	// DepartedSince is the earliest failure time those departed reported
+	// (a preemption's: its SIGTERM); zero when unknown.
+	DepartedSince time.Time
 }
 
 // Rendezvous is how agents agree on rounds (docs/DESIGN.md §4.2). The master

@@ -188,6 +188,9 @@ type Round struct {
 	// torch is a new one); 0 also when the round before is not known by
 	// its pods (a master restarted since: pods are not part of its state).
 	Departed int
+	// DepartedSince is the earliest failure time the departed members
+	// reported (a preemption's: its SIGTERM), zero when none did.
+	DepartedSince time.Time
 
 	pods  []string    // group rank → pod/incarnation, at completion (not durable)
 	index map[int]int // rank → group rank
@@ -238,8 +241,10 @@ type Assignment struct {
 	LocalWorldSize  int
 	MasterAddr      string
 	MasterPort      int
-	// Departed is the round's: members of the round before that are gone.
-	Departed int
+	// Departed is the round's: members of the round before that are gone;
+	// DepartedSince the earliest failure time they reported.
+	Departed      int
+	DepartedSince time.Time
 }
 
 func (r *Round) assignment(rank int) (Assignment, bool) {
@@ -249,7 +254,7 @@ func (r *Round) assignment(rank int) (Assignment, bool) {
 	}
 	return Assignment{Number: r.Number, GroupRank: g, GroupWorldSize: len(r.Ranks), WorldSize: r.world,
 		FirstGlobalRank: r.first[g], LocalWorldSize: r.LocalWorldSizes[g], MasterAddr: r.MasterAddr, MasterPort: r.MasterPort,
-		Departed: r.Departed}, true
+		Departed: r.Departed, DepartedSince: r.DepartedSince}, true
 }
 
 // JoinAnswer is the answer to a Join: exactly one of Round, Check, Excluded,
@@ -372,6 +377,10 @@ type Job struct {
 	// lastSweep is the last Tick's time; heartbeat and join timeouts are
 	// swept at most every sweepEvery.
 	lastSweep time.Time
+
+	// failedAt is the failure time each pod of the latest round reported
+	// (pod/incarnation → time), for the next round's DepartedSince.
+	failedAt map[string]time.Time
 
 	decisions   []Decision
 	decisionSeq int64
@@ -891,10 +900,14 @@ func (j *Job) complete(members []*Node, now time.Time) {
 		for _, p := range prev.pods {
 			if !slices.Contains(r.pods, p) {
 				r.Departed++
+				if t, ok := j.failedAt[p]; ok && (r.DepartedSince.IsZero() || t.Before(r.DepartedSince)) {
+					r.DepartedSince = t
+				}
 			}
 		}
 	}
 	r.build()
+	j.failedAt = nil
 	for _, rec := range members {
 		j.update(rec, func(rec *Node) {
 			rec.State = Running
@@ -1051,6 +1064,10 @@ func (j *Job) takeOut(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	if f.Time.IsZero() {
 		f.Time = now
 	}
+	if j.failedAt == nil {
+		j.failedAt = make(map[string]time.Time)
+	}
+	j.failedAt[rec.Pod+"/"+rec.Incarnation] = f.Time
 	kind, counted, why := j.cfg.Relaunch.Decide(f.Code, f.Recoverable, rec.Relaunches)
 	msg := f.Message
 	if why != "" {

@@ -293,7 +293,11 @@ func (s *scenario) ready(b *strings.Builder) {
 			}
 			fmt.Fprintf(b, "\nround %d completed: %s", n, strings.Join(pods, " "))
 			if lr.Departed > 0 {
-				fmt.Fprintf(b, " (departed %d)", lr.Departed)
+				fmt.Fprintf(b, " (departed %d", lr.Departed)
+				if !lr.DepartedSince.IsZero() {
+					fmt.Fprintf(b, ", failed at %v", lr.DepartedSince.Sub(s.t0))
+				}
+				b.WriteString(")")
 			}
 		}
 	}

@@ -21,7 +21,10 @@ import (
 // command mode, each agent notes when it learnt of it (the cutoff); once the
 // master's next round has formed with N pods, D of the round before gone
 // from it (Round.Departed: by pod and incarnation), its relay watches the
-// stored state until no more than D heartbeats are still before the cutoff
+// stored state until no more than D heartbeats are still before the
+// departed pods' earliest reported failure (Round.DepartedSince: a
+// preemption's SIGTERM; survivors that re-rendezvous before the agent
+// learnt of the new round beat after it), or before the cutoff
 // (the survivors beat at once: they re-rendezvous, their peer being gone; a
 // live node at least every keep-alive interval; a dead one never), or,
 // without D, until N nodes have written a heartbeat after it (a

@@ -100,7 +100,7 @@ func TestForgetLostAtSurvivorsBeat(t *testing.T) {
 	// The count: live 3 (a replacement that has not beaten), 1 lost.
 	store(stale)
 	done := make(chan int, 1)
-	go func() { done <- r.ForgetLost(t.Context(), cutoff, 3, 1) }()
+	go func() { done <- r.ForgetLost(t.Context(), Cutoffs{Learnt: cutoff}, 3, 1) }()
 	select {
 	case n := <-done:
 		t.Fatalf("forgot %d while both nodes were before the cutoff", n)
@@ -127,7 +127,49 @@ func TestForgetLostAtSurvivorsBeat(t *testing.T) {
 	store(deadOnly)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
-	if n := r.ForgetLost(ctx, now.Add(-time.Second), 3, 0); n != 0 || stored() != string(deadOnly) {
+	if n := r.ForgetLost(ctx, Cutoffs{Learnt: now.Add(-time.Second)}, 3, 0); n != 0 || stored() != string(deadOnly) {
 		t.Errorf("without the master's count: forgot %d before every live node beat", n)
+	}
+}
+
+// The master's Departed (the departed pods' earliest reported failure)
+// tells a dead node's heartbeat from a survivor's that re-rendezvoused
+// before the agent learnt of the new round, which Learnt alone cannot: the
+// dead one is forgotten at once. A dying torch agent that beat once more
+// after its failure leaves Learnt's rule in charge.
+func TestLostCutoff(t *testing.T) {
+	in, err := os.ReadFile("testdata/c10d/state-torch2.14.b64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in = in[:len(in)-1]
+	now := time.Now()
+	// Recorded heartbeats: 2026-11-25 22:00:00.123456 and 22:00:10.654321.
+	first, second := time.Date(2026, 11, 25, 22, 0, 5, 0, time.UTC), time.Date(2026, 11, 25, 22, 0, 11, 0, time.UTC)
+	state := func(dead, survivor time.Time) []byte {
+		v, _, _ := agedC10dState(in, first, dead)
+		v, _, _ = agedC10dState(v, second, survivor)
+		return v
+	}
+	learnt, departed := now.Add(-time.Second), now.Add(-3*time.Second)
+	for _, c := range []struct {
+		name           string
+		dead, survivor time.Time
+		at             Cutoffs
+		lost           int
+		want           time.Time
+		ok             bool
+	}{
+		{"survivor re-rendezvoused before the agent learnt", now.Add(-4 * time.Second), now.Add(-2 * time.Second), Cutoffs{learnt, departed}, 1, departed, true},
+		{"the same without Departed: wait", now.Add(-4 * time.Second), now.Add(-2 * time.Second), Cutoffs{Learnt: learnt}, 1, time.Time{}, false},
+		{"survivor not yet re-rendezvoused: wait", now.Add(-4 * time.Second), now.Add(-5 * time.Second), Cutoffs{learnt, departed}, 1, time.Time{}, false},
+		{"the dying node beat after its failure: Learnt's rule", now.Add(-2 * time.Second), now.Add(-500 * time.Millisecond), Cutoffs{learnt, departed}, 1, learnt, true},
+		{"survivor beat after Learnt: Learnt", now.Add(-4 * time.Second), now.Add(-500 * time.Millisecond), Cutoffs{Learnt: learnt}, 1, learnt, true},
+		{"a scale-up: nothing lost, nothing before", now.Add(-500 * time.Millisecond), now.Add(-500 * time.Millisecond), Cutoffs{learnt, departed}, 0, time.Time{}, true},
+	} {
+		got, ok := lostCutoff(state(c.dead, c.survivor), c.at, 3, c.lost)
+		if ok != c.ok || !got.Equal(c.want) {
+			t.Errorf("%s: cutoff %v (ok %t), want %v (ok %t)", c.name, got, ok, c.want, c.ok)
+		}
 	}
 }

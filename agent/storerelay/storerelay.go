@@ -314,15 +314,24 @@ var agedHeartbeat = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 // after it, even one that is not re-rendezvousing.
 const c10dKeepAliveGrace = 6 * time.Second
 
+// Cutoffs are the moments ForgetLost tells the lost nodes' heartbeats by:
+// Learnt, when the agent learnt that the master outdated the round, and
+// Departed, the earliest failure time the departed pods reported (zero when
+// unknown). Survivors that re-rendezvous before the agent learnt beat
+// before Learnt, but after Departed: a dead node's last heartbeat is before
+// its failure.
+type Cutoffs struct{ Learnt, Departed time.Time }
+
 // ForgetLost watches the c10d states torch's agent keeps through this relay
-// until the heartbeats still before cutoff can only be the lost nodes',
+// until the heartbeats still before a cutoff can only be the lost nodes',
 // then ages them (c10dstate.go says why), and returns how many; 0 when
 // there were none, or ctx ended first. They can once no more than lost
-// remain before it (lost: the nodes of the outdated round that are not in
-// the new one, as the master counted them; 0 when none were, or it did not
-// say), once live nodes have written a heartbeat at or after it, or once
-// c10dKeepAliveGrace has passed since it.
-func (r *Relay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int) int {
+// remain before Departed, or before Learnt (lost: the nodes of the
+// outdated round that are not in the new one, as the master counted them;
+// 0 when none were, or it did not say), once live nodes have written a
+// heartbeat at or after Learnt, or once c10dKeepAliveGrace has passed since
+// it.
+func (r *Relay) ForgetLost(ctx context.Context, at Cutoffs, live, lost int) int {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -337,15 +346,12 @@ func (r *Relay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int
 			if err != nil {
 				continue
 			}
-			before, after, ok := c10dHeartbeats(res.GetValue(), cutoff)
+			cutoff, ok := lostCutoff(res.GetValue(), at, live, lost)
 			if !ok {
 				continue
 			}
-			if before == 0 {
+			if cutoff.IsZero() {
 				return 0 // every node beat since: none was lost
-			}
-			if !lostOnly(before, after, live, lost) && time.Since(cutoff) < c10dKeepAliveGrace {
-				continue
 			}
 			out, n, ok := agedC10dState(res.GetValue(), cutoff, agedHeartbeat)
 			if !ok {
@@ -371,6 +377,31 @@ func (r *Relay) ForgetLost(ctx context.Context, cutoff time.Time, live, lost int
 		case <-tick.C:
 		}
 	}
+}
+
+// lostCutoff is the cutoff to age a c10d state's heartbeats before, now:
+// Departed once no more than lost heartbeats (and at least one) are before
+// it, else Learnt as lostOnly allows; ok false: not yet (or not a state).
+// A zero cutoff with ok: no heartbeat before Learnt, nothing to age.
+func lostCutoff(value []byte, at Cutoffs, live, lost int) (cutoff time.Time, ok bool) {
+	if !at.Departed.IsZero() && lost > 0 && at.Departed.Before(at.Learnt) {
+		// The dying pod's own torch agent may beat once more after its
+		// failure, while it stops: then Learnt's rule still applies.
+		if before, _, ok := c10dHeartbeats(value, at.Departed); ok && before > 0 && before <= lost {
+			return at.Departed, true
+		}
+	}
+	before, after, ok := c10dHeartbeats(value, at.Learnt)
+	if !ok {
+		return time.Time{}, false
+	}
+	if before == 0 {
+		return time.Time{}, true
+	}
+	if !lostOnly(before, after, live, lost) && time.Since(at.Learnt) < c10dKeepAliveGrace {
+		return time.Time{}, false
+	}
+	return at.Learnt, true
 }
 
 // lostOnly reports whether a c10d state's heartbeats before the cutoff

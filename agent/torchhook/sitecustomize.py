@@ -13,7 +13,9 @@
 #     makes torch elastic's MultiprocessContext with start_method "spawn"
 #     (flytekit's default) start its workers from that forkserver instead,
 #     each with the command's whole environment as it is when the workers
-#     start (what a spawned interpreter inherits);
+#     start (what a spawned interpreter inherits), and imports torch._dynamo
+#     in the command too while its first workers train (torch's log
+#     formatter imports it at the first failed worker's log);
 #   - with KFELASTIC_RDZV_POLL (seconds; set when the rendezvous store is the
 #     kfelastic master's, through the agent's relay), has c10d's rendezvous
 #     poll that store that often while it waits, instead of once a second;
@@ -91,7 +93,48 @@ def _patch(api):
 
     __init__.__wrapped__ = init
     cls.__init__ = __init__
+    start = cls._start
+
+    def _start(self):
+        start(self)
+        if getattr(self, "start_method", "") == "forkserver":
+            _warm_launcher()
+
+    cls._start = _start
     cls._kfelastic_forkserver = True
+
+
+_warming = []
+
+
+def _warm_launcher():
+    # torch 2.x's log formatter imports torch._dynamo (≈800 modules, 1.3 s
+    # on an idle CPU) the first time it formats an exception: in torch's
+    # agent that is the log of the first failed worker, so every restart
+    # after a failure waited for it. Import it while the workers train, once,
+    # in a daemon thread (the agent's main thread only sleeps and polls
+    # then; the forkserver, not this process, starts the workers).
+    if _warming or "torch._dynamo" in sys.modules:
+        return
+    import importlib
+    import importlib.util
+    import threading
+
+    try:
+        if importlib.util.find_spec("torch._dynamo") is None:
+            return
+    except Exception:
+        return
+
+    def run():
+        try:
+            importlib.import_module("torch._dynamo")
+        except Exception:
+            pass
+
+    t = threading.Thread(target=run, name="kfelastic-warm-dynamo", daemon=True)
+    _warming.append(t)
+    t.start()
 
 
 def _patch_poll(rdzv, seconds):

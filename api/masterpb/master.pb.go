@@ -436,9 +436,14 @@ type Round struct {
 	// when there was none, or the master does not know (it restarted since).
 	// Under --launcher command an agent's relay then knows how many of torch's
 	// c10d nodes of that round are dead (agent/storerelay/c10dstate.go).
-	Departed      int32 `protobuf:"varint,10,opt,name=departed,proto3" json:"departed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Departed int32 `protobuf:"varint,10,opt,name=departed,proto3" json:"departed,omitempty"`
+	// departed_since_unix_nano is the earliest failure time the departed pods
+	// reported (a preemption's: when its SIGTERM came), 0 when none did. It
+	// comes before the survivors' torch agents re-rendezvous, where the moment
+	// an agent learns of the new round may not (agent/storerelay/c10dstate.go).
+	DepartedSinceUnixNano int64 `protobuf:"varint,11,opt,name=departed_since_unix_nano,json=departedSinceUnixNano,proto3" json:"departed_since_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Round) Reset() {
@@ -537,6 +542,13 @@ func (x *Round) GetMasterPort() int32 {
 func (x *Round) GetDeparted() int32 {
 	if x != nil {
 		return x.Departed
+	}
+	return 0
+}
+
+func (x *Round) GetDepartedSinceUnixNano() int64 {
+	if x != nil {
+		return x.DepartedSinceUnixNano
 	}
 	return 0
 }
@@ -3199,7 +3211,7 @@ const file_master_proto_rawDesc = "" +
 	"\bexcluded\x18\x03 \x01(\v2\x1e.kfelastic.master.v1.ExclusionH\x00R\bexcluded\x128\n" +
 	"\apending\x18\x04 \x01(\v2\x1c.kfelastic.master.v1.PendingH\x00R\apending\x12\x12\n" +
 	"\x04rank\x18\x05 \x01(\x05R\x04rankB\t\n" +
-	"\aoutcome\"\xd2\x02\n" +
+	"\aoutcome\"\x8b\x03\n" +
 	"\x05Round\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x03R\x06number\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -3215,7 +3227,8 @@ const file_master_proto_rawDesc = "" +
 	"\vmaster_port\x18\t \x01(\x05R\n" +
 	"masterPort\x12\x1a\n" +
 	"\bdeparted\x18\n" +
-	" \x01(\x05R\bdeparted\"\xec\x01\n" +
+	" \x01(\x05R\bdeparted\x127\n" +
+	"\x18departed_since_unix_nano\x18\v \x01(\x03R\x15departedSinceUnixNano\"\xec\x01\n" +
 	"\tCheckTask\x12\x14\n" +
 	"\x05check\x18\x01 \x01(\x03R\x05check\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x05R\x05round\x12\x14\n" +
