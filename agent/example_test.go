@@ -15,6 +15,12 @@ func ExamplePolicy() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	show := func(as []Action) {
 		for _, a := range as {
+			if sg, ok := a.(StartGroup); ok {
+				r := sg.Round
+				fmt.Printf("%T {Attempt:%d RestartCount:%d Round:%d GroupRank:%d GroupWorldSize:%d WorldSize:%d}\n",
+					sg, sg.Attempt, sg.RestartCount, r.Number, r.GroupRank, r.GroupWorldSize, r.WorldSize)
+				continue
+			}
 			fmt.Printf("%T %+v\n", a, a)
 		}
 	}
@@ -25,7 +31,7 @@ func ExamplePolicy() {
 	fmt.Println("restart count:", p.RestartCount())
 	// Output:
 	// agent.JoinRound {Restart: RestartCount:0}
-	// agent.StartGroup {Attempt:1 RestartCount:0 Round:{Number:1 RunID: GroupRank:0 GroupWorldSize:1 WorldSize:2 FirstGlobalRank:0 MasterAddr: MasterPort:0 Departed:0}}
+	// agent.StartGroup {Attempt:1 RestartCount:0 Round:1 GroupRank:0 GroupWorldSize:1 WorldSize:2}
 	// agent.SignalGroup {Attempt:1 Signal:terminated}
 	// agent.JoinRound {Restart:failure RestartCount:1}
 	// restart count: 1
