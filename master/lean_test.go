@@ -75,8 +75,15 @@ func (r *rawConn) call(id uint32, method, tok string, req proto.Message) {
 
 func startLean(t *testing.T, ctx context.Context) (string, <-chan error) {
 	t.Helper()
-	s, err := master.NewServer(ctx, master.Options{Transport: master.TransportLean, Token: token, StateURL: "mem://",
-		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}})
+	return serveMaster(t, ctx, master.TransportLean, master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1})
+}
+
+// serveMaster serves a master on transport tr with job's config and an
+// in-memory state on a loopback port until ctx ends; it returns the
+// address and Serve's result.
+func serveMaster(t *testing.T, ctx context.Context, tr master.Transport, job master.Config) (string, <-chan error) {
+	t.Helper()
+	s, err := master.NewServer(ctx, master.Options{Transport: tr, Token: token, StateURL: "mem://", Job: job})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,18 +104,8 @@ func TestTransportsStop(t *testing.T) {
 		t.Run(string(tr), func(t *testing.T) {
 			ctx, stop := context.WithCancel(t.Context())
 			defer stop()
-			s, err := master.NewServer(ctx, master.Options{Transport: tr, Token: token, StateURL: "mem://",
-				Job: master.Config{JobID: "stop", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: time.Minute}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- s.Serve(ctx, lis) }()
-			c := dial(t, lis.Addr().String(), token)
+			addr, served := serveMaster(t, ctx, tr, master.Config{JobID: "stop", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: time.Minute})
+			c := dial(t, addr, token)
 			if _, err := c.Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +138,7 @@ func TestTransportsStop(t *testing.T) {
 				t.Errorf("stopping took %s", d)
 			}
 			// Nothing listens any more.
-			if conn, err := net.DialTimeout("tcp", lis.Addr().String(), time.Second); err == nil {
+			if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 				conn.Close()
 				t.Error("the master's port still accepts connections")
 			}

@@ -2,11 +2,9 @@ package mastertest
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -86,20 +84,7 @@ type Bubble struct {
 // Logger the test's log.
 func StartInBubble(t testing.TB, opts master.Options) *Bubble {
 	t.Helper()
-	opts.Token = Token
-	if opts.HeartbeatInterval == 0 {
-		opts.HeartbeatInterval = 500 * time.Millisecond
-	}
-	tl := &testLog{t: t}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(tl, nil))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := master.NewServer(ctx, opts)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	s, ctx, cancel, tl := newServer(t, opts)
 	b := &Bubble{Server: s, Listener: NewPipeListener(), cancel: cancel, ended: make(chan error, 1), tl: tl}
 	go func() { b.ended <- s.Serve(ctx, b.Listener) }()
 	t.Cleanup(func() {

@@ -42,20 +42,7 @@ func StartWith(t testing.TB, opts master.Options) *Master {
 	if opts.StateURL == "" {
 		opts.StateURL = "file://" + t.TempDir()
 	}
-	if opts.HeartbeatInterval == 0 {
-		opts.HeartbeatInterval = 500 * time.Millisecond
-	}
-	opts.Token = Token
-	tl := &testLog{t: t}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(tl, nil))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := master.NewServer(ctx, opts)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	s, ctx, cancel, tl := newServer(t, opts)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		cancel()
@@ -75,6 +62,28 @@ func StartWith(t testing.TB, opts master.Options) *Master {
 		t.Fatal(err)
 	}
 	return &Master{Addr: lis.Addr().String(), TokenFile: tokenFile, Server: s}
+}
+
+// newServer is a master on opts with the test token, a 500 ms heartbeat
+// interval unless opts has one, and the test's log unless opts has a
+// logger; cancel stops it.
+func newServer(t testing.TB, opts master.Options) (*master.Server, context.Context, context.CancelFunc, *testLog) {
+	t.Helper()
+	opts.Token = Token
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 500 * time.Millisecond
+	}
+	tl := &testLog{t: t}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(tl, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := master.NewServer(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return s, ctx, cancel, tl
 }
 
 // testLog writes the master's log lines to the test's log while it runs.
