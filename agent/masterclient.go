@@ -233,7 +233,7 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			return Round{Number: int(r.GetNumber()), RunID: r.GetRunId(), GroupRank: int(r.GetGroupRank()),
 				GroupWorldSize: int(r.GetGroupWorldSize()), WorldSize: int(r.GetWorldSize()),
 				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort()),
-				Departed: int(r.GetDeparted()), DepartedSince: fromUnixNano(r.GetDepartedSinceUnixNano())}, nil
+				Departed: int(r.GetDeparted()), DepartedSince: masterpb.Time(r.GetDepartedSinceUnixNano())}, nil
 		case *masterpb.JoinResponse_Check:
 			if err := m.runCheck(ctx, pb, o.Check); err != nil {
 				return Round{}, err
@@ -469,7 +469,7 @@ func (m *Master) Leave(ctx context.Context, succeeded bool, f kferrors.Failure) 
 	req := &masterpb.LeaveRequest{Node: node, Succeeded: succeeded}
 	if !succeeded {
 		req.Failure = &masterpb.Failure{Code: f.Code, Message: kferrors.CapMessage(f.Message, 16<<10), Recoverable: f.Recoverable,
-			Worker: f.Worker, TimeUnixNano: unixNanoOrZero(f.Time)}
+			Worker: f.Worker, TimeUnixNano: masterpb.UnixNano(f.Time)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -488,19 +488,4 @@ func (m *Master) Leave(ctx context.Context, succeeded bool, f kferrors.Failure) 
 			"rank", d.GetRank(), "reason", d.GetReason(), "counted", d.GetCounted(), "message", d.GetMessage())
 	}
 	return res.GetRelaunch(), true
-}
-
-func unixNanoOrZero(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-// fromUnixNano is a master's time; zero for 0.
-func fromUnixNano(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
 }

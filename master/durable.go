@@ -571,20 +571,6 @@ func (m *merger) records() []*masterpb.StateRecord {
 
 // ---- Job ↔ records ----
 
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromUnixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
-}
-
 func exclusionPB(e *Exclusion) *masterpb.Exclusion {
 	if e == nil {
 		return nil
@@ -617,13 +603,13 @@ func DecisionPB(d Decision) *masterpb.Decision {
 		kind = masterpb.Decision_Kind(d.Kind)
 	}
 	return &masterpb.Decision{Seq: d.Seq, Kind: kind, Rank: int32(d.Rank), Pod: d.Pod, Host: d.Host, Reason: d.Reason,
-		Message: d.Message, Counted: d.Counted, TimeUnixNano: unixNano(d.Time)}
+		Message: d.Message, Counted: d.Counted, TimeUnixNano: masterpb.UnixNano(d.Time)}
 }
 
 // DecisionFrom is a decision from the protocol (DecisionPB's inverse).
 func DecisionFrom(p *masterpb.Decision) Decision {
 	d := Decision{Seq: p.GetSeq(), Rank: int(p.GetRank()), Pod: p.GetPod(), Host: p.GetHost(), Reason: p.GetReason(),
-		Message: p.GetMessage(), Counted: p.GetCounted(), Time: fromUnixNano(p.GetTimeUnixNano())}
+		Message: p.GetMessage(), Counted: p.GetCounted(), Time: masterpb.Time(p.GetTimeUnixNano())}
 	if p.GetKind() == masterpb.Decision_STOP_JOB {
 		d.Kind = StopJob
 	} else {
@@ -640,7 +626,7 @@ func (j *Job) jobRecord() *masterpb.StateRecord {
 func (j *Job) roundRecord() *masterpb.StateRecord {
 	r := j.latest
 	rr := &masterpb.RoundRecord{Number: r.Number, MasterAddr: r.MasterAddr, MasterPort: int32(r.MasterPort),
-		CompletedUnixNano: unixNano(r.CompletedAt)}
+		CompletedUnixNano: masterpb.UnixNano(r.CompletedAt)}
 	for i, rank := range r.Ranks {
 		rr.Ranks = append(rr.Ranks, int32(rank))
 		rr.LocalWorldSizes = append(rr.LocalWorldSizes, int32(r.LocalWorldSizes[i]))
@@ -715,7 +701,7 @@ func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Jo
 				return nil, fmt.Errorf("%w: round %d has %d ranks and %d sizes", ErrBadState, rr.GetNumber(), len(rr.GetRanks()), len(rr.GetLocalWorldSizes()))
 			}
 			round := &Round{Number: rr.GetNumber(), MasterAddr: rr.GetMasterAddr(), MasterPort: int(rr.GetMasterPort()),
-				CompletedAt: fromUnixNano(rr.GetCompletedUnixNano())}
+				CompletedAt: masterpb.Time(rr.GetCompletedUnixNano())}
 			for i, rank := range rr.GetRanks() {
 				round.Ranks = append(round.Ranks, int(rank))
 				round.LocalWorldSizes = append(round.LocalWorldSizes, int(rr.GetLocalWorldSizes()[i]))

@@ -214,7 +214,7 @@ func joinPB(a JoinAnswer, cfg Config, latest int64) *masterpb.JoinResponse {
 			GroupRank: int32(x.GroupRank), GroupWorldSize: int32(x.GroupWorldSize), WorldSize: int32(x.WorldSize),
 			FirstGlobalRank: int32(x.FirstGlobalRank), LocalWorldSize: int32(x.LocalWorldSize),
 			MasterAddr: x.MasterAddr, MasterPort: int32(x.MasterPort), Departed: int32(x.Departed),
-			DepartedSinceUnixNano: unixNano(x.DepartedSince)}}
+			DepartedSinceUnixNano: masterpb.UnixNano(x.DepartedSince)}}
 	case a.Check != nil:
 		t := a.Check
 		r.Outcome = &masterpb.JoinResponse_Check{Check: &masterpb.CheckTask{Check: t.Check, Round: int32(t.Round),
@@ -348,7 +348,7 @@ func (v *service) Leave(ctx context.Context, req *masterpb.LeaveRequest) (*maste
 	c := newCall(nil)
 	c.apply = func(s *Server, now time.Time) {
 		d, err := s.job.Leave(n, req.GetSucceeded(), kferrors.Failure{Code: f.GetCode(), Message: f.GetMessage(),
-			Recoverable: f.GetRecoverable(), Time: fromUnixNano(f.GetTimeUnixNano())}, now)
+			Recoverable: f.GetRecoverable(), Time: masterpb.Time(f.GetTimeUnixNano())}, now)
 		if err != nil {
 			c.finish(nil, err)
 			return
@@ -388,7 +388,7 @@ func (s *Server) Status(ctx context.Context) (*masterpb.StatusResponse, error) {
 		for _, n := range j.Nodes() {
 			r.Nodes = append(r.Nodes, &masterpb.NodeStatus{Rank: int32(n.Rank), Pod: n.Pod, Host: n.Host,
 				State: string(n.State), Round: n.Round, Relaunches: int32(n.Relaunches), Checked: n.Checked,
-				LastSeenUnixNano: unixNano(n.LastSeen), Step: n.Step})
+				LastSeenUnixNano: masterpb.UnixNano(n.LastSeen), Step: n.Step})
 		}
 		for _, d := range j.decisions {
 			r.Decisions = append(r.Decisions, DecisionPB(d))
