@@ -1,11 +1,14 @@
 package master
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +18,6 @@ import (
 
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
@@ -24,15 +26,18 @@ import (
 // The master's durable state lives under --state as a log of batches and
 // an occasional snapshot (docs/DESIGN.md §5.8):
 //
-//	log/<20-digit seq>.pb   one batch of changed records, written once
-//	                        (IfNotExist): a second master writing the same
-//	                        seq fails, so two masters never both go on
+//	log/<20-digit gen>.seg  file:// states: one log segment per master,
+//	                        a batch per frame (segment.go)
+//	log/<20-digit seq>.pb   other stores: one batch of changed records,
+//	                        written once (IfNotExist): a second master
+//	                        writing the same seq fails, so two masters
+//	                        never both go on
 //	snap/<20-digit seq>.pb  every record as of seq; logs up to seq and
 //	                        older snapshots are deleted after it is written
 //
 // A record is last-writer-wins by identity (a node by rank, the latest
 // round, a decision by seq, a key, a store client), so loading is: the
-// newest snapshot, then the logs after it in order. Each batch is one
+// newest snapshot, then the batches after it in order. Each batch is one
 // write however many requests it acknowledges (group commit); heartbeats
 // change nothing durable and write nothing.
 const (
@@ -62,10 +67,10 @@ var ErrBadState = errors.New("unusable master state")
 // durableLog is the writer of the state log.
 type durableLog struct {
 	bucket *blob.Bucket
-	// dir is the state's folder when it is a file:// URL: batches are then
-	// written with link(2), which fails atomically if the name exists
-	// (fileblob's IfNotExist checks, then renames: two processes can both
-	// pass the check), and without fileblob's temporary file in /tmp.
+	// dir is the state's folder when it is a file:// URL: batches then go
+	// into a log segment (fileblob's IfNotExist checks, then renames: two
+	// processes can both pass the check, so it cannot fence), and
+	// snapshots are written without fileblob's temporary file in /tmp.
 	dir string
 	// private: no other master can write the bucket (mem://), so the
 	// checks for another master's writes (held, noNewerSnapshot) are
@@ -76,7 +81,15 @@ type durableLog struct {
 	batches   int    // since the last snapshot
 	bytes     int64
 	snapshots []uint64 // existing snapshot seqs
-	logs      []uint64 // existing log seqs after the last snapshot
+	logs      []uint64 // existing per-batch log seqs after the last snapshot
+	// fingerprint is the job token's (tokenFingerprint), written with the
+	// state and checked against what is read.
+	fingerprint []byte
+	// seg is the log segment this master appends to (file:// states);
+	// segments are the generations there are, seg's included.
+	seg            *segment
+	segments       []uint64
+	segmentBatches int64 // batches read from segments at load
 	// snapshotDelay is the batches still to wait after a failed snapshot
 	// before the next try, so that a store that refuses snapshots is not
 	// sent the whole state again with every batch.
@@ -100,12 +113,115 @@ func parseSeqKey(dir, key string) (uint64, bool) {
 	return n, err == nil
 }
 
-// loadState reads the newest snapshot and the logs after it: the records,
-// merged last-writer-wins, in a stable order (snapshot order, then new
-// identities as they appear).
-// dir is the state's folder when b is a file:// bucket ("" otherwise).
-func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLog, []*masterpb.StateRecord, error) {
-	d := &durableLog{bucket: b, job: job, dir: dir}
+// stateSpec says where a master's state is and whose it is.
+type stateSpec struct {
+	bucket *blob.Bucket
+	// dir is the state's folder when bucket is a file:// URL: batches then
+	// go into log segments (segment.go).
+	dir string
+	// private: no other master can write the bucket (mem://).
+	private bool
+	job     string
+	// token is the job's token; its fingerprint is written with the state,
+	// and a state written under another token is refused.
+	token string
+}
+
+// tokenFingerprint identifies a token without revealing it (nil: none).
+func tokenFingerprint(token string) []byte {
+	if token == "" {
+		return nil
+	}
+	sum := sha256.Sum256([]byte("kfelastic master state token\x00" + token))
+	return sum[:16]
+}
+
+// loadState reads the newest snapshot and the batches after it: the
+// records, merged last-writer-wins, in a stable order (snapshot order,
+// then new identities as they appear). Unless the state is private it then
+// claims the state: on file:// a new log segment (segment.go), elsewhere
+// the next batch's name, written empty. A master that held the state
+// before is fenced from then on. The state is read again after the claim
+// (what the other master acknowledged before it is all there then); the
+// first read is only so that a state this master refuses is not claimed.
+func loadState(ctx context.Context, st stateSpec) (*durableLog, []*masterpb.StateRecord, error) {
+	d, recs, err := readState(ctx, st)
+	if err != nil || st.private {
+		return d, recs, err
+	}
+	if st.dir != "" {
+		if err := d.prepareDir(); err != nil {
+			return nil, nil, err
+		}
+	}
+	for range 10 {
+		if st.dir == "" {
+			// The claim is the next batch, empty: written only if nobody
+			// wrote it first.
+			if err := d.append(ctx, nil); errors.Is(err, ErrFenced) {
+				if d, recs, err = readState(ctx, st); err != nil {
+					return nil, nil, err
+				}
+				continue
+			} else if err != nil {
+				return nil, nil, fmt.Errorf("claim the state: %w", err)
+			}
+			return d, recs, nil
+		}
+		gens, err := d.listSegments()
+		if err != nil {
+			return nil, nil, err
+		}
+		var gen uint64 = 1
+		if n := len(gens); n > 0 {
+			gen = gens[n-1] + 1
+		}
+		seg, err := claimSegment(st.dir, gen)
+		if errors.Is(err, errClaimed) {
+			continue // another master is starting too: claim after it
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim the state: %w", err)
+		}
+		d2, recs, err := d.startSegment(ctx, st, seg)
+		if err != nil {
+			seg.close()
+			_ = os.Remove(filepath.Join(st.dir, filepath.FromSlash(segKey(gen))))
+			return nil, nil, err
+		}
+		return d2, recs, nil
+	}
+	return nil, nil, fmt.Errorf("claim the state: other masters kept claiming %s first", st.dir)
+}
+
+// startSegment reads the state again now that seg is claimed, makes what
+// it read durable (the previous owner may not have synced its last frame
+// yet), and starts seg after it.
+func (d *durableLog) startSegment(ctx context.Context, st stateSpec, seg *segment) (*durableLog, []*masterpb.StateRecord, error) {
+	d, recs, err := readState(ctx, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, g := range d.segments {
+		if g < seg.gen {
+			if err := syncFile(filepath.Join(st.dir, filepath.FromSlash(segKey(g)))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, nil, fmt.Errorf("sync %s: %w", segKey(g), err)
+			}
+		}
+	}
+	if err := seg.start(d.job, d.fingerprint, d.seq); err != nil {
+		return nil, nil, fmt.Errorf("claim the state: %w", err)
+	}
+	d.seg = seg
+	if !slices.Contains(d.segments, seg.gen) {
+		d.segments = append(d.segments, seg.gen)
+	}
+	return d, recs, nil
+}
+
+// readState reads the state as it is, claiming nothing.
+func readState(ctx context.Context, st stateSpec) (*durableLog, []*masterpb.StateRecord, error) {
+	d := &durableLog{bucket: st.bucket, job: st.job, dir: st.dir, private: st.private, fingerprint: tokenFingerprint(st.token)}
 	snaps, err := d.list(ctx, snapDir)
 	if err != nil {
 		return nil, nil, err
@@ -113,6 +229,12 @@ func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLo
 	logs, err := d.list(ctx, logDir)
 	if err != nil {
 		return nil, nil, err
+	}
+	var gens []uint64
+	if d.dir != "" {
+		if gens, err = d.listSegments(); err != nil {
+			return nil, nil, err
+		}
 	}
 	m := newMerger()
 	var base uint64
@@ -148,14 +270,95 @@ func loadState(ctx context.Context, b *blob.Bucket, job, dir string) (*durableLo
 		d.logs = append(d.logs, s)
 		prev = s
 	}
+	if prev, err = d.readSegments(gens, prev, m); err != nil {
+		return nil, nil, err
+	}
 	d.seq = prev
-	d.batches = len(d.logs)
-	if d.dir != "" {
-		if err := d.prepareDir(); err != nil {
-			return nil, nil, err
+	d.segments = gens
+	d.batches = len(d.logs) + int(d.segmentBatches)
+	return d, m.records(), nil
+}
+
+// readSegments adds the batches after prev of a file:// state's segments
+// (gens, in order) to m, each segment's up to the next one's header, and
+// returns the last seq added.
+func (d *durableLog) readSegments(gens []uint64, prev uint64, m *merger) (uint64, error) {
+	var segs []*segmentRead
+	for _, g := range gens {
+		r, err := readSegment(d.dir, g, d.check)
+		if err != nil {
+			return 0, err
+		}
+		if r.header {
+			segs = append(segs, r)
 		}
 	}
-	return d, m.records(), nil
+	for i, r := range segs {
+		limit := uint64(math.MaxUint64)
+		if i+1 < len(segs) {
+			limit = segs[i+1].base
+		}
+		if r.base > prev {
+			return 0, fmt.Errorf("%w: state log has a gap: %s starts after seq %d, the state before it ends at %d: put back what is missing, or move %s and every later segment away to start from the state before the gap (what they acknowledged is lost)",
+				ErrBadState, segKey(r.gen), r.base, prev, segKey(r.gen))
+		}
+		for _, f := range r.frames {
+			if f.GetSeq() > limit {
+				break // written after the next master claimed the state: never answered
+			}
+			if f.GetSeq() <= prev {
+				continue // in the snapshot, or read already
+			}
+			m.add(f.Records)
+			prev = f.GetSeq()
+			d.segmentBatches++
+			d.bytes += int64(proto.Size(f))
+		}
+		if r.torn && i+1 < len(segs) && prev < limit {
+			return 0, fmt.Errorf("%w: %s is %w after seq %d, and the next segment builds on seq %d: move %s and every later segment away to start from the state before it (what they acknowledged is lost), or start the job with a fresh --state",
+				ErrBadState, segKey(r.gen), errCorrupt, prev, limit, segKey(r.gen))
+		}
+	}
+	return prev, nil
+}
+
+// check refuses a state file that is not this job's: another format,
+// another --rdzv-id, or another token.
+func (d *durableLog) check(key string, f *masterpb.StateFile) error {
+	switch {
+	case f.GetFormat() != stateFormat:
+		return fmt.Errorf("%w: %s has format %d, this master reads %d", ErrBadState, key, f.GetFormat(), stateFormat)
+	case f.GetJob() != d.job:
+		return fmt.Errorf("%w: %s belongs to job %q, not %q (another job's --state?)", ErrBadState, key, f.GetJob(), d.job)
+	case len(f.GetTokenFingerprint()) > 0 && d.fingerprint != nil && !bytes.Equal(f.GetTokenFingerprint(), d.fingerprint):
+		return fmt.Errorf("%w: %s was written by a job %q with another token (another job's --state with the same --rdzv-id?): give this job a --state of its own", ErrBadState, key, d.job)
+	}
+	return nil
+}
+
+// listSegments returns the generations of a file:// state's segments,
+// sorted; an entry named like one that is not a regular file is refused.
+func (d *durableLog) listSegments() ([]uint64, error) {
+	entries, err := os.ReadDir(filepath.Join(d.dir, filepath.FromSlash(logDir)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", logDir, err)
+	}
+	var gens []uint64
+	for _, e := range entries {
+		g, ok := parseSegName(e.Name())
+		if !ok {
+			continue
+		}
+		if !e.Type().IsRegular() {
+			return nil, fmt.Errorf("%w: %s is not a regular file (%v): move it away", ErrBadState, logDir+e.Name(), e.Type())
+		}
+		gens = append(gens, g)
+	}
+	slices.Sort(gens)
+	return gens, nil
 }
 
 // errCorrupt marks a state file that does not decode; loadState says what
@@ -263,13 +466,11 @@ func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot 
 	if err := proto.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("%w: %s is %w (%v)", ErrBadState, key, errCorrupt, err)
 	}
-	switch {
-	case f.GetFormat() != stateFormat:
-		return nil, fmt.Errorf("%w: %s has format %d, this master reads %d", ErrBadState, key, f.GetFormat(), stateFormat)
-	case f.GetJob() != d.job:
-		return nil, fmt.Errorf("%w: %s belongs to job %q, not %q (another job's --state?)", ErrBadState, key, f.GetJob(), d.job)
-	case f.GetSeq() != seq || f.GetSnapshot() != snapshot:
-		return nil, fmt.Errorf("%w: %s says it is seq %d (snapshot %v)", ErrBadState, key, f.GetSeq(), f.GetSnapshot())
+	if err := d.check(key, &f); err != nil {
+		return nil, err
+	}
+	if f.GetSeq() != seq || f.GetSnapshot() != snapshot || f.GetSegment() != 0 {
+		return nil, fmt.Errorf("%w: %s says it is seq %d (snapshot %v, segment %d)", ErrBadState, key, f.GetSeq(), f.GetSnapshot(), f.GetSegment())
 	}
 	return &f, nil
 }
@@ -278,21 +479,25 @@ func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot 
 // file:// state the file and its folder are fsynced first.
 func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord) error {
 	seq := d.seq + 1
-	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Records: records})
+	if d.seg != nil {
+		off := d.seg.off
+		if err := d.seg.write(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Records: records}); err != nil {
+			return err
+		}
+		d.seq = seq
+		d.batches++
+		d.bytes += d.seg.off - off
+		// Written and durable; answered only if no newer master claimed the
+		// state meanwhile. (If this check fails otherwise, the batch is
+		// written again as the next seq: records are last-writer-wins.)
+		return d.seg.held()
+	}
+	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Records: records, TokenFingerprint: d.fingerprint})
 	if err != nil {
 		return err
 	}
-	if d.dir != "" {
-		err = writeNewFile(filepath.Join(d.dir, filepath.FromSlash(seqKey(logDir, seq))), data)
-		if errors.Is(err, errNotSynced) {
-			// The log is in place but perhaps not durable; a retry would
-			// find it and call that a fence. A restarted master reloads it.
-			return fmt.Errorf("%w: %s", ErrStateIO, err)
-		}
-	} else {
-		err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
-	}
-	if gcerrors.Code(err) == gcerrors.FailedPrecondition || errors.Is(err, fs.ErrExist) {
+	err = d.bucket.WriteAll(ctx, seqKey(logDir, seq), data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/x-protobuf"})
+	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
 		return fmt.Errorf("%w: %s exists", ErrFenced, seqKey(logDir, seq))
 	}
 	if err != nil {
@@ -319,19 +524,13 @@ func (d *durableLog) held(ctx context.Context) error {
 	if d.private {
 		return nil
 	}
+	if d.seg != nil {
+		return d.seg.held()
+	}
 	next := seqKey(logDir, d.seq+1)
-	var exists bool
-	if d.dir != "" {
-		_, err := os.Lstat(filepath.Join(d.dir, filepath.FromSlash(next)))
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		exists = err == nil
-	} else {
-		var err error
-		if exists, err = d.bucket.Exists(ctx, next); err != nil {
-			return err
-		}
+	exists, err := d.bucket.Exists(ctx, next)
+	if err != nil {
+		return err
 	}
 	if exists {
 		return fmt.Errorf("%w: %s exists", ErrFenced, next)
@@ -355,72 +554,10 @@ func (d *durableLog) noNewerSnapshot(ctx context.Context, seq uint64) error {
 	return nil
 }
 
-// writeNewFile writes data under path unless path exists: a temporary file
-// (0600) next to it, fsynced, then link(2) to the name, which fails if the
-// name exists, then an fsync of the folder so that the name survives a
-// crash of the host.
-//
-// Where the file system has O_TMPFILE (ext4, xfs, btrfs, tmpfs), the
-// temporary file has no name at all: nothing to unlink after the link (one
-// change less for the next batch's journal commit: about 20% of a batch's
-// time measured on this VM's ext4), and nothing left behind by a master
-// killed mid-write. Elsewhere it is a .tmp-* file, as before.
-func writeNewFile(path string, data []byte) error {
-	err := linkUnnamedFile(path, data)
-	if errors.Is(err, errNoUnnamedFile) {
-		return placeFile(path, data, os.Link)
-	}
-	return err
-}
-
-// errNoUnnamedFile: the folder's file system cannot make an unnamed file
-// (or /proc is not there to link it by); use a named temporary file.
-var errNoUnnamedFile = errors.New("no O_TMPFILE")
-
-func linkUnnamedFile(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	switch {
-	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EISDIR), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-		// ENOENT: the folder is missing; the named path creates it.
-		return errNoUnnamedFile
-	case err != nil:
-		return &fs.PathError{Op: "open", Path: dir, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), dir+"/(unnamed)")
-	defer f.Close() // unlinked: the inode goes with the descriptor
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	// linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the descriptor's
-	// /proc link followed does not. Either fails with EEXIST if the name
-	// exists, as link(2) does: the fence.
-	err = unix.Linkat(fd, "", unix.AT_FDCWD, path, unix.AT_EMPTY_PATH)
-	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOENT) {
-		err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
-		if errors.Is(err, unix.ENOENT) {
-			if _, serr := os.Stat("/proc/self/fd"); serr != nil {
-				return errNoUnnamedFile
-			}
-		}
-	}
-	if err != nil {
-		return &os.LinkError{Op: "link", Old: f.Name(), New: path, Err: err}
-	}
-	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("%w: %v", errNotSynced, err)
-	}
-	return nil
-}
-
-// replaceFile writes data under path, replacing what is there, as durably:
-// the temporary file is renamed into place.
-func replaceFile(path string, data []byte) error { return placeFile(path, data, os.Rename) }
-
-func placeFile(path string, data []byte, place func(tmp, path string) error) error {
+// replaceFile writes data under path, replacing what is there, durably: a
+// temporary file next to it (never in /tmp: a rename across file systems
+// fails), fsynced, renamed into place, and the folder fsynced.
+func replaceFile(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -429,8 +566,8 @@ func placeFile(path string, data []byte, place func(tmp, path string) error) err
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp) // linked: the name stays; renamed: gone already
-	if err := place(tmp, path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	if err := syncDir(dir); err != nil {
@@ -484,16 +621,20 @@ func (d *durableLog) wantsSnapshot() bool {
 
 // snapshot writes every record as of the last batch, then deletes what it
 // replaces. A crash in between leaves both, which loads the same; on a
-// file:// state the snapshot is fsynced before anything is deleted.
+// file:// state the snapshot is fsynced before anything is deleted, and
+// this master goes on in a new segment (rollSegment).
 func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) error {
 	seq := d.seq
-	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Snapshot: true, Records: all})
+	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Snapshot: true, Records: all, TokenFingerprint: d.fingerprint})
 	if err != nil {
 		return err
 	}
 	key := seqKey(snapDir, seq)
 	if d.dir != "" {
 		err = replaceFile(filepath.Join(d.dir, filepath.FromSlash(key)), data)
+		if err == nil && d.seg != nil {
+			err = d.rollSegment()
+		}
 	} else {
 		err = d.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{ContentType: "application/x-protobuf"})
 	}
@@ -502,24 +643,66 @@ func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) 
 		return err
 	}
 	var firstErr error
+	del := func(key string) {
+		if err := d.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
+			firstErr = err
+		}
+	}
+	// Oldest first: a master fenced earlier looks for the segment after
+	// its own before its own (segment.held).
+	for _, g := range d.segments {
+		if d.seg != nil && g < d.seg.gen {
+			del(segKey(g))
+		}
+	}
 	for _, s := range d.logs {
 		if s <= seq {
-			if err := d.bucket.Delete(ctx, seqKey(logDir, s)); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
-				firstErr = err
-			}
+			del(seqKey(logDir, s))
 		}
 	}
 	for _, s := range d.snapshots {
 		if s < seq {
-			if err := d.bucket.Delete(ctx, seqKey(snapDir, s)); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
-				firstErr = err
-			}
+			del(seqKey(snapDir, s))
 		}
+	}
+	if d.seg != nil {
+		d.segments = []uint64{d.seg.gen}
 	}
 	d.logs = slices.DeleteFunc(d.logs, func(s uint64) bool { return s <= seq })
 	d.snapshots = []uint64{seq}
 	d.batches, d.bytes = 0, 0
 	return firstErr
+}
+
+// rollSegment goes on in a new segment after a snapshot, so that the old
+// one, all of it in the snapshot, can be deleted. The new one is claimed
+// like a starting master's: if another master claimed that generation
+// first, this one is fenced, and its next batch finds out.
+func (d *durableLog) rollSegment() error {
+	next, err := claimSegment(d.dir, d.seg.gen+1)
+	if err != nil {
+		return err
+	}
+	if err := next.start(d.job, d.fingerprint, d.seq); err != nil {
+		// Not started, so not this master's to go on in; removed, or this
+		// master would take it for a newer master's claim.
+		next.close()
+		if rerr := os.Remove(filepath.Join(d.dir, filepath.FromSlash(segKey(next.gen)))); rerr != nil {
+			return fmt.Errorf("%w: a new segment could not be started (%v) nor removed (%v)", ErrStateIO, err, rerr)
+		}
+		return err
+	}
+	d.seg.close()
+	d.seg = next
+	d.segments = append(d.segments, next.gen)
+	return nil
+}
+
+// close releases the segment's file.
+func (d *durableLog) close() {
+	if d != nil && d.seg != nil {
+		d.seg.close()
+	}
 }
 
 // merger merges records last-writer-wins by identity.

@@ -2,7 +2,6 @@ package master
 
 import (
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,10 +11,12 @@ import (
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
-// writeLogs writes n batches (kv "k" = i) into a fresh file:// state.
+// writeLogs writes n batches (kv "k" = i) into a fresh state in dir as
+// one object per batch (log/<seq>.pb): as a master writes them on other
+// stores than file://, and did on file:// before log segments.
 func writeLogs(t *testing.T, dir string, n int) {
 	t.Helper()
-	d, _, err := loadState(t.Context(), openDir(t, dir), "job", dir)
+	d, _, err := loadState(t.Context(), stateSpec{bucket: openDir(t, dir), job: "job", private: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,12 +53,12 @@ func TestCorruptLogAdviceWorks(t *testing.T) {
 		dir := t.TempDir()
 		writeLogs(t, dir, 5)
 		corrupt(t, dir, 5)
-		_, _, err := loadState(ctx, openDir(t, dir), "job", dir)
+		_, _, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "it is the last log: move it away") {
 			t.Fatalf("load: %v", err)
 		}
 		moveAway(t, dir, 5)
-		d, recs, err := loadState(ctx, openDir(t, dir), "job", dir)
+		d, recs, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		if err != nil || d.seq != 4 || string(recs[0].GetKv().GetValue()) != "4" {
 			t.Fatalf("after moving it away: seq %v, %v", d, err)
 		}
@@ -66,18 +67,18 @@ func TestCorruptLogAdviceWorks(t *testing.T) {
 		dir := t.TempDir()
 		writeLogs(t, dir, 5)
 		corrupt(t, dir, 3)
-		_, _, err := loadState(ctx, openDir(t, dir), "job", dir)
+		_, _, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		want := "2 later logs (to log/00000000000000000005.pb) build on it: move it and every later log away"
 		if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), want) {
 			t.Fatalf("load: %v\nwant it to say %q", err, want)
 		}
 		t.Log(err)
 		moveAway(t, dir, 3)
-		if _, _, err := loadState(ctx, openDir(t, dir), "job", dir); err == nil || !strings.Contains(err.Error(), "gap") {
+		if _, _, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir}); err == nil || !strings.Contains(err.Error(), "gap") {
 			t.Fatalf("with only the corrupt log moved: %v, want the gap refused", err)
 		}
 		moveAway(t, dir, 4, 5)
-		d, recs, err := loadState(ctx, openDir(t, dir), "job", dir)
+		d, recs, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		if err != nil || d.seq != 2 || string(recs[0].GetKv().GetValue()) != "2" {
 			t.Fatalf("after moving it and the later logs away: %v, %v", d, err)
 		}
@@ -90,7 +91,7 @@ func TestCorruptLogAdviceWorks(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, seqKey(snapDir, 9)), []byte{0x0a}, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := loadState(ctx, openDir(t, dir), "job", dir)
+		_, _, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "cannot be rebuilt without it") {
 			t.Fatalf("load: %v", err)
 		}
@@ -101,14 +102,14 @@ func TestCorruptLogAdviceWorks(t *testing.T) {
 // refused at load, not skipped: skipped, the master started and then
 // called its first write of that seq a fence.
 func TestStateEntryNotAFileRefused(t *testing.T) {
-	for _, sub := range []string{logDir, snapDir} {
+	for _, name := range []string{"log/00000000000000000003.pb", "snap/00000000000000000003.pb", "log/00000000000000000001.seg"} {
 		dir := t.TempDir()
 		writeLogs(t, dir, 2)
-		p := filepath.Join(dir, sub, "00000000000000000003.pb")
+		p := filepath.Join(dir, filepath.FromSlash(name))
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := loadState(t.Context(), openDir(t, dir), "job", dir)
+		_, _, err := loadState(t.Context(), stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 		if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "not a regular file") {
 			t.Errorf("%s: load: %v", p, err)
 		}
@@ -128,7 +129,7 @@ func TestLeftTemporaryFilesRemoved(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, _, err := loadState(t.Context(), openDir(t, dir), "job", dir)
+	d, _, err := loadState(t.Context(), stateSpec{bucket: openDir(t, dir), job: "job", dir: dir})
 	if err != nil || d.seq != 2 {
 		t.Fatalf("load: %v %v", d, err)
 	}
@@ -156,7 +157,7 @@ func BenchmarkDurableAppend(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer bucket.Close()
-	d, _, err := loadState(b.Context(), bucket, "job", dir)
+	d, _, err := loadState(b.Context(), stateSpec{bucket: bucket, job: "job", dir: dir})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -165,43 +166,5 @@ func BenchmarkDurableAppend(b *testing.B) {
 		if err := d.append(b.Context(), rec); err != nil {
 			b.Fatal(err)
 		}
-	}
-}
-
-// A batch is written without a temporary name where the file system makes
-// unnamed files (O_TMPFILE): the folder holds the log and nothing else,
-// 0600; writing the same name again fails as a fence (fs.ErrExist) and
-// leaves the first; a folder that does not exist yet is created (the named
-// temporary file's way).
-func TestWriteNewFileUnnamed(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "00000000000000000001.pb")
-	if err := linkUnnamedFile(p, []byte("first")); errors.Is(err, errNoUnnamedFile) {
-		t.Skipf("%s has no O_TMPFILE", dir)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	if err := writeNewFile(p, []byte("second")); !errors.Is(err, fs.ErrExist) {
-		t.Errorf("second write of the same name: %v, want fs.ErrExist", err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != 1 || entries[0].Name() != filepath.Base(p) {
-		t.Errorf("folder holds %v (%v), want only %s", entries, err, filepath.Base(p))
-	}
-	if b, err := os.ReadFile(p); err != nil || string(b) != "first" {
-		t.Errorf("%s = %q %v", p, b, err)
-	}
-	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("%s: %v %v, want 0600", p, fi.Mode(), err)
-	}
-	q := filepath.Join(dir, "new", "00000000000000000001.pb")
-	if err := writeNewFile(q, []byte("x")); err != nil {
-		t.Fatalf("into a folder not there yet: %v", err)
-	}
-	if b, err := os.ReadFile(q); err != nil || string(b) != "x" {
-		t.Errorf("%s = %q %v", q, b, err)
-	}
-	if left, _ := filepath.Glob(filepath.Join(dir, "new", ".tmp-*")); len(left) != 0 {
-		t.Errorf("temporary files left: %v", left)
 	}
 }

@@ -89,58 +89,72 @@ func strip(ns []Node) []Node {
 	return ns
 }
 
+// Batches, a snapshot and batches after it reload as they were written,
+// on file:// (log segments) and on other stores (an object per batch),
+// and a second master's load fences the first.
 func TestDurableLogSnapshotAndReload(t *testing.T) {
-	ctx := t.Context()
-	dir := t.TempDir()
-	b := openDir(t, dir)
-	d, recs, err := loadState(ctx, b, "job", dir)
-	if err != nil || len(recs) != 0 || d.seq != 0 {
-		t.Fatalf("empty state: %v %v %d", err, recs, d.seq)
-	}
-	kv := func(k, v string) *masterpb.StateRecord {
-		return &masterpb.StateRecord{Record: &masterpb.StateRecord_Kv{Kv: &masterpb.KVRecord{Key: k, Value: []byte(v)}}}
-	}
-	for i := range 5 {
-		if err := d.append(ctx, []*masterpb.StateRecord{kv("a", string(rune('0'+i))), kv("k"+string(rune('0'+i)), "x")}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Snapshot at 5, then two more batches.
-	_, all, err := loadState(ctx, b, "job", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.snapshot(ctx, all); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.append(ctx, []*masterpb.StateRecord{kv("a", "latest")}); err != nil {
-		t.Fatal(err)
-	}
-	d2, recs, err := loadState(ctx, b, "job", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d2.seq != 6 {
-		t.Errorf("seq after reload %d, want 6", d2.seq)
-	}
-	got := map[string]string{}
-	for _, r := range recs {
-		got[r.GetKv().GetKey()] = string(r.GetKv().GetValue())
-	}
-	if got["a"] != "latest" || len(got) != 6 {
-		t.Errorf("reloaded %v", got)
-	}
-	logs, _ := filepath.Glob(filepath.Join(dir, "log", "*.pb"))
-	snaps, _ := filepath.Glob(filepath.Join(dir, "snap", "*.pb"))
-	if len(logs) != 1 || len(snaps) != 1 {
-		t.Errorf("after the snapshot: logs %v, snapshots %v", logs, snaps)
-	}
-	// A second master that loaded the same state cannot write the same seq.
-	if err := d.append(ctx, []*masterpb.StateRecord{kv("b", "1")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d2.append(ctx, []*masterpb.StateRecord{kv("b", "2")}); !errors.Is(err, ErrFenced) {
-		t.Errorf("second writer of seq 7: %v, want ErrFenced", err)
+	for _, kind := range []string{"file", "objects"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := t.Context()
+			dir := t.TempDir()
+			st := stateSpec{bucket: openDir(t, dir), job: "job", token: "token"}
+			if kind == "file" {
+				st.dir = dir
+			}
+			d, recs, err := loadState(ctx, st)
+			if err != nil || len(recs) != 0 {
+				t.Fatalf("empty state: %v %v", err, recs)
+			}
+			defer d.close()
+			for i := range 5 {
+				if err := d.append(ctx, []*masterpb.StateRecord{kvRecord("a", string(rune('0'+i))), kvRecord("k"+string(rune('0'+i)), "x")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Snapshot, then one more batch.
+			_, all, err := readState(ctx, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.snapshot(ctx, all); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.append(ctx, []*masterpb.StateRecord{kvRecord("a", "latest")}); err != nil {
+				t.Fatal(err)
+			}
+			seq := d.seq
+			d2, recs, err := loadState(ctx, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d2.close()
+			if d2.seq < seq {
+				t.Errorf("seq after reload %d, want at least %d", d2.seq, seq)
+			}
+			got := map[string]string{}
+			for _, r := range recs {
+				got[r.GetKv().GetKey()] = string(r.GetKv().GetValue())
+			}
+			if got["a"] != "latest" || len(got) != 6 {
+				t.Errorf("reloaded %v", got)
+			}
+			snaps, _ := filepath.Glob(filepath.Join(dir, "snap", "*.pb"))
+			logs, _ := filepath.Glob(filepath.Join(dir, "log", "*"))
+			// file: the first master's segment since its snapshot, the
+			// second's; objects: the batch after the snapshot, the second
+			// master's claim.
+			if len(logs) != 2 || len(snaps) != 1 {
+				t.Errorf("after the snapshot: logs %v, snapshots %v", logs, snaps)
+			}
+			// The first master, fenced by the second's load, writes nothing
+			// more; the second goes on.
+			if err := d.append(ctx, []*masterpb.StateRecord{kvRecord("b", "1")}); !errors.Is(err, ErrFenced) {
+				t.Errorf("the first master after the second loaded: %v, want ErrFenced", err)
+			}
+			if err := d2.append(ctx, []*masterpb.StateRecord{kvRecord("b", "2")}); err != nil {
+				t.Errorf("the second master: %v", err)
+			}
+		})
 	}
 }
 
@@ -162,13 +176,42 @@ func TestBadStateRefused(t *testing.T) {
 		b, _ := proto.Marshal(&masterpb.StateFile{Format: format, Job: job, Seq: seq})
 		return b
 	}
+	other := tokenFingerprint("another job's token")
+	snapOf := func(fingerprint []byte) []byte {
+		b, _ := proto.Marshal(&masterpb.StateFile{Format: 1, Job: "job", Seq: 4, Snapshot: true, TokenFingerprint: fingerprint})
+		return b
+	}
+	// seg is a segment: its header (base, job, fingerprint), then batches
+	// from base+1, then whatever tail.
+	seg := func(gen, base uint64, job string, fingerprint []byte, batches int, tail ...byte) []byte {
+		var out []byte
+		for i := 0; i <= batches; i++ {
+			f := &masterpb.StateFile{Format: 1, Job: job, Seq: base + uint64(i)}
+			if i == 0 {
+				f.Segment, f.TokenFingerprint = gen, fingerprint
+			}
+			frame, _ := proto.MarshalOptions{}.MarshalAppend(make([]byte, frameHeaderLen), f)
+			putFrameHeader(frame)
+			out = append(out, frame...)
+		}
+		return append(out, tail...)
+	}
+	mine := tokenFingerprint("token")
 	for name, files := range map[string]map[string][]byte{
-		"corrupt":    {"log/00000000000000000001.pb": []byte("\xff\xff\xff not a proto")},
-		"other job":  {"log/00000000000000000001.pb": file("someone-else", 1, 1)},
-		"new format": {"log/00000000000000000001.pb": file("job", 99, 1)},
-		"gap":        {"log/00000000000000000001.pb": file("job", 1, 1), "log/00000000000000000003.pb": file("job", 1, 3)},
-		"wrong seq":  {"log/00000000000000000001.pb": file("job", 1, 7)},
-		"bad snap":   {"snap/00000000000000000004.pb": []byte{0x0a}},
+		"corrupt":                {"log/00000000000000000001.pb": []byte("\xff\xff\xff not a proto")},
+		"other job":              {"log/00000000000000000001.pb": file("someone-else", 1, 1)},
+		"new format":             {"log/00000000000000000001.pb": file("job", 99, 1)},
+		"gap":                    {"log/00000000000000000001.pb": file("job", 1, 1), "log/00000000000000000003.pb": file("job", 1, 3)},
+		"wrong seq":              {"log/00000000000000000001.pb": file("job", 1, 7)},
+		"bad snap":               {"snap/00000000000000000004.pb": []byte{0x0a}},
+		"other token's snapshot": {"snap/00000000000000000004.pb": snapOf(other)},
+		"other token's segment":  {"log/00000000000000000001.seg": seg(1, 0, "job", other, 2)},
+		"other job's segment":    {"log/00000000000000000001.seg": seg(1, 0, "someone-else", nil, 2)},
+		"segment gap": {"log/00000000000000000001.seg": seg(1, 0, "job", mine, 2),
+			"log/00000000000000000002.seg": seg(2, 5, "job", mine, 1)},
+		"segment torn before the next one's base": {"log/00000000000000000001.seg": seg(1, 0, "job", mine, 2, 9, 9, 9, 9, 9, 9, 9, 9, 9),
+			"log/00000000000000000002.seg": seg(2, 3, "job", mine, 1)},
+		"segment header wrong": {"log/00000000000000000001.seg": seg(7, 0, "job", mine, 2)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -176,7 +219,7 @@ func TestBadStateRefused(t *testing.T) {
 				write(t, dir, k, v)
 			}
 			before, _ := os.ReadDir(filepath.Join(dir, "log"))
-			_, _, err := loadState(ctx, openDir(t, dir), "job", dir)
+			_, _, err := loadState(ctx, stateSpec{bucket: openDir(t, dir), job: "job", dir: dir, token: "token"})
 			if !errors.Is(err, ErrBadState) {
 				t.Fatalf("load: %v, want ErrBadState", err)
 			}

@@ -138,7 +138,7 @@ func FuzzStateDecode(f *testing.F) {
 		if err := b.WriteAll(ctx, seqKey(logDir, 1), data, nil); err != nil {
 			t.Fatal(err)
 		}
-		_, records, err := loadState(ctx, b, "fuzz", "")
+		_, records, err := loadState(ctx, stateSpec{bucket: b, job: "fuzz"})
 		if err != nil {
 			if !errors.Is(err, ErrBadState) {
 				t.Fatalf("load: %v, want ErrBadState", err)

@@ -17,11 +17,12 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/master"
 )
 
 // Concurrent store writers share batches (group commit): a master process
 // answering 16 clients' adds writes far fewer batches than it acknowledges,
-// and fsyncs twice per batch (the log file, its folder), never per
+// and fsyncs once per batch (an fdatasync of its log segment), never per
 // operation; counted with strace where it is installed. The master is then
 // SIGKILLed and restarted on the same state: every acknowledged add is
 // there, once, and a retried one is answered as it was, not applied again.
@@ -99,19 +100,26 @@ func TestGroupCommitConcurrentWriters(t *testing.T) {
 	}
 	_ = cmd.Wait()
 	const ops = clients * adds
-	batches := len(files(t, dir, "log/*.pb"))
-	if batches == 0 || batches > ops/2 {
-		t.Errorf("%d acknowledged adds from %d clients in %d batches, want at most %d", ops, clients, batches, ops/2)
+	batches, err := master.StateBatches(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A batch costs little CPU beside the calls it answers (an fdatasync in
+	// place), so batches are smaller than when each was a new file; on a
+	// loaded machine they grow.
+	if batches == 0 || batches > ops*3/4 {
+		t.Errorf("%d acknowledged adds from %d clients in %d batches, want at most %d", ops, clients, batches, ops*3/4)
 	}
 	if strace != "" {
 		b, err := os.ReadFile(trace)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fsyncs := strings.Count(string(b), "fsync(") // fdatasync( included
-		// Loading syncs the state's folder and its parent, once.
-		if fsyncs > 2*batches+4 {
-			t.Errorf("%d fsyncs for %d batches (%d adds), want 2 per batch", fsyncs, batches, ops)
+		fsyncs := strings.Count(string(b), "fsync(") + strings.Count(string(b), "fdatasync(")
+		// Loading syncs the state's folders, claims a segment and writes
+		// its header, once.
+		if fsyncs > batches+6 {
+			t.Errorf("%d fsyncs for %d batches (%d adds), want 1 per batch", fsyncs, batches, ops)
 		}
 		t.Logf("%d adds from %d clients: %d batches, %d fsyncs", ops, clients, batches, fsyncs)
 	} else {

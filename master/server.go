@@ -184,14 +184,13 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 				dir = u.Path
 			}
 		}
-		d, recs, err := loadState(ctx, b, opts.Job.JobID, dir)
+		// A mem:// bucket is this master's own (each open is a new one):
+		// no other master can write it, so there is no fence to check for.
+		d, recs, err := loadState(ctx, stateSpec{bucket: b, dir: dir, private: scheme == "mem", job: opts.Job.JobID, token: opts.Token})
 		if err != nil {
 			b.Close()
 			return nil, err
 		}
-		// A mem:// bucket is this master's own (each open is a new one):
-		// no other master can write it, so there is no fence to check for.
-		d.private = scheme == "mem"
 		s.durable, records = d, recs
 	}
 	job, err := RestoreJob(opts.Job, records, now)
@@ -220,6 +219,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func (s *Server) closeBucket() {
+	s.durable.close()
 	if s.bucket != nil {
 		s.bucket.Close()
 	}

@@ -113,7 +113,7 @@ func TestStateOnAnotherFileSystem(t *testing.T) {
 			t.Fatalf("set #%d: %v", i, err)
 		}
 	}
-	snaps, logs := files(t, dir, "snap/*.pb"), files(t, dir, "log/*.pb")
+	snaps, logs := files(t, dir, "snap/*.pb"), files(t, dir, "log/*")
 	if len(snaps) != 1 || len(logs) >= n/2 {
 		t.Fatalf("after %d batches: %d snapshots, %d logs", n, len(snaps), len(logs))
 	}
@@ -138,30 +138,30 @@ func TestStateOnAnotherFileSystem(t *testing.T) {
 	}
 }
 
-// A master whose state another master has written since it loaded it
+// A master whose state a newer master has claimed (by starting on it)
 // answers nothing from it, reads included: not a GET, not a status, not a
-// held call's "nothing yet". It stops, fenced, at its next batch. The other
-// master may also have compacted its logs into a snapshot, deleting the
-// log this master would write next: the write then succeeds, and the
-// snapshot still fences it.
+// held call's "nothing yet". It stops, fenced, at its next batch. The newer
+// master may also have compacted the state into a snapshot, deleting the
+// older master's log segment: that fences it too.
 func TestFencedMasterAnswersNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		batches int  // the first master's batches after the second loaded
-		held    bool // the call is made before those batches, and held meanwhile
+		batches int  // the newer master's batches before the call
+		held    bool // the call is made before the newer master starts, and held meanwhile
 		call    func(ctx context.Context, m *runningMaster) error
 	}{
-		{"get", 1, false, func(ctx context.Context, m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
-		{"status", 1, false, func(ctx context.Context, m *runningMaster) error {
+		{"get", 0, false, func(ctx context.Context, m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
+		{"status", 0, false, func(ctx context.Context, m *runningMaster) error {
 			_, err := m.c.Status(ctx, &masterpb.StatusRequest{})
 			return err
 		}},
-		{"held wait", 1, true, func(ctx context.Context, m *runningMaster) error {
+		{"set", 0, false, func(ctx context.Context, m *runningMaster) error { return m.set(ctx, "a", 2, "k", "stale") }},
+		{"held wait", 0, true, func(ctx context.Context, m *runningMaster) error {
 			_, err := m.c.Store(ctx, &masterpb.StoreRequest{Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{Keys: []string{"absent"}, TimeoutMs: 1000}}})
 			return err
 		}},
 		{"get after a snapshot", 1001, false, func(ctx context.Context, m *runningMaster) error { _, err := m.get(ctx, "k"); return err }},
-		{"set after a snapshot", 1001, false, func(ctx context.Context, m *runningMaster) error { return m.set(ctx, "second", 1, "k", "stale") }},
+		{"set after a snapshot", 1001, false, func(ctx context.Context, m *runningMaster) error { return m.set(ctx, "a", 2, "k", "stale") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.batches > 1 && testing.Short() {
@@ -186,17 +186,17 @@ func fencedMasterAnswersNothing(t *testing.T, batches int, held bool, call func(
 	if err := a.set(ctx, "a", 1, "k", "1"); err != nil {
 		t.Fatal(err)
 	}
-	b := serveStateInBubble(t, "job", state)
-	if v, err := b.get(ctx, "k"); err != nil || v != "1" {
-		t.Fatalf("second master, before the first wrote again: %q %v", v, err)
-	}
 	called := make(chan error, 1)
 	if held {
-		go func() { called <- call(ctx, b) }()
-		synctest.Wait() // the second master holds the call
+		go func() { called <- call(ctx, a) }()
+		synctest.Wait() // the first master holds the call
+	}
+	b := serveStateInBubble(t, "job", state)
+	if v, err := b.get(ctx, "k"); err != nil || v != "1" {
+		t.Fatalf("the newer master: k = %q %v, want what the first acknowledged", v, err)
 	}
 	for i := range batches {
-		if err := a.set(ctx, "a", uint64(2+i), "k", "2"); err != nil {
+		if err := b.set(ctx, "b", uint64(1+i), "k", "2"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,7 +204,7 @@ func fencedMasterAnswersNothing(t *testing.T, batches int, held bool, call func(
 		t.Fatal("no snapshot")
 	}
 	if !held {
-		called <- call(ctx, b)
+		called <- call(ctx, a)
 	}
 	err := <-called
 	if err == nil {
@@ -214,16 +214,20 @@ func fencedMasterAnswersNothing(t *testing.T, batches int, held bool, call func(
 		t.Errorf("the fenced master's refusal: %v", err)
 	}
 	select {
-	case err := <-b.ended:
+	case err := <-a.ended:
 		if !errors.Is(err, master.ErrFenced) {
 			t.Errorf("the fenced master ended with %v, want ErrFenced", err)
 		}
-		b.ended <- err
+		a.ended <- err
 	case <-time.After(5 * time.Second):
 		t.Error("the fenced master did not stop")
 	}
-	if v, err := a.get(ctx, "k"); err != nil || v != "2" {
-		t.Errorf("the first master: k = %q, %v", v, err)
+	want := "1"
+	if batches > 0 {
+		want = "2"
+	}
+	if v, err := b.get(ctx, "k"); err != nil || v != want {
+		t.Errorf("the newer master: k = %q, %v, want %s", v, err, want)
 	}
 }
 
@@ -257,13 +261,16 @@ func TestStateDiskFull(t *testing.T) {
 			}
 		}
 		f.Close()
-		// The add is applied, then held until durable: its caller's deadline
-		// ends the wait, unacknowledged.
+		// The set is applied, then held until durable: its caller's deadline
+		// ends the wait, unacknowledged. (Its value needs room the state's
+		// log segment does not have: a small write into what the segment
+		// already holds goes on while the disk is full.)
+		big := strings.Repeat("x", 64<<10)
 		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		_, err = m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
+		err = m.set(cctx, "w", 2, "big", big)
 		cancel()
 		if status.Code(err) != codes.DeadlineExceeded {
-			t.Errorf("an add while the state cannot be written: %v, want DeadlineExceeded", err)
+			t.Errorf("a set while the state cannot be written: %v, want DeadlineExceeded", err)
 		}
 		// Later calls, reads included, wait behind it (their answers may
 		// depend on it) and end at their own deadline too.
@@ -291,10 +298,13 @@ func TestStateDiskFull(t *testing.T) {
 		// The master retries its write on its own (backoff on the bubble's
 		// clock); the retried call waits behind it.
 		cctx, cancel = context.WithTimeout(ctx, 20*time.Second)
-		res, err := m.c.Store(cctx, &masterpb.StoreRequest{Client: "w", Seq: 2, Op: &masterpb.StoreRequest_Add{Add: &masterpb.StoreAdd{Key: "n", Delta: 1}}})
+		err = m.set(cctx, "w", 2, "big", big)
 		cancel()
-		if err != nil || res.GetNumber() != 1 {
-			t.Fatalf("the add retried once there is room: %v %v, want 1", res, err)
+		if err != nil {
+			t.Fatalf("the set retried once there is room: %v", err)
+		}
+		if v, err := m.get(ctx, "big"); err != nil || v != big {
+			t.Errorf("after the retried set: %d bytes, %v", len(v), err)
 		}
 	})
 }

@@ -2540,12 +2540,21 @@ type StateFile struct {
 	// format is 1; a reader refuses other formats.
 	Format int32 `protobuf:"varint,1,opt,name=format,proto3" json:"format,omitempty"`
 	// job is the master's --rdzv-id: a state from another job is refused.
-	Job           string         `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
-	Seq           uint64         `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	Snapshot      bool           `protobuf:"varint,4,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Records       []*StateRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Job      string         `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	Seq      uint64         `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Snapshot bool           `protobuf:"varint,4,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Records  []*StateRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	// segment is set in the first frame of a file:// state's log segment
+	// (log/<segment>.seg, docs/DESIGN.md §5.8): that frame holds no records,
+	// and its seq is the last one before the segment's first batch.
+	Segment uint64 `protobuf:"varint,6,opt,name=segment,proto3" json:"segment,omitempty"`
+	// token_fingerprint identifies the job's token (SHA-256 of a fixed
+	// prefix and the token, 16 bytes): a master refuses a state written
+	// under another token, so two jobs given the same --rdzv-id and --state
+	// never share it. Set in snapshots, per-batch logs and segment headers.
+	TokenFingerprint []byte `protobuf:"bytes,7,opt,name=token_fingerprint,json=tokenFingerprint,proto3" json:"token_fingerprint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StateFile) Reset() {
@@ -2609,6 +2618,20 @@ func (x *StateFile) GetSnapshot() bool {
 func (x *StateFile) GetRecords() []*StateRecord {
 	if x != nil {
 		return x.Records
+	}
+	return nil
+}
+
+func (x *StateFile) GetSegment() uint64 {
+	if x != nil {
+		return x.Segment
+	}
+	return 0
+}
+
+func (x *StateFile) GetTokenFingerprint() []byte {
+	if x != nil {
+		return x.TokenFingerprint
 	}
 	return nil
 }
@@ -3385,13 +3408,15 @@ const file_master_proto_rawDesc = "" +
 	"\vstop_reason\x18\a \x01(\tR\n" +
 	"stopReason\x12\x1b\n" +
 	"\tmin_nodes\x18\b \x01(\x05R\bminNodes\x12\x1b\n" +
-	"\tmax_nodes\x18\t \x01(\x05R\bmaxNodes\"\x9f\x01\n" +
+	"\tmax_nodes\x18\t \x01(\x05R\bmaxNodes\"\xe6\x01\n" +
 	"\tStateFile\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\x05R\x06format\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x1a\n" +
 	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\x12:\n" +
-	"\arecords\x18\x05 \x03(\v2 .kfelastic.master.v1.StateRecordR\arecords\"\xea\x02\n" +
+	"\arecords\x18\x05 \x03(\v2 .kfelastic.master.v1.StateRecordR\arecords\x12\x18\n" +
+	"\asegment\x18\x06 \x01(\x04R\asegment\x12+\n" +
+	"\x11token_fingerprint\x18\a \x01(\fR\x10tokenFingerprint\"\xea\x02\n" +
 	"\vStateRecord\x122\n" +
 	"\x03job\x18\x01 \x01(\v2\x1e.kfelastic.master.v1.JobRecordH\x00R\x03job\x125\n" +
 	"\x04node\x18\x02 \x01(\v2\x1f.kfelastic.master.v1.NodeRecordH\x00R\x04node\x128\n" +
