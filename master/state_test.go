@@ -335,3 +335,24 @@ func TestAmbiguousStateURLRefused(t *testing.T) {
 		}
 	}
 }
+
+// Two jobs given the same --rdzv-id and --state never share it: the
+// second one's master, under another token, refuses the state at start
+// (and claims nothing: the first master goes on); its own token's master
+// loads it.
+func TestStateOfAnotherTokenRefused(t *testing.T) {
+	ctx := t.Context()
+	state := "file://" + t.TempDir()
+	a := serveState(t, "job", state)
+	if err := a.set(ctx, "a", 1, "k", "job A's"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := master.NewServer(ctx, master.Options{Token: "another job's token", StateURL: state,
+		Job: master.Config{JobID: "job", MinNodes: 1, MaxNodes: 2}})
+	if !errors.Is(err, master.ErrBadState) || !strings.Contains(err.Error(), "another token") {
+		t.Fatalf("a master under another token: %v, want the state refused", err)
+	}
+	if v, err := a.get(ctx, "k"); err != nil || v != "job A's" {
+		t.Errorf("the first master after the refused start: %q %v", v, err)
+	}
+}
