@@ -97,8 +97,8 @@ func TestTransports(t *testing.T) {
 }
 
 // Whatever the transport, a master that stops answers the calls it holds
-// (as grpc-go's transport does: "master stopping"; the agents redial) and
-// Serve returns at once.
+// UNAVAILABLE "master stopping" (the agents redial and retry; it used to
+// be INTERNAL) and Serve returns at once.
 func TestTransportsStop(t *testing.T) {
 	for _, tr := range master.Transports {
 		t.Run(string(tr), func(t *testing.T) {
@@ -120,8 +120,8 @@ func TestTransportsStop(t *testing.T) {
 			stop()
 			select {
 			case err := <-held:
-				if !strings.Contains(status.Convert(err).Message(), "master stopping") {
-					t.Errorf("the held Join as the master stopped: %v, want \"master stopping\"", err)
+				if s := status.Convert(err); s.Code() != codes.Unavailable || !strings.Contains(s.Message(), "master stopping") {
+					t.Errorf("the held Join as the master stopped: %v, want Unavailable \"master stopping\"", err)
 				}
 			case <-time.After(5 * time.Second):
 				t.Error("the held Join was not answered as the master stopped")
