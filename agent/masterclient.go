@@ -74,6 +74,9 @@ type Master struct {
 	// held for an older round is cut short when the node gets a new one.
 	hbCall  context.CancelFunc
 	hbRound int64
+	// refused is the master's refusal that ended the heartbeat for good
+	// (refusedForGood); Next returns it instead of joining again.
+	refused error
 }
 
 // ExcludedError is the master telling a node to exit (failed health
@@ -152,10 +155,45 @@ func (m *Master) retry(ctx context.Context, what string, call func(ctx context.C
 	if gaveUp {
 		return fmt.Errorf("master %s unreachable for %s: %w", m.cfg.Endpoint, m.cfg.Unreachable, err)
 	}
+	return m.authError(err)
+}
+
+// authError is err as an *AuthError when it is the master refusing the job
+// token, else err: one classification for every call.
+func (m *Master) authError(err error) error {
 	if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
 		return &AuthError{Endpoint: m.cfg.Endpoint, Message: fmt.Sprintf("%s: %s", c, status.Convert(err).Message())}
 	}
 	return err
+}
+
+// refusedForGood reports whether the master's answer to a heartbeat
+// refuses this node for good, so that asking again cannot help. What the
+// master answers a heartbeat mid-run, and why:
+//   - Unauthenticated (PermissionDenied from a proxy): the master at the
+//     endpoint holds another token (restarted with another Secret, or
+//     another job's master);
+//   - NotFound: the master does not know this node. Once the node runs in
+//     a round (inRound) its join was durable before it was answered, so
+//     the master lost it: restarted on an empty or another --state. Before
+//     that, a Join in progress registers it, and decides;
+//   - InvalidArgument: the master refuses the node's own description (its
+//     rank outside the --nnodes it restarted with, a newer protocol);
+//   - FailedPrecondition, AlreadyExists, OutOfRange, Unimplemented: no
+//     heartbeat gets them from this master; refusals all the same.
+//
+// Everything else is the master away or busy (Unavailable: stopping,
+// restarting, fenced; DeadlineExceeded; ResourceExhausted; Internal,
+// Unknown), retried as long as the agent lives.
+func refusedForGood(err error, inRound bool) bool {
+	switch status.Code(err) {
+	case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition,
+		codes.AlreadyExists, codes.OutOfRange, codes.Unimplemented:
+		return true
+	case codes.NotFound:
+		return inRound
+	}
+	return false
 }
 
 func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
@@ -184,9 +222,13 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 	for {
 		// A node the master told to exit (on a heartbeat) does not join
 		// again: a Join of this incarnation would take its rank back from
-		// the pod that replaced it.
+		// the pod that replaced it. One whose heartbeat the master refused
+		// for good ends with that refusal, as a refused Join would.
 		if e := m.exclusion(); e != nil {
 			return Round{}, e
+		}
+		if err := m.refusal(); err != nil {
+			return Round{}, err
 		}
 		var res *masterpb.JoinResponse
 		err := m.retry(ctx, "Join", func(ctx context.Context) error {
@@ -264,6 +306,13 @@ func (m *Master) exclusion() *ExcludedError {
 		return &ExcludedError{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
 	}
 	return nil
+}
+
+// refusal is the heartbeat's refusal for good, nil if none.
+func (m *Master) refusal() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refused
 }
 
 // runCheck runs one health-check round and reports its result.
@@ -387,6 +436,10 @@ func (m *Master) heartbeat(ctx context.Context) {
 			if cancelled {
 				continue // cut short for a new round (Next): sent again at once
 			}
+			if refusedForGood(err, round != 0) {
+				m.refuse(err, round)
+				return
+			}
 			if failing.IsZero() {
 				failing = time.Now()
 			}
@@ -431,6 +484,30 @@ func (m *Master) heartbeat(ctx context.Context) {
 			if !m.pause(ctx, round) {
 				return
 			}
+		}
+	}
+}
+
+// refuse ends the heartbeat on the master's refusal for good: its workers
+// stop as for the master's EXIT (Changed returns), and Next returns the
+// refusal, which ends the pod with its document (a refused token:
+// AuthenticationFailed, exit 1), instead of heartbeats retried while the
+// workers run on unsupervised.
+func (m *Master) refuse(err error, round int64) {
+	err = m.authError(err)
+	var auth *AuthError
+	if !errors.As(err, &auth) {
+		err = fmt.Errorf("the master refused this node's heartbeat: %w", unwrapStatus(err))
+	}
+	m.cfg.Logger.Error("the master refuses this node for good; stopping", "endpoint", m.cfg.Endpoint, "round", round, "err", err)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refused = err
+	if m.round != 0 {
+		select {
+		case <-m.changed:
+		default:
+			close(m.changed)
 		}
 	}
 }

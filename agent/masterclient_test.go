@@ -126,6 +126,122 @@ func init() {
 	}
 }
 
+// freeAddr is a loopback address nothing listens on, for a master that
+// stops and comes back at the same address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// serveMasterAt serves a master with opts at addr (waiting for the port
+// the master before it held to free) until stop; its log is discarded.
+func serveMasterAt(t *testing.T, addr string, opts master.Options) (s *master.Server, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := master.NewServer(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var lis net.Listener
+	for i := 0; ; i++ {
+		if lis, err = net.Listen("tcp", addr); err == nil || i > 100 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, lis) }()
+	return s, func() { cancel(); <-done }
+}
+
+// A master that refuses a running node for good ends it in seconds, as a
+// refused join does: the workers stopped, the pod's document, the exit
+// code for its kind. It used to retry the refused heartbeat for as long as
+// the workers ran, the node lost to the master and its workers
+// unsupervised. The master comes back at the same address with another
+// job token (AuthenticationFailed, NON_RECOVERABLE, exit 1; under both
+// launchers, whose stops differ), or without the state the node joined
+// (NotFound on its heartbeat: ended as a refused join, RendezvousTimeout,
+// exit 202, so that a relaunched pod joins afresh). Real master, real
+// agents, helper workers.
+func TestHeartbeatRefusedEndsAgent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a master under running agents")
+	}
+	for _, c := range []struct {
+		name        string
+		launcher    string // "": the agent's own workers
+		token       string // of the master that comes back
+		newState    bool   // it comes back on an empty state
+		code        string
+		exit        int
+		recoverable bool
+	}{
+		{"token", "", "another-jobs-token", false, kferrors.CodeAuthenticationFailed, 1, false},
+		{"token-command", LauncherCommand, "another-jobs-token", false, kferrors.CodeAuthenticationFailed, 1, false},
+		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr := freeAddr(t)
+			job := master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond,
+				HeartbeatTimeout: time.Minute}
+			opts := master.Options{Token: mastertest.Token, Job: job, StateURL: "file://" + t.TempDir(),
+				HeartbeatInterval: 200 * time.Millisecond}
+			_, stop := serveMasterAt(t, addr, opts)
+			tokenFile := filepath.Join(t.TempDir(), "token")
+			_ = os.WriteFile(tokenFile, []byte(mastertest.Token), 0o600)
+			cfg, out := helperConfig(t, 1, "hang")
+			dir := t.TempDir()
+			cfg.Launcher, cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = c.launcher, "job-worker-0", 0, 1, 2
+			cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", addr, tokenFile
+			cfg.HeartbeatInterval, cfg.ErrorPrefix = 200*time.Millisecond, "file://"+dir
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg) }()
+			waitFor(t, out, "[default0]:helper hang", 10*time.Second)
+			stop()
+			opts.Token = c.token
+			if c.newState {
+				opts.StateURL = "file://" + t.TempDir()
+			}
+			_, stop = serveMasterAt(t, addr, opts)
+			defer stop()
+			back := time.Now()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the agent still runs 20 s after the master came back refusing it:\n%s", out)
+			}
+			took := time.Since(back)
+			var ee *ExitError
+			if !errors.As(err, &ee) || ee.Failure.Code != c.code || ee.Code != c.exit || ee.Failure.Recoverable != c.recoverable {
+				t.Fatalf("want %s (recoverable %v), exit %d; got %v\n%s", c.code, c.recoverable, c.exit, err, out)
+			}
+			if got := readDocument(t, dir, ee.Document); got.Code != c.code || got.Recoverable != c.recoverable {
+				t.Errorf("document %+v", got)
+			}
+			if !strings.Contains(out.String(), "the master refuses this node for good") {
+				t.Errorf("no word of the refusal:\n%s", out)
+			}
+			t.Logf("%s, exit %d, %v after the master came back: %s", ee.Failure.Code, ee.Code, took.Round(time.Millisecond),
+				ee.Failure.Message)
+		})
+	}
+}
+
 // A master that stops and comes back (same state, same address) is a pause
 // for the agents, not an error: they keep training in their round, their
 // heartbeats retry until it is back, and no new round is formed.
@@ -134,33 +250,11 @@ func TestAgentsRideOutAMasterRestart(t *testing.T) {
 		t.Skip("restarts a master under running agents")
 	}
 	state := "file://" + t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	cfg := master.Config{JobID: "test", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: 20 * time.Second}
 	serve := func() (*master.Server, func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		s, err := master.NewServer(ctx, master.Options{Token: mastertest.Token, Job: cfg, StateURL: state,
-			HeartbeatInterval: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lis net.Listener
-		for i := 0; ; i++ {
-			if lis, err = net.Listen("tcp", addr); err == nil || i > 100 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.Serve(ctx, lis) }()
-		return s, func() { cancel(); <-done }
+		return serveMasterAt(t, addr, master.Options{Token: mastertest.Token, Job: cfg, StateURL: state,
+			HeartbeatInterval: 300 * time.Millisecond})
 	}
 	_, stop := serve()
 	tokenFile := filepath.Join(t.TempDir(), "token")

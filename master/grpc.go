@@ -46,6 +46,7 @@ func (s *Server) GRPCServer() *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.InTapHandle(s.tapAuthorize),
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		grpc.MaxConcurrentStreams(MaxConcurrentCalls),
 		grpc.UnaryInterceptor(s.authorize),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),

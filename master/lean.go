@@ -40,7 +40,9 @@ import (
 // frame size), flow control both ways (the peer's windows are respected
 // when answering; what the peer sends is credited back as it is read),
 // PING (answered; too frequent pings end the connection as grpc-go's
-// enforcement policy does), RST_STREAM (the call's context is canceled),
+// enforcement policy does), SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
+// a call beyond it is refused with RST_STREAM REFUSED_STREAM),
+// RST_STREAM (the call's context is canceled),
 // GOAWAY on stop (calls in flight are answered, then the connection
 // closes), grpc-timeout, status and message (percent-encoded) in trailers,
 // trailers-only errors. No compression, no server push, no TLS, no
@@ -160,6 +162,12 @@ type leanConn struct {
 	cond *sync.Cond // window updates, resets, close
 	// streams are the calls open: being received, or their handler running.
 	streams map[uint32]*leanStream
+	// orphans are the handlers still running of calls the peer reset (or
+	// the master reset): gone from streams, but they count against
+	// MaxConcurrentCalls until they return, or a peer that opens and
+	// resets calls at once would start handlers without bound (HTTP/2
+	// "rapid reset").
+	orphans int
 	lastID  uint32
 	// The peer's windows and settings, for what the master sends.
 	sendWindow        int64
@@ -186,6 +194,7 @@ type leanStream struct {
 	sendWindow int64
 	running    bool // its handler runs
 	reset      bool // the peer reset it, or the connection ended
+	orphan     bool // reset while its handler ran: counted in orphans
 	cancel     context.CancelFunc
 }
 
@@ -216,6 +225,7 @@ func (c *leanConn) serve() {
 	c.mu.Lock()
 	err := c.write(func(b []byte) []byte {
 		b = appendSettings(b, false,
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxConcurrentCalls},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListBytes},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: leanStreamWindow})
 		return appendWindowUpdate(b, 0, leanConnWindow-65535)
@@ -330,8 +340,9 @@ func (c *leanConn) frame(f http2.Frame) bool {
 func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 	id := f.StreamID
 	if c.streams[id] != nil {
-		// Trailers from the client: a unary call has none.
-		c.endStream(id, false)
+		// Trailers from the client: a unary call has none. The call ends
+		// as if reset: its handler, if it runs, answers nothing.
+		c.endStream(id, true)
 		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeProtocol) }) == nil
 	}
 	if id%2 == 0 || id <= c.lastID {
@@ -339,7 +350,10 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 		return false
 	}
 	c.lastID = id
-	if c.goingAway {
+	if c.goingAway || len(c.streams)+c.orphans >= MaxConcurrentCalls {
+		// Not processed at all: a client may send it again (grpc-go's
+		// do, transparently; they also wait for a free stream themselves
+		// rather than open one past the bound).
 		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeRefusedStream) }) == nil
 	}
 	ended := f.StreamEnded()
@@ -498,6 +512,10 @@ func (c *leanConn) run(ctx context.Context, st *leanStream) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if st.orphan {
+		c.orphans--
+		return
+	}
 	if st.reset || c.closed {
 		return
 	}
@@ -518,6 +536,10 @@ func (c *leanConn) endStream(id uint32, reset bool) {
 	delete(c.streams, id)
 	if reset {
 		st.reset = true
+		if st.running {
+			st.orphan = true
+			c.orphans++
+		}
 		if st.cancel != nil {
 			st.cancel()
 		}

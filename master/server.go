@@ -259,7 +259,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			s.fail(errors.New("master stopping"))
+			s.fail(errStopped)
 			return nil
 		case c := <-s.inbox:
 			batch = append(batch, c)
@@ -295,12 +295,12 @@ func (s *Server) Run(ctx context.Context) error {
 			err = s.confirmHeld(ctx)
 		}
 		if err != nil && ctx.Err() != nil {
-			s.fail(errors.New("master stopping"))
+			s.fail(errStopped)
 			return nil
 		}
 		if err != nil {
 			s.err = err
-			s.fail(err)
+			s.fail(fmt.Errorf("%w: %w", errStopped, err))
 			return err
 		}
 		for _, c := range answered {
@@ -316,7 +316,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if s.opts.ExitOnSuccess && s.job.Succeeded() {
 			s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
 			s.succeeded.Store(true)
-			s.fail(errors.New("job succeeded"))
+			s.fail(fmt.Errorf("%w: job succeeded", errStopped))
 			return nil
 		}
 	}
@@ -489,7 +489,9 @@ func (s *Server) evalStoreWaiters(key string, answered []*call) []*call {
 	return answered
 }
 
-// fail ends every call that waits or is queued.
+// fail ends every call that waits or is queued, as the loop ends: err wraps
+// errStopped, so that the calls end UNAVAILABLE (grpcError) and the agents
+// redial and retry, whatever stopped this master.
 func (s *Server) fail(err error) {
 	for _, m := range []map[int][]*call{s.joinWaiters, s.hbWaiters} {
 		for _, ws := range m {
@@ -523,6 +525,8 @@ func (s *Server) submit(ctx context.Context, c *call) error {
 	}
 }
 
+// errStopped is the answer of a master that stops: UNAVAILABLE, which the
+// agents retry (a restarted or replacement master answers them).
 var errStopped = errors.New("master stopping")
 
 // barrier returns once a batch of the loop has passed: its answers are

@@ -52,6 +52,30 @@ func ParseTransport(s string) (Transport, error) {
 	return "", fmt.Errorf("unknown transport %q (want one of %v)", s, Transports)
 }
 
+// MaxConcurrentCalls bounds the calls one connection may have open at once,
+// under either transport: advertised as HTTP/2's
+// SETTINGS_MAX_CONCURRENT_STREAMS, and a call past it is refused with
+// RST_STREAM REFUSED_STREAM. Without it an authenticated peer could make
+// the master hold any number of calls, each a goroutine (≈4 KiB of stack
+// and ≈5 KiB of heap held, docs/DESIGN.md §5.11): grpc-go's server has no
+// bound by default (x/net's has 250), and the lean transport had none.
+//
+// An honest agent holds a few calls of its own (a held Join, a held
+// Heartbeat, a ReportCheck or Leave) and, under --launcher command, about
+// one per torch store connection it relays: torch's client waits for
+// each reply (WAITs included: one per connection at a time), and the
+// workers connect one each with the agent's store (torch 1.13's elastic
+// agent opens two), so nproc_per_node plus a few; 1.13's waits that time
+// out send no cancel and stay held until their keys come or the
+// connection ends. grpc-go's client does not fail calls past the bound,
+// it queues them until a call ends; a bound an agent can reach would hold
+// its heartbeat behind the relay's long polls (renewed every 60 s) and
+// have the node declared lost. 1024 is far above any agent's need (a
+// 1,000-worker node) and keeps what one connection can pin to a few MiB
+// (1,024 held calls: as many goroutines and 2–4 MiB of heap,
+// TestTransportsBoundConcurrentCalls).
+const MaxConcurrentCalls = 1024
+
 // maxReadFrameBytes is the largest HTTP/2 frame the lean transport reads:
 // the protocol's minimum, what grpc-go's clients send anyway. The framer
 // keeps a buffer of the largest frame it read, per connection.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -97,8 +101,8 @@ func TestTransports(t *testing.T) {
 }
 
 // Whatever the transport, a master that stops answers the calls it holds
-// (as grpc-go's transport does: "master stopping"; the agents redial) and
-// Serve returns at once.
+// UNAVAILABLE "master stopping" (the agents redial and retry; it used to
+// be INTERNAL) and Serve returns at once.
 func TestTransportsStop(t *testing.T) {
 	for _, tr := range master.Transports {
 		t.Run(string(tr), func(t *testing.T) {
@@ -120,8 +124,8 @@ func TestTransportsStop(t *testing.T) {
 			stop()
 			select {
 			case err := <-held:
-				if !strings.Contains(status.Convert(err).Message(), "master stopping") {
-					t.Errorf("the held Join as the master stopped: %v, want \"master stopping\"", err)
+				if s := status.Convert(err); s.Code() != codes.Unavailable || !strings.Contains(s.Message(), "master stopping") {
+					t.Errorf("the held Join as the master stopped: %v, want Unavailable \"master stopping\"", err)
 				}
 			case <-time.After(5 * time.Second):
 				t.Error("the held Join was not answered as the master stopped")
@@ -141,6 +145,168 @@ func TestTransportsStop(t *testing.T) {
 			if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 				conn.Close()
 				t.Error("the master's port still accepts connections")
+			}
+		})
+	}
+}
+
+// Whatever the transport, one connection holds at most
+// master.MaxConcurrentCalls calls: the bound is advertised
+// (SETTINGS_MAX_CONCURRENT_STREAMS), a call past it is refused with
+// RST_STREAM REFUSED_STREAM and costs the master no goroutine, the calls
+// within it are answered, and the connection goes on serving. A client
+// written frame by frame: grpc-go's would wait for a free stream instead.
+func TestTransportsBoundConcurrentCalls(t *testing.T) {
+	const extra = 2048
+	for _, tr := range master.Transports {
+		t.Run(string(tr), func(t *testing.T) {
+			addr, _ := serveMaster(t, t.Context(), tr, master.Config{JobID: "bound", MinNodes: 1, MaxNodes: 1})
+			r := rawDial(t, addr, 65535)
+			// What the master sends, read as it comes (a frame is valid only
+			// until the next read).
+			type frame struct {
+				typ      http2.FrameType
+				stream   uint32
+				code     http2.ErrCode
+				ended    bool
+				settings map[http2.SettingID]uint32
+				status   string // grpc-status of a header block
+				fields   []hpack.HeaderField
+			}
+			frames := make(chan frame, 8192)
+			go func() {
+				defer close(frames)
+				for {
+					f, err := r.fr.ReadFrame()
+					if err != nil {
+						return
+					}
+					x := frame{typ: f.Header().Type, stream: f.Header().StreamID}
+					switch f := f.(type) {
+					case *http2.RSTStreamFrame:
+						x.code = f.ErrCode
+					case *http2.MetaHeadersFrame:
+						x.ended, x.status, x.fields = f.StreamEnded(), headerValue(f, "grpc-status"), slices.Clone(f.Fields)
+					case *http2.SettingsFrame:
+						if !f.IsAck() {
+							x.settings = map[http2.SettingID]uint32{}
+							_ = f.ForeachSetting(func(s http2.Setting) error { x.settings[s.ID] = s.Val; return nil })
+						}
+					}
+					frames <- x
+				}
+			}()
+			next := func() frame {
+				t.Helper()
+				select {
+				case f, ok := <-frames:
+					if !ok {
+						t.Fatal("the master closed the connection")
+					}
+					return f
+				case <-time.After(20 * time.Second):
+					t.Fatal("no frame from the master for 20 s")
+				}
+				return frame{}
+			}
+			// The bound is advertised.
+			for advertised := false; !advertised; {
+				if f := next(); f.settings != nil {
+					if v, ok := f.settings[http2.SettingMaxConcurrentStreams]; !ok || v != master.MaxConcurrentCalls {
+						t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d (set %v), want %d", v, ok, master.MaxConcurrentCalls)
+					}
+					advertised = true
+				}
+			}
+			runtime.GC()
+			goroutines := runtime.NumGoroutine()
+			var before runtime.MemStats
+			runtime.ReadMemStats(&before)
+			// The bound's worth of held calls (TCPStore WAITs for a key that
+			// is not there), then more.
+			wait := &masterpb.StoreRequest{Client: "w", Op: &masterpb.StoreRequest_Wait{Wait: &masterpb.StoreWait{
+				Keys: []string{"k"}, TimeoutMs: 60000}}}
+			id := uint32(1)
+			for range master.MaxConcurrentCalls + extra {
+				r.call(id, "Store", token, wait)
+				id += 2
+			}
+			held := map[uint32]bool{}
+			for range extra {
+				switch f := next(); f.typ {
+				case http2.FrameRSTStream:
+					if f.code != http2.ErrCodeRefusedStream || f.stream <= 2*master.MaxConcurrentCalls {
+						t.Fatalf("RST_STREAM %d %v, want REFUSED_STREAM for the calls past the first %d", f.stream, f.code,
+							master.MaxConcurrentCalls)
+					}
+				case http2.FrameHeaders:
+					t.Fatalf("an answer while every call is held: stream %d %v", f.stream, f.fields)
+				default:
+					// WINDOW_UPDATE, SETTINGS ack
+				}
+			}
+			runtime.GC()
+			var after runtime.MemStats
+			runtime.ReadMemStats(&after)
+			grown := runtime.NumGoroutine() - goroutines
+			heap := int64(after.HeapInuse) - int64(before.HeapInuse)
+			t.Logf("%d calls held, %d refused: %d more goroutines, heap in use %+d KiB", master.MaxConcurrentCalls, extra,
+				grown, heap>>10)
+			if grown > master.MaxConcurrentCalls+64 {
+				t.Errorf("%d more goroutines for %d calls held and %d refused, want at most %d", grown,
+					master.MaxConcurrentCalls, extra, master.MaxConcurrentCalls+64)
+			}
+			if heap > 64<<20 {
+				t.Errorf("heap in use grew by %d MiB", heap>>20)
+			}
+			// The key comes: every held call is answered, and the connection
+			// still takes calls.
+			set := &masterpb.StoreRequest{Client: "s", Seq: 1, Op: &masterpb.StoreRequest_Set{Set: &masterpb.StoreSet{Key: "k", Value: []byte("v")}}}
+			if _, err := dial(t, addr, token).Store(t.Context(), set); err != nil {
+				t.Fatal(err)
+			}
+			for len(held) < master.MaxConcurrentCalls {
+				if f := next(); f.typ == http2.FrameHeaders && f.ended {
+					if f.stream > 2*master.MaxConcurrentCalls || f.status != "0" {
+						t.Fatalf("stream %d ended with %v", f.stream, f.fields)
+					}
+					held[f.stream] = true
+				}
+			}
+			// Calls the peer resets count until their handlers have returned
+			// (HTTP/2 "rapid reset" starts no handler past the bound); then
+			// the connection takes calls again.
+			wait.GetWait().Keys = []string{"k2"}
+			first := id
+			for range master.MaxConcurrentCalls {
+				r.call(id, "Store", token, wait)
+				id += 2
+			}
+			for s := first; s < id; s += 2 {
+				if err := r.fr.WriteRSTStream(s, http2.ErrCodeCancel); err != nil {
+					t.Fatal(err)
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for answered := false; !answered; {
+				if time.Now().After(deadline) {
+					t.Fatal("no call taken 10 s after the peer reset its calls")
+				}
+				r.call(id, "Status", token, &masterpb.StatusRequest{})
+				for done := false; !done; {
+					switch f := next(); {
+					case f.stream != id:
+					case f.typ == http2.FrameRSTStream && f.code == http2.ErrCodeRefusedStream:
+						done = true
+						time.Sleep(10 * time.Millisecond)
+					case f.typ == http2.FrameHeaders && f.ended:
+						if f.status != "0" {
+							t.Fatalf("stream %d ended with %v", f.stream, f.fields)
+						}
+						done, answered = true, true
+					}
+				}
+				id += 2
 			}
 		})
 	}
