@@ -443,7 +443,9 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 				return c.refuse(st, status.Newf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, MaxMessageBytes), f)
 			}
 			st.want = 5 + int(n)
-			msg := make([]byte, 5, st.want)
+			// Grown as the message arrives: a length prefix is only what
+			// the peer says it will send.
+			msg := make([]byte, 5, min(st.want, leanStreamWindow))
 			copy(msg, st.msg)
 			st.msg = msg
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -210,4 +211,52 @@ func headerValue(f *http2.MetaHeadersFrame, name string) string {
 		}
 	}
 	return ""
+}
+
+// A call's message is kept as it arrives, not allocated at the size its
+// length prefix declares: a peer that declares 1,024 messages of 80 MiB
+// and sends a few bytes of each costs the master a few bytes each.
+func TestLeanDeclaredSizeNotAllocated(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	r := rawDial(t, addr, 65535)
+	go func() { // the master's frames, drained
+		for {
+			if _, err := r.fr.ReadFrame(); err != nil {
+				return
+			}
+		}
+	}()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const calls = master.MaxConcurrentCalls
+	id := uint32(1)
+	for range calls {
+		r.hbuf.Reset()
+		for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/kfelastic.master.v1.Master/Store"},
+			{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + token}} {
+			r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+		}
+		if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		prefix := binary.BigEndian.AppendUint32([]byte{0}, master.MaxMessageBytes)
+		if err := r.fr.WriteData(id, false, append(prefix, 0x0a, 0x01)); err != nil {
+			t.Fatal(err)
+		}
+		id += 2
+	}
+	// A call after them is answered: every frame before it was read.
+	c := dial(t, addr, token)
+	if _, err := c.Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	heap := int64(after.HeapInuse) - int64(before.HeapInuse)
+	t.Logf("%d calls declaring %d MiB each, 7 bytes sent: heap in use %+d KiB", calls, master.MaxMessageBytes>>20, heap>>10)
+	if heap > 64<<20 {
+		t.Errorf("heap in use grew by %d MiB", heap>>20)
+	}
 }
