@@ -81,6 +81,27 @@ func TestRestoreJobFromRecords(t *testing.T) {
 	}
 }
 
+// sameRestored fails t unless got has want's nodes and claims, less the
+// times a restore resets.
+func sameRestored(t testing.TB, want, got *Job) {
+	t.Helper()
+	if !reflect.DeepEqual(strip(got.Nodes()), strip(want.Nodes())) {
+		t.Fatalf("restored nodes differ:\n%+v\nwant\n%+v", got.Nodes(), want.Nodes())
+	}
+	if g, w := claimsOf(got), claimsOf(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("restored claims differ:\n%+v\nwant\n%+v", g, w)
+	}
+}
+
+// claimsOf is j's claims less their times.
+func claimsOf(j *Job) map[int]claim {
+	out := map[int]claim{}
+	for r, c := range j.claims {
+		out[r] = claim{n: c.n, afterRound: c.afterRound, expired: c.expired}
+	}
+	return out
+}
+
 // strip drops the times a restore resets (the grace it gives).
 func strip(ns []Node) []Node {
 	for i := range ns {
