@@ -259,6 +259,11 @@ func TestRestoreRefusesBadRecords(t *testing.T) {
 		"rank out of range": {Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{Rank: 7, Pod: "p", State: "running"}}},
 		"unknown state":     {Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{Rank: 0, Pod: "p", State: "zombie"}}},
 		"ragged round":      {Record: &masterpb.StateRecord_Round{Round: &masterpb.RoundRecord{Number: 1, Ranks: []int32{0, 1}}}},
+		"claim's rank out of range": {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 2, Pod: "p", Incarnation: "1",
+			LocalWorldSize: 1}}},
+		"ended claim's rank out of range": {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: -1, Ended: true}}},
+		"claim without a pod":             {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 0, Incarnation: "1", LocalWorldSize: 1}}},
+		"claim without workers":           {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 0, Pod: "p", Incarnation: "1"}}},
 	} {
 		if _, err := RestoreJob(cfg, []*masterpb.StateRecord{r}, time.Now()); !errors.Is(err, ErrBadState) {
 			t.Errorf("%s: %v, want ErrBadState", name, err)
