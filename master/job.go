@@ -1297,7 +1297,7 @@ func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 	c := j.claims[rec.Rank]
 	if c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
 		if c.afterRound != afterRound {
-			j.dirtyClaim(rec.Rank) // a repeated join writes nothing
+			j.dirtyClaim(rec.Rank) // only then: a repeated join writes nothing
 		}
 		c.lastSeen, c.afterRound = now, afterRound
 		return
