@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -727,6 +728,8 @@ func recordID(r *masterpb.StateRecord) string {
 		return "kv/" + x.Kv.GetKey()
 	case *masterpb.StateRecord_Session:
 		return "session/" + x.Session.GetClient()
+	case *masterpb.StateRecord_Claim:
+		return "claim/" + strconv.Itoa(int(x.Claim.GetRank()))
 	}
 	return ""
 }
@@ -774,6 +777,43 @@ func nodeRecord(n *Node) *masterpb.StateRecord {
 		LocalWorldSize: int32(n.LocalWorldSize), State: string(n.State), Round: n.Round, Relaunches: int32(n.Relaunches),
 		Checked: n.Checked, Relaunching: n.Relaunching, Exclusion: exclusionPB(n.Exclusion), AfterRound: n.AfterRound,
 	}}}
+}
+
+// claimRecord is rank's claim, or, when it has none, the record that ends
+// the one written before.
+func (j *Job) claimRecord(rank int) *masterpb.StateRecord {
+	cr := &masterpb.ClaimRecord{Rank: int32(rank), Ended: true}
+	if c := j.claims[rank]; c != nil {
+		n := c.n
+		cr = &masterpb.ClaimRecord{Rank: int32(rank), Pod: n.Pod, Incarnation: n.Incarnation, Host: n.Host, Addr: n.Addr,
+			Port: int32(n.Port), LocalWorldSize: int32(n.LocalWorldSize), AfterRound: c.afterRound, Expired: c.expired}
+	}
+	return &masterpb.StateRecord{Record: &masterpb.StateRecord_Claim{Claim: cr}}
+}
+
+// restoreClaim restores a claim as of now: a fresh heartbeat grace and pend
+// timeout, as a restored node gets its grace. An ended claim restores
+// nothing.
+func (j *Job) restoreClaim(cr *masterpb.ClaimRecord, now time.Time) error {
+	rank := int(cr.GetRank())
+	if rank < 0 || rank >= j.cfg.MaxNodes {
+		return fmt.Errorf("%w: claim on rank %d outside [0, %d) of this job's --nnodes", ErrBadState, rank, j.cfg.MaxNodes)
+	}
+	if cr.GetEnded() {
+		delete(j.claims, rank)
+		return nil
+	}
+	n := NodeInfo{Pod: cr.GetPod(), Incarnation: cr.GetIncarnation(), Rank: rank, LocalWorldSize: int(cr.GetLocalWorldSize()),
+		Addr: cr.GetAddr(), Port: int(cr.GetPort()), Host: cr.GetHost()}
+	err := j.validate(n)
+	if err == nil && (n.LocalWorldSize < 1 || n.LocalWorldSize > MaxLocalWorkers || cr.GetAfterRound() < 0) {
+		err = fmt.Errorf("local world size %d or after_round %d out of range", n.LocalWorldSize, cr.GetAfterRound())
+	}
+	if err != nil {
+		return fmt.Errorf("%w: claim on rank %d: %v", ErrBadState, rank, err)
+	}
+	j.claims[rank] = &claim{n: n, afterRound: cr.GetAfterRound(), expired: cr.GetExpired(), since: now, lastSeen: now}
+	return nil
 }
 
 // DecisionPB is a decision as the protocol carries it.
@@ -836,6 +876,9 @@ func (j *Job) dirtyRecords(d Dirty) []*masterpb.StateRecord {
 			out = append(out, nodeRecord(n))
 		}
 	}
+	for _, r := range slices.Sorted(maps.Keys(d.Claims)) {
+		out = append(out, j.claimRecord(r))
+	}
 	for _, dec := range d.Decisions {
 		out = append(out, &masterpb.StateRecord{Record: &masterpb.StateRecord_Decision{Decision: DecisionPB(dec)}})
 	}
@@ -854,6 +897,9 @@ func (j *Job) allRecords() []*masterpb.StateRecord {
 	for _, n := range j.sortedNodes() {
 		out = append(out, nodeRecord(n))
 	}
+	for _, r := range slices.Sorted(maps.Keys(j.claims)) {
+		out = append(out, j.claimRecord(r))
+	}
 	ds := j.decisions
 	if len(ds) > maxKeptDecisions {
 		ds = ds[len(ds)-maxKeptDecisions:]
@@ -865,9 +911,10 @@ func (j *Job) allRecords() []*masterpb.StateRecord {
 }
 
 // RestoreJob rebuilds a job from its records, as a restarted master does.
-// Every live node gets a fresh heartbeat grace from now (the master was
-// away, not them); a health check in progress starts over; waiting nodes
-// are answered when they call again.
+// Every live node, and every replacement waiting for its rank (a claim),
+// gets a fresh heartbeat grace from now (the master was away, not them),
+// and a claim its pend timeout again; a health check in progress starts
+// over; waiting nodes are answered when they call again.
 func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Job, error) {
 	j, err := NewJob(cfg)
 	if err != nil {
@@ -910,6 +957,10 @@ func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Jo
 			j.byPod[n.Pod] = n.Rank
 		case *masterpb.StateRecord_Decision:
 			j.decisions = append(j.decisions, DecisionFrom(x.Decision))
+		case *masterpb.StateRecord_Claim:
+			if err := j.restoreClaim(x.Claim, now); err != nil {
+				return nil, err
+			}
 		}
 	}
 	slices.SortFunc(j.decisions, func(a, b Decision) int { return int(a.Seq - b.Seq) })

@@ -81,6 +81,27 @@ func TestRestoreJobFromRecords(t *testing.T) {
 	}
 }
 
+// sameRestored fails t unless got has want's nodes and claims, less the
+// times a restore resets.
+func sameRestored(t testing.TB, want, got *Job) {
+	t.Helper()
+	if !reflect.DeepEqual(strip(got.Nodes()), strip(want.Nodes())) {
+		t.Fatalf("restored nodes differ:\n%+v\nwant\n%+v", got.Nodes(), want.Nodes())
+	}
+	if g, w := claimsOf(got), claimsOf(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("restored claims differ:\n%+v\nwant\n%+v", g, w)
+	}
+}
+
+// claimsOf is j's claims less their times.
+func claimsOf(j *Job) map[int]claim {
+	out := map[int]claim{}
+	for r, c := range j.claims {
+		out[r] = claim{n: c.n, afterRound: c.afterRound, expired: c.expired}
+	}
+	return out
+}
+
 // strip drops the times a restore resets (the grace it gives).
 func strip(ns []Node) []Node {
 	for i := range ns {
@@ -238,10 +259,80 @@ func TestRestoreRefusesBadRecords(t *testing.T) {
 		"rank out of range": {Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{Rank: 7, Pod: "p", State: "running"}}},
 		"unknown state":     {Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{Rank: 0, Pod: "p", State: "zombie"}}},
 		"ragged round":      {Record: &masterpb.StateRecord_Round{Round: &masterpb.RoundRecord{Number: 1, Ranks: []int32{0, 1}}}},
+		"claim's rank out of range": {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 2, Pod: "p", Incarnation: "1",
+			LocalWorldSize: 1}}},
+		"ended claim's rank out of range": {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: -1, Ended: true}}},
+		"claim without a pod":             {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 0, Incarnation: "1", LocalWorldSize: 1}}},
+		"claim without workers":           {Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 0, Pod: "p", Incarnation: "1"}}},
 	} {
 		if _, err := RestoreJob(cfg, []*masterpb.StateRecord{r}, time.Now()); !errors.Is(err, ErrBadState) {
 			t.Errorf("%s: %v, want ErrBadState", name, err)
 		}
 	}
 	_ = context.Background
+}
+
+// A replacement waiting for its rank (a claim: the old pod still holds it)
+// keeps its claim across a master restart, whether the master reloads the
+// batches or a snapshot: its heartbeat is not answered EXIT, and when the
+// old pod leaves it takes the rank over.
+func TestRestoreKeepsClaim(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := Config{JobID: "j", MinNodes: 2, MaxNodes: 2, PendTimeout: time.Minute}
+	pod := func(name string, rank int) NodeInfo {
+		return NodeInfo{Pod: name, Incarnation: "1", Rank: rank, LocalWorldSize: 1, Addr: "a" + name, Port: 1000 + rank}
+	}
+	w0, w1, w1b := pod("w0", 0), pod("w1", 1), pod("w1b", 1)
+	j, err := NewJob(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMerger()
+	step := func() { m.add(j.dirtyRecords(j.Ready().Dirty)) }
+	for _, n := range []NodeInfo{w0, w1} {
+		if _, err := j.Join(n, 0, t0); err != nil {
+			t.Fatal(err)
+		}
+		step()
+	}
+	if a, err := j.Join(w1b, 0, t0.Add(time.Second)); err != nil || !a.Pending() {
+		t.Fatalf("the replacement's join: %+v %v, want pending", a, err)
+	}
+	step()
+	restart := t0.Add(50 * time.Second) // the claim's pend timeout (1m) has not passed
+	fromSnap, err := RestoreJob(cfg, j.allRecords(), restart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromLog, err := RestoreJob(cfg, m.records(), restart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range map[string]*Job{"snapshot": fromSnap, "log": fromLog} {
+		if p, inc, ok := r.Claimant(1); !ok || p != "w1b" || inc != "1" {
+			t.Errorf("%s: rank 1's claimant after the restart: %q %q %v, want w1b", name, p, inc, ok)
+		}
+		if a, err := r.Heartbeat(w1b, 0, -1, restart.Add(time.Second)); err != nil || a.Action != Continue {
+			t.Errorf("%s: the replacement's heartbeat after the restart: %+v %v, want continue", name, a, err)
+		}
+		// The pend timeout starts again at the restart, as a restored
+		// node's heartbeat grace does: past the first master's deadline
+		// the claim still waits.
+		r.Tick(restart.Add(30 * time.Second))
+		if a := r.Answer("w1b", "1", 1, 0); !a.Pending() {
+			t.Errorf("%s: the replacement after the first master's pend deadline: %+v, want pending", name, a)
+		}
+		if _, err := r.Heartbeat(w1b, 0, -1, restart.Add(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Leave(w1, false, kferrors.Failure{Code: "Preempted", Recoverable: true}, restart.Add(31*time.Second)); err != nil {
+			t.Fatalf("%s: the old pod's leave: %v", name, err)
+		}
+		if n, _ := r.Node(1); n.Pod != "w1b" || n.State != Joining {
+			t.Errorf("%s: rank 1 after the old pod left: %s %s, want w1b joining", name, n.Pod, n.State)
+		}
+		if _, _, ok := r.Claimant(1); ok {
+			t.Errorf("%s: the claim outlived the hand-over", name)
+		}
+	}
 }

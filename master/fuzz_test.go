@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -22,7 +21,8 @@ import (
 // reports for checks that do not exist — and checks what must always hold:
 // no panic; the counters agree with a recount; no pod holds two live ranks;
 // the latest round's members are distinct, in rank order, with their world
-// size; the records restore to the same nodes.
+// size; the records, a snapshot's or the batches', restore to the same
+// nodes and claims.
 func FuzzJob(f *testing.F) {
 	f.Add([]byte{0x12, 0x00, 0x01, 0x10, 0x11, 0x50, 0x21, 0x60, 0x00})
 	f.Add([]byte{0x23, 0x00, 0x01, 0x02, 0x03, 0x33, 0x41, 0x61, 0x10, 0x11, 0x14})
@@ -40,6 +40,7 @@ func FuzzJob(f *testing.F) {
 			t.Fatal(err)
 		}
 		now := time.Unix(1e9, 0)
+		batches := newMerger()
 		codes := []string{"Preempted", "OOMKilled", "ValueError", "NodeLost", "Hang", "Evicted"}
 		for i := 1; i+1 < len(data); i += 2 {
 			op, arg := data[i], data[i+1]
@@ -66,17 +67,17 @@ func FuzzJob(f *testing.F) {
 			case 7:
 				_ = j.ReportCheck(n, int64(arg&3), int(arg>>2&3), CheckReport{OK: true, Elapsed: time.Second}, now)
 			}
-			j.Ready()
+			batches.add(j.dirtyRecords(j.Ready().Dirty))
 			checkInvariants(t, j)
 		}
-		restored, err := RestoreJob(cfg, j.allRecords(), now)
-		if err != nil {
-			t.Fatalf("restore: %v", err)
+		for name, records := range map[string][]*masterpb.StateRecord{"snapshot": j.allRecords(), "batches": batches.records()} {
+			restored, err := RestoreJob(cfg, records, now)
+			if err != nil {
+				t.Fatalf("restore from the %s: %v", name, err)
+			}
+			sameRestored(t, j, restored)
+			checkInvariants(t, restored)
 		}
-		if !reflect.DeepEqual(strip(restored.Nodes()), strip(j.Nodes())) {
-			t.Fatalf("restored nodes differ:\n%+v\n%+v", restored.Nodes(), j.Nodes())
-		}
-		checkInvariants(t, restored)
 	})
 }
 
@@ -123,6 +124,8 @@ func FuzzStateDecode(f *testing.F) {
 		{Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{Rank: 0, Pod: "p", State: "running", Round: 1}}},
 		{Record: &masterpb.StateRecord_Round{Round: &masterpb.RoundRecord{Number: 1, Ranks: []int32{0}, LocalWorldSizes: []int32{2}}}},
 		{Record: &masterpb.StateRecord_Kv{Kv: &masterpb.KVRecord{Key: "/k", Value: []byte("v")}}},
+		{Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 0, Pod: "q", Incarnation: "1", LocalWorldSize: 2, AfterRound: 1}}},
+		{Record: &masterpb.StateRecord_Claim{Claim: &masterpb.ClaimRecord{Rank: 1, Ended: true}}},
 	}}
 	goodBytes, _ := proto.Marshal(good)
 	f.Add(goodBytes)

@@ -422,10 +422,14 @@ type Dirty struct {
 	Round     bool
 	Job       bool
 	Decisions []Decision
+	// Claims are the ranks whose claim began, changed or ended.
+	Claims map[int]bool
 }
 
 // Empty reports whether nothing needs persisting.
-func (d Dirty) Empty() bool { return len(d.Nodes) == 0 && !d.Round && !d.Job && len(d.Decisions) == 0 }
+func (d Dirty) Empty() bool {
+	return len(d.Nodes) == 0 && !d.Round && !d.Job && len(d.Decisions) == 0 && len(d.Claims) == 0
+}
 
 // LogLine is a structured log line the loop writes.
 type LogLine struct {
@@ -453,6 +457,13 @@ func (j *Job) dirtyNode(rank int) {
 		j.ready.Dirty.Nodes = map[int]bool{}
 	}
 	j.ready.Dirty.Nodes[rank] = true
+}
+
+func (j *Job) dirtyClaim(rank int) {
+	if j.ready.Dirty.Claims == nil {
+		j.ready.Dirty.Claims = map[int]bool{}
+	}
+	j.ready.Dirty.Claims[rank] = true
 }
 
 func (j *Job) logf(level, msg string, attrs ...any) {
@@ -999,6 +1010,7 @@ func (j *Job) Leave(n NodeInfo, succeeded bool, f kferrors.Failure, now time.Tim
 		if c := j.claims[n.Rank]; n.Rank >= 0 && c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
 			// A replacement that never got its rank gives up its claim.
 			delete(j.claims, n.Rank)
+			j.dirtyClaim(n.Rank)
 			j.logf("info", "replacement pod left before its rank freed", "rank", n.Rank, "pod", n.Pod)
 			return Decision{}, nil
 		}
@@ -1257,8 +1269,10 @@ func (j *Job) sortedNodes() []*Node {
 // replacement joining a freed rank does; if the rank is still held after
 // PendTimeout, the claimant is told to exit with CodeRankHeld. A claimant
 // that stops calling for the heartbeat timeout loses its claim. Claims are
-// not persisted: after a master restart the claimant's next join claims
-// again (and its pend timeout starts again).
+// persisted (ClaimRecord) so that a restarted master does not answer the
+// claimant's heartbeat with Replaced before its next join; their times are
+// not: a restored claim gets the heartbeat grace and the pend timeout again
+// from the restart, as restored nodes get their grace.
 type claim struct {
 	n               NodeInfo
 	afterRound      int64
@@ -1282,10 +1296,14 @@ func (c *claim) exclusion(holder *Node, pend time.Duration) *Exclusion {
 func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 	c := j.claims[rec.Rank]
 	if c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
+		if c.afterRound != afterRound {
+			j.dirtyClaim(rec.Rank) // only then: a repeated join writes nothing
+		}
 		c.lastSeen, c.afterRound = now, afterRound
 		return
 	}
 	j.claims[rec.Rank] = &claim{n: n, afterRound: afterRound, since: now, lastSeen: now}
+	j.dirtyClaim(rec.Rank)
 	j.logf("info", "replacement pod waits for its rank: the pod it replaces still holds it",
 		"rank", rec.Rank, "pod", n.Pod, "holder", rec.Pod, "pend_timeout", j.cfg.PendTimeout)
 }
@@ -1299,6 +1317,7 @@ func (j *Job) handOver(now time.Time) {
 			continue
 		}
 		delete(j.claims, rank)
+		j.dirtyClaim(rank)
 		if old, ok := j.byPod[c.n.Pod]; ok && old != rank {
 			if o := j.nodes[old]; o != nil && o.Pod == c.n.Pod && o.State.alive() && o.Exclusion == nil {
 				continue // it holds another rank meanwhile
@@ -1318,9 +1337,11 @@ func (j *Job) expireClaims(now time.Time) {
 		case c.expired:
 		case now.Sub(c.lastSeen) > j.cfg.HeartbeatTimeout:
 			delete(j.claims, rank)
+			j.dirtyClaim(rank)
 			j.logf("warn", "replacement pod stopped calling while it waited for its rank", "rank", rank, "pod", c.n.Pod)
 		case now.Sub(c.since) >= j.cfg.PendTimeout:
 			c.expired = true
+			j.dirtyClaim(rank)
 			holder := ""
 			if rec := j.nodes[rank]; rec != nil {
 				holder = rec.Pod

@@ -2,6 +2,7 @@ package master
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,8 @@ import (
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
 //	tick                             time passes (timeouts, last call)
+//	master-restart                   the master restarts from the records it
+//	                                 wrote (every step's dirty records)
 //	nodes                            every rank's record
 //
 // After each command the runner prints the answers and then what the state
@@ -62,6 +65,8 @@ type scenario struct {
 	t0   time.Time
 	now  time.Time
 	pods map[string]*scenarioPod
+	// state is what the master wrote so far, for master-restart.
+	state *merger
 }
 
 func (s *scenario) args(fields []string) map[string]string {
@@ -144,6 +149,7 @@ func (s *scenario) run(command string) string {
 			return "error: " + err.Error()
 		}
 		s.job = j
+		s.state = newMerger()
 		c := j.Config()
 		fmt.Fprintf(&b, "nnodes=%d:%d unit=%d waiting=%s heartbeat-timeout=%s check=%v", c.MinNodes, c.MaxNodes,
 			c.NodeUnit, c.WaitingTimeout, c.HeartbeatTimeout, c.NetworkCheck)
@@ -229,6 +235,30 @@ func (s *scenario) run(command string) string {
 	case "tick":
 		s.job.Tick(s.now)
 		b.WriteString("tick")
+	case "master-restart":
+		// From the batches written, as a restarted master loads them; a
+		// snapshot of the job as it was must restore the same.
+		cfg := s.job.Config()
+		j, err := RestoreJob(cfg, s.state.records(), s.now)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		snap, err := RestoreJob(cfg, s.job.allRecords(), s.now)
+		if err != nil {
+			s.t.Fatalf("restore from a snapshot: %v", err)
+		}
+		sameRestored(s.t, snap, j)
+		s.job = j
+		j.Ready() // a restarted master writes nothing of its load
+		var claims []string
+		for _, r := range slices.Sorted(maps.Keys(j.claims)) {
+			c := j.claims[r]
+			claims = append(claims, fmt.Sprintf("%s for rank %d", c.n.Pod, r))
+			if c.expired {
+				claims[len(claims)-1] += " (expired)"
+			}
+		}
+		fmt.Fprintf(&b, "master restarted: %d nodes, claims [%s]", len(j.nodes), strings.Join(claims, ", "))
 	case "nodes":
 		for _, n := range s.job.Nodes() {
 			fmt.Fprintf(&b, "rank %d: %s %s round=%d checked=%v relaunches=%d", n.Rank, n.Pod, n.State, n.Round, n.Checked, n.Relaunches)
@@ -278,6 +308,7 @@ func (s *scenario) answer(p *scenarioPod, a JoinAnswer) string {
 // woken pods would now be answered.
 func (s *scenario) ready(b *strings.Builder) {
 	r := s.job.Ready()
+	s.state.add(s.job.dirtyRecords(r.Dirty))
 	for _, l := range r.Log {
 		if strings.HasPrefix(l.Msg, "Round ") || l.Level == "warn" {
 			fmt.Fprintf(b, "\nlog: %s", l.Msg)

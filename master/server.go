@@ -213,7 +213,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 			n = int(l.Number)
 		}
 		s.log.Info("master state reloaded", "state", opts.StateURL, "seq", s.durable.seq, "round", n,
-			"nodes", len(job.nodes), "decisions", len(job.decisions), "store_keys", s.store.Len())
+			"nodes", len(job.nodes), "claims", len(job.claims), "decisions", len(job.decisions), "store_keys", s.store.Len())
 	}
 	return s, nil
 }

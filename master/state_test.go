@@ -14,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -354,5 +355,51 @@ func TestStateOfAnotherTokenRefused(t *testing.T) {
 	}
 	if v, err := a.get(ctx, "k"); err != nil || v != "job A's" {
 		t.Errorf("the first master after the refused start: %q %v", v, err)
+	}
+}
+
+// A replacement pod that waits for its rank while the old pod still holds
+// it (a claim, docs/DESIGN.md §5.2) is not told to exit by a master
+// restarted on the same state: its heartbeat is answered as before the
+// restart, and once the old pod leaves it takes the rank over and is a
+// member of the next round.
+func TestClaimSurvivesMasterRestart(t *testing.T) {
+	ctx := t.Context()
+	state := "file://" + t.TempDir()
+	a := serveState(t, "claim", state)
+	joinAll(t, a.c, 2)
+	old, repl := node(1), node(1)
+	repl.Pod = "job-worker-1-replacement"
+	res, err := a.c.Join(ctx, &masterpb.JoinRequest{Node: repl})
+	if err != nil || res.GetPending() == nil {
+		t.Fatalf("the replacement's join: %v %v, want pending", res, err)
+	}
+	heartbeat := func(m *runningMaster, when string) {
+		t.Helper()
+		hb, err := m.c.Heartbeat(ctx, &masterpb.HeartbeatRequest{Node: repl, Step: -1})
+		if err != nil || hb.GetAction() != masterpb.HeartbeatResponse_NONE {
+			t.Fatalf("the replacement's heartbeat %s: %v %v, want no action", when, hb, err)
+		}
+	}
+	heartbeat(a, "before the restart")
+	a.cancel()
+	a.ended <- <-a.ended // for the cleanup
+	b := serveState(t, "claim", state)
+	heartbeat(b, "after the restart")
+	if _, err := b.c.Leave(ctx, &masterpb.LeaveRequest{Node: old,
+		Failure: &masterpb.Failure{Code: "Preempted", Message: "deleted", Recoverable: true}}); err != nil {
+		t.Fatalf("the old pod's leave: %v", err)
+	}
+	var g errgroup.Group
+	rounds := make([]*masterpb.Round, 2)
+	g.Go(func() (err error) { rounds[0], err = join(ctx, b.c, node(0), 1); return err })
+	g.Go(func() (err error) { rounds[1], err = join(ctx, b.c, repl, 0); return err })
+	if err := g.Wait(); err != nil {
+		t.Fatalf("the round after the hand-over: %v", err)
+	}
+	for i, r := range rounds {
+		if r.GetNumber() != 2 || r.GetGroupWorldSize() != 2 || r.GetGroupRank() != int32(i) {
+			t.Errorf("member %d: %v, want group rank %d of 2 in round 2", i, r, i)
+		}
 	}
 }

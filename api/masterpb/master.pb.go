@@ -2534,7 +2534,7 @@ func (x *StatusResponse) GetMaxNodes() int32 {
 // of changes (log/<seq>.pb, written once with IfNotExist: two masters cannot
 // both write the same seq) or a snapshot of every record up to seq
 // (snap/<seq>.pb). Records are last-writer-wins by identity (node rank,
-// round, decision seq, key, store client).
+// round, decision seq, key, store client, claim rank).
 type StateFile struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// format is 1; a reader refuses other formats.
@@ -2646,6 +2646,7 @@ type StateRecord struct {
 	//	*StateRecord_Decision
 	//	*StateRecord_Kv
 	//	*StateRecord_Session
+	//	*StateRecord_Claim
 	Record        isStateRecord_Record `protobuf_oneof:"record"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2742,6 +2743,15 @@ func (x *StateRecord) GetSession() *SessionRecord {
 	return nil
 }
 
+func (x *StateRecord) GetClaim() *ClaimRecord {
+	if x != nil {
+		if x, ok := x.Record.(*StateRecord_Claim); ok {
+			return x.Claim
+		}
+	}
+	return nil
+}
+
 type isStateRecord_Record interface {
 	isStateRecord_Record()
 }
@@ -2770,6 +2780,10 @@ type StateRecord_Session struct {
 	Session *SessionRecord `protobuf:"bytes,6,opt,name=session,proto3,oneof"`
 }
 
+type StateRecord_Claim struct {
+	Claim *ClaimRecord `protobuf:"bytes,7,opt,name=claim,proto3,oneof"`
+}
+
 func (*StateRecord_Job) isStateRecord_Record() {}
 
 func (*StateRecord_Node) isStateRecord_Record() {}
@@ -2781,6 +2795,8 @@ func (*StateRecord_Decision) isStateRecord_Record() {}
 func (*StateRecord_Kv) isStateRecord_Record() {}
 
 func (*StateRecord_Session) isStateRecord_Record() {}
+
+func (*StateRecord_Claim) isStateRecord_Record() {}
 
 type JobRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2998,6 +3014,130 @@ func (x *NodeRecord) GetAfterRound() int64 {
 	return 0
 }
 
+// ClaimRecord is a replacement pod waiting for a rank that a live pod still
+// holds (docs/DESIGN.md §5.2), kept so that a restarted master does not tell
+// it the rank is another's. Its times are not kept: a restored claim waits
+// the pend timeout again from the restart.
+type ClaimRecord struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Rank           int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Pod            string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Incarnation    string                 `protobuf:"bytes,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Host           string                 `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
+	Addr           string                 `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	Port           int32                  `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
+	LocalWorldSize int32                  `protobuf:"varint,7,opt,name=local_world_size,json=localWorldSize,proto3" json:"local_world_size,omitempty"`
+	AfterRound     int64                  `protobuf:"varint,8,opt,name=after_round,json=afterRound,proto3" json:"after_round,omitempty"`
+	// expired: the claim waited the pend timeout; the pod is told RankHeld.
+	Expired bool `protobuf:"varint,9,opt,name=expired,proto3" json:"expired,omitempty"`
+	// ended: the claim is over (the pod took the rank over, left, or stopped
+	// calling). Records are last-writer-wins by identity, so an ended claim
+	// is written as this record rather than left out.
+	Ended         bool `protobuf:"varint,10,opt,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimRecord) Reset() {
+	*x = ClaimRecord{}
+	mi := &file_master_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimRecord) ProtoMessage() {}
+
+func (x *ClaimRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimRecord.ProtoReflect.Descriptor instead.
+func (*ClaimRecord) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ClaimRecord) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ClaimRecord) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *ClaimRecord) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
+func (x *ClaimRecord) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *ClaimRecord) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *ClaimRecord) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ClaimRecord) GetLocalWorldSize() int32 {
+	if x != nil {
+		return x.LocalWorldSize
+	}
+	return 0
+}
+
+func (x *ClaimRecord) GetAfterRound() int64 {
+	if x != nil {
+		return x.AfterRound
+	}
+	return 0
+}
+
+func (x *ClaimRecord) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+func (x *ClaimRecord) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
 type RoundRecord struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Number            int64                  `protobuf:"varint,1,opt,name=number,proto3" json:"number,omitempty"`
@@ -3012,7 +3152,7 @@ type RoundRecord struct {
 
 func (x *RoundRecord) Reset() {
 	*x = RoundRecord{}
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3164,7 @@ func (x *RoundRecord) String() string {
 func (*RoundRecord) ProtoMessage() {}
 
 func (x *RoundRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3177,7 @@ func (x *RoundRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoundRecord.ProtoReflect.Descriptor instead.
 func (*RoundRecord) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{37}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RoundRecord) GetNumber() int64 {
@@ -3093,7 +3233,7 @@ type KVRecord struct {
 
 func (x *KVRecord) Reset() {
 	*x = KVRecord{}
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3245,7 @@ func (x *KVRecord) String() string {
 func (*KVRecord) ProtoMessage() {}
 
 func (x *KVRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3258,7 @@ func (x *KVRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRecord.ProtoReflect.Descriptor instead.
 func (*KVRecord) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{38}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KVRecord) GetKey() string {
@@ -3154,7 +3294,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3306,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3319,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{39}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -3416,14 +3556,15 @@ const file_master_proto_rawDesc = "" +
 	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\x12:\n" +
 	"\arecords\x18\x05 \x03(\v2 .kfelastic.master.v1.StateRecordR\arecords\x12\x18\n" +
 	"\asegment\x18\x06 \x01(\x04R\asegment\x12+\n" +
-	"\x11token_fingerprint\x18\a \x01(\fR\x10tokenFingerprint\"\xea\x02\n" +
+	"\x11token_fingerprint\x18\a \x01(\fR\x10tokenFingerprint\"\xa4\x03\n" +
 	"\vStateRecord\x122\n" +
 	"\x03job\x18\x01 \x01(\v2\x1e.kfelastic.master.v1.JobRecordH\x00R\x03job\x125\n" +
 	"\x04node\x18\x02 \x01(\v2\x1f.kfelastic.master.v1.NodeRecordH\x00R\x04node\x128\n" +
 	"\x05round\x18\x03 \x01(\v2 .kfelastic.master.v1.RoundRecordH\x00R\x05round\x12;\n" +
 	"\bdecision\x18\x04 \x01(\v2\x1d.kfelastic.master.v1.DecisionH\x00R\bdecision\x12/\n" +
 	"\x02kv\x18\x05 \x01(\v2\x1d.kfelastic.master.v1.KVRecordH\x00R\x02kv\x12>\n" +
-	"\asession\x18\x06 \x01(\v2\".kfelastic.master.v1.SessionRecordH\x00R\asessionB\b\n" +
+	"\asession\x18\x06 \x01(\v2\".kfelastic.master.v1.SessionRecordH\x00R\asession\x128\n" +
+	"\x05claim\x18\a \x01(\v2 .kfelastic.master.v1.ClaimRecordH\x00R\x05claimB\b\n" +
 	"\x06record\"\x8c\x01\n" +
 	"\tJobRecord\x12\x18\n" +
 	"\astopped\x18\x01 \x01(\bR\astopped\x12\x1f\n" +
@@ -3450,7 +3591,20 @@ const file_master_proto_rawDesc = "" +
 	"\vrelaunching\x18\f \x01(\bR\vrelaunching\x12<\n" +
 	"\texclusion\x18\r \x01(\v2\x1e.kfelastic.master.v1.ExclusionR\texclusion\x12\x1f\n" +
 	"\vafter_round\x18\x0e \x01(\x03R\n" +
-	"afterRound\"\xd9\x01\n" +
+	"afterRound\"\x8c\x02\n" +
+	"\vClaimRecord\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\tR\vincarnation\x12\x12\n" +
+	"\x04host\x18\x04 \x01(\tR\x04host\x12\x12\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04port\x18\x06 \x01(\x05R\x04port\x12(\n" +
+	"\x10local_world_size\x18\a \x01(\x05R\x0elocalWorldSize\x12\x1f\n" +
+	"\vafter_round\x18\b \x01(\x03R\n" +
+	"afterRound\x12\x18\n" +
+	"\aexpired\x18\t \x01(\bR\aexpired\x12\x14\n" +
+	"\x05ended\x18\n" +
+	" \x01(\bR\x05ended\"\xd9\x01\n" +
 	"\vRoundRecord\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x03R\x06number\x12\x14\n" +
 	"\x05ranks\x18\x02 \x03(\x05R\x05ranks\x12*\n" +
@@ -3491,7 +3645,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_master_proto_goTypes = []any{
 	(HeartbeatResponse_Action)(0),     // 0: kfelastic.master.v1.HeartbeatResponse.Action
 	(Decision_Kind)(0),                // 1: kfelastic.master.v1.Decision.Kind
@@ -3532,9 +3686,10 @@ var file_master_proto_goTypes = []any{
 	(*StateRecord)(nil),               // 36: kfelastic.master.v1.StateRecord
 	(*JobRecord)(nil),                 // 37: kfelastic.master.v1.JobRecord
 	(*NodeRecord)(nil),                // 38: kfelastic.master.v1.NodeRecord
-	(*RoundRecord)(nil),               // 39: kfelastic.master.v1.RoundRecord
-	(*KVRecord)(nil),                  // 40: kfelastic.master.v1.KVRecord
-	(*SessionRecord)(nil),             // 41: kfelastic.master.v1.SessionRecord
+	(*ClaimRecord)(nil),               // 39: kfelastic.master.v1.ClaimRecord
+	(*RoundRecord)(nil),               // 40: kfelastic.master.v1.RoundRecord
+	(*KVRecord)(nil),                  // 41: kfelastic.master.v1.KVRecord
+	(*SessionRecord)(nil),             // 42: kfelastic.master.v1.SessionRecord
 }
 var file_master_proto_depIdxs = []int32{
 	2,  // 0: kfelastic.master.v1.JoinRequest.node:type_name -> kfelastic.master.v1.Node
@@ -3566,31 +3721,32 @@ var file_master_proto_depIdxs = []int32{
 	36, // 26: kfelastic.master.v1.StateFile.records:type_name -> kfelastic.master.v1.StateRecord
 	37, // 27: kfelastic.master.v1.StateRecord.job:type_name -> kfelastic.master.v1.JobRecord
 	38, // 28: kfelastic.master.v1.StateRecord.node:type_name -> kfelastic.master.v1.NodeRecord
-	39, // 29: kfelastic.master.v1.StateRecord.round:type_name -> kfelastic.master.v1.RoundRecord
+	40, // 29: kfelastic.master.v1.StateRecord.round:type_name -> kfelastic.master.v1.RoundRecord
 	16, // 30: kfelastic.master.v1.StateRecord.decision:type_name -> kfelastic.master.v1.Decision
-	40, // 31: kfelastic.master.v1.StateRecord.kv:type_name -> kfelastic.master.v1.KVRecord
-	41, // 32: kfelastic.master.v1.StateRecord.session:type_name -> kfelastic.master.v1.SessionRecord
-	7,  // 33: kfelastic.master.v1.NodeRecord.exclusion:type_name -> kfelastic.master.v1.Exclusion
-	29, // 34: kfelastic.master.v1.SessionRecord.response:type_name -> kfelastic.master.v1.StoreResponse
-	3,  // 35: kfelastic.master.v1.Master.Join:input_type -> kfelastic.master.v1.JoinRequest
-	9,  // 36: kfelastic.master.v1.Master.ReportCheck:input_type -> kfelastic.master.v1.ReportCheckRequest
-	11, // 37: kfelastic.master.v1.Master.Heartbeat:input_type -> kfelastic.master.v1.HeartbeatRequest
-	14, // 38: kfelastic.master.v1.Master.Leave:input_type -> kfelastic.master.v1.LeaveRequest
-	17, // 39: kfelastic.master.v1.Master.Store:input_type -> kfelastic.master.v1.StoreRequest
-	30, // 40: kfelastic.master.v1.Master.CloseStoreSession:input_type -> kfelastic.master.v1.CloseStoreSessionRequest
-	32, // 41: kfelastic.master.v1.Master.Status:input_type -> kfelastic.master.v1.StatusRequest
-	4,  // 42: kfelastic.master.v1.Master.Join:output_type -> kfelastic.master.v1.JoinResponse
-	10, // 43: kfelastic.master.v1.Master.ReportCheck:output_type -> kfelastic.master.v1.ReportCheckResponse
-	12, // 44: kfelastic.master.v1.Master.Heartbeat:output_type -> kfelastic.master.v1.HeartbeatResponse
-	15, // 45: kfelastic.master.v1.Master.Leave:output_type -> kfelastic.master.v1.LeaveResponse
-	29, // 46: kfelastic.master.v1.Master.Store:output_type -> kfelastic.master.v1.StoreResponse
-	31, // 47: kfelastic.master.v1.Master.CloseStoreSession:output_type -> kfelastic.master.v1.CloseStoreSessionResponse
-	34, // 48: kfelastic.master.v1.Master.Status:output_type -> kfelastic.master.v1.StatusResponse
-	42, // [42:49] is the sub-list for method output_type
-	35, // [35:42] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	41, // 31: kfelastic.master.v1.StateRecord.kv:type_name -> kfelastic.master.v1.KVRecord
+	42, // 32: kfelastic.master.v1.StateRecord.session:type_name -> kfelastic.master.v1.SessionRecord
+	39, // 33: kfelastic.master.v1.StateRecord.claim:type_name -> kfelastic.master.v1.ClaimRecord
+	7,  // 34: kfelastic.master.v1.NodeRecord.exclusion:type_name -> kfelastic.master.v1.Exclusion
+	29, // 35: kfelastic.master.v1.SessionRecord.response:type_name -> kfelastic.master.v1.StoreResponse
+	3,  // 36: kfelastic.master.v1.Master.Join:input_type -> kfelastic.master.v1.JoinRequest
+	9,  // 37: kfelastic.master.v1.Master.ReportCheck:input_type -> kfelastic.master.v1.ReportCheckRequest
+	11, // 38: kfelastic.master.v1.Master.Heartbeat:input_type -> kfelastic.master.v1.HeartbeatRequest
+	14, // 39: kfelastic.master.v1.Master.Leave:input_type -> kfelastic.master.v1.LeaveRequest
+	17, // 40: kfelastic.master.v1.Master.Store:input_type -> kfelastic.master.v1.StoreRequest
+	30, // 41: kfelastic.master.v1.Master.CloseStoreSession:input_type -> kfelastic.master.v1.CloseStoreSessionRequest
+	32, // 42: kfelastic.master.v1.Master.Status:input_type -> kfelastic.master.v1.StatusRequest
+	4,  // 43: kfelastic.master.v1.Master.Join:output_type -> kfelastic.master.v1.JoinResponse
+	10, // 44: kfelastic.master.v1.Master.ReportCheck:output_type -> kfelastic.master.v1.ReportCheckResponse
+	12, // 45: kfelastic.master.v1.Master.Heartbeat:output_type -> kfelastic.master.v1.HeartbeatResponse
+	15, // 46: kfelastic.master.v1.Master.Leave:output_type -> kfelastic.master.v1.LeaveResponse
+	29, // 47: kfelastic.master.v1.Master.Store:output_type -> kfelastic.master.v1.StoreResponse
+	31, // 48: kfelastic.master.v1.Master.CloseStoreSession:output_type -> kfelastic.master.v1.CloseStoreSessionResponse
+	34, // 49: kfelastic.master.v1.Master.Status:output_type -> kfelastic.master.v1.StatusResponse
+	43, // [43:50] is the sub-list for method output_type
+	36, // [36:43] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -3624,6 +3780,7 @@ func file_master_proto_init() {
 		(*StateRecord_Decision)(nil),
 		(*StateRecord_Kv)(nil),
 		(*StateRecord_Session)(nil),
+		(*StateRecord_Claim)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3631,7 +3788,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
