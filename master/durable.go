@@ -37,7 +37,8 @@ import (
 //	                        older snapshots are deleted after it is written
 //
 // A record is last-writer-wins by identity (a node by rank, the latest
-// round, a decision by seq, a key, a store client), so loading is: the
+// round, a decision by seq, a replacement's claim by rank, a key, a store
+// client), so loading is: the
 // newest snapshot, then the batches after it in order. Each batch is one
 // write however many requests it acknowledges (group commit); heartbeats
 // change nothing durable and write nothing.
