@@ -206,7 +206,9 @@ func (d *durableLog) startSegment(ctx context.Context, st stateSpec, seg *segmen
 	}
 	for _, g := range d.segments {
 		if g < seg.gen {
-			if err := syncFile(filepath.Join(st.dir, filepath.FromSlash(segKey(g)))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			// What this master read of it may be only in the page cache,
+			// and it is about to build on it.
+			if err := syncPath(filepath.Join(st.dir, filepath.FromSlash(segKey(g)))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return nil, nil, fmt.Errorf("sync %s: %w", segKey(g), err)
 			}
 		}
@@ -441,12 +443,12 @@ func (d *durableLog) prepareDir() error {
 			_ = os.Remove(t)
 		}
 	}
-	if err := syncDir(d.dir); err != nil {
+	if err := syncPath(d.dir); err != nil {
 		return err
 	}
 	// The state folder's own name, in case it was just created; a parent
 	// this process may not open (no read permission) is left as it is.
-	if err := syncDir(filepath.Dir(d.dir)); err != nil && !errors.Is(err, fs.ErrPermission) {
+	if err := syncPath(filepath.Dir(d.dir)); err != nil && !errors.Is(err, fs.ErrPermission) {
 		return err
 	}
 	return nil
@@ -572,7 +574,7 @@ func replaceFile(path string, data []byte) error {
 		os.Remove(tmp)
 		return err
 	}
-	if err := syncDir(dir); err != nil {
+	if err := syncPath(dir); err != nil {
 		return fmt.Errorf("%w: %v", errNotSynced, err)
 	}
 	return nil
@@ -601,8 +603,9 @@ func writeTemp(dir string, data []byte) (string, error) {
 	return f.Name(), nil
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
+// syncPath fsyncs a file or a folder (its entries) by its path.
+func syncPath(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}

@@ -203,7 +203,7 @@ func claimSegment(dir string, gen uint64) (*segment, error) {
 		return nil, err
 	}
 	s := &segment{dir: dir, gen: gen, f: f}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := syncPath(filepath.Dir(path)); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -282,18 +282,4 @@ func (s *segment) close() {
 		s.f.Close()
 		s.f = nil
 	}
-}
-
-// syncFile fsyncs a file another master wrote: what this master read of it
-// may still be only in the page cache, and it is about to build on it.
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
