@@ -169,9 +169,11 @@ func serveMasterAt(t *testing.T, addr string, opts master.Options) (s *master.Se
 // refused join does: the workers stopped, the pod's document, the exit
 // code for its kind. It used to retry the refused heartbeat for as long as
 // the workers ran, the node lost to the master and its workers
-// unsupervised. The master comes back at the same address with another
-// job token (AuthenticationFailed, NON_RECOVERABLE, exit 1; under both
-// launchers, whose stops differ), or without the state the node joined
+// unsupervised. The address is served again by another job's master, with
+// another job token (and a state of its own: a master refuses a state
+// written under another token) (AuthenticationFailed, NON_RECOVERABLE,
+// exit 1; under both launchers, whose stops differ), or by a master
+// without the state the node joined
 // (NotFound on its heartbeat: ended as a refused join, RendezvousTimeout,
 // exit 202, so that a relaunched pod joins afresh). Real master, real
 // agents, helper workers.
@@ -188,8 +190,8 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 		exit        int
 		recoverable bool
 	}{
-		{"token", "", "another-jobs-token", false, kferrors.CodeAuthenticationFailed, 1, false},
-		{"token-command", LauncherCommand, "another-jobs-token", false, kferrors.CodeAuthenticationFailed, 1, false},
+		{"token", "", "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false},
+		{"token-command", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false},
 		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
