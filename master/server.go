@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -266,7 +267,12 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-tick:
 			batch = append(batch, newCall(func(s *Server, now time.Time) { s.job.Tick(now) }))
 		}
-		// Group commit: take whatever else is queued, up to a bound.
+		// Group commit: take whatever else is queued, up to a bound. The
+		// connections' goroutines that have a call ready hand it in first
+		// (Gosched): on a busy master a batch then holds several calls,
+		// not one (16 store clients on mem://: 1.2 → 4.5 calls a batch,
+		// the master's CPU a call 48 → 35 µs, p50 0.6 → 0.5 ms).
+		runtime.Gosched()
 	more:
 		for len(batch) < 1024 {
 			select {
