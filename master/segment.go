@@ -37,10 +37,14 @@ import (
 // already fenced, and never answered.
 const (
 	segSuffix = ".seg"
-	// segChunk is how much a segment is grown by at a time: a batch written
-	// into allocated space changes no file size, so fdatasync has no size
-	// to write.
-	segChunk       = 4 << 20
+	// segChunk is the most a segment is grown by at a time: a batch
+	// written into allocated space changes no file size, so fdatasync has
+	// no size to write.
+	segChunk = 4 << 20
+	// segFirstChunk is a new segment's first chunk; the chunks double from
+	// it to segChunk, so that a master restarted again and again without
+	// writing much leaves small segments behind.
+	segFirstChunk  = 64 << 10
 	frameHeaderLen = 8
 )
 
@@ -230,7 +234,7 @@ func (s *segment) write(f *masterpb.StateFile) error {
 	if !s.noAlloc && end > s.alloc {
 		// Grow by a chunk; the new size is made durable by this batch's
 		// fdatasync (it must be: the frame lies in it).
-		size := max(end, s.alloc+segChunk)
+		size := max(end, s.alloc+min(max(s.alloc, segFirstChunk), segChunk))
 		err := unix.Fallocate(int(s.f.Fd()), 0, 0, size)
 		if errors.Is(err, unix.ENOSPC) && size > end {
 			size = end // a chunk is more than there is room for: this frame only
