@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,14 +29,10 @@ import (
 func startMasterProcess(t *testing.T, state string, transport master.Transport) (*exec.Cmd, string) {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE="+state,
-		"KFELASTIC_TEST_MIN=1", "KFELASTIC_TEST_MAX=2")
+	cmd := masterCommand(t, addr, state, 1, 2, false)
 	if transport != "" {
 		cmd.Env = append(cmd.Env, master.TransportEnv+"="+string(transport))
 	}
-	cmd.Stderr = &prefixWriter{t: t, prefix: "master: "}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

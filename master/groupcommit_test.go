@@ -39,19 +39,15 @@ func TestGroupCommitConcurrentWriters(t *testing.T) {
 	strace, _ := exec.LookPath("strace")
 	start := func(traced bool) (*exec.Cmd, int) {
 		t.Helper()
-		args := []string{os.Args[0], "-test.run=^$"}
+		cmd := masterCommand(t, addr, state, 1, 1, false)
 		if traced {
-			args = append([]string{strace, "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", trace}, args...)
+			cmd.Path = strace
+			cmd.Args = append([]string{strace, "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", trace}, cmd.Args...)
 		}
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE="+state,
-			"KFELASTIC_TEST_MIN=1", "KFELASTIC_TEST_MAX=1")
-		cmd.Stderr = &prefixWriter{t: t, prefix: "master: "}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -151,18 +147,7 @@ func TestMasterKilledRepeatedlyMidWrite(t *testing.T) {
 	}
 	dir := t.TempDir()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	start := func() *exec.Cmd {
-		t.Helper()
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE=file://"+dir,
-			"KFELASTIC_TEST_MIN=1", "KFELASTIC_TEST_MAX=1")
-		cmd.Stderr = &prefixWriter{t: t, prefix: "master: "}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
-	}
+	start := func() *exec.Cmd { return masterCommand(t, addr, "file://"+dir, 1, 1, true) }
 	m := start()
 	c := dial(t, addr, token)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

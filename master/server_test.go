@@ -36,6 +36,24 @@ import (
 
 const token = mastertest.Token
 
+// masterCommand is a master process (the test binary, TestMain) serving
+// addr on state, for rounds of min..max nodes, started unless start is
+// false; it dies with the test.
+func masterCommand(t *testing.T, addr, state string, min, max int, start bool) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE="+state,
+		"KFELASTIC_TEST_MIN="+strconv.Itoa(min), "KFELASTIC_TEST_MAX="+strconv.Itoa(max))
+	cmd.Stderr = &prefixWriter{t: t, prefix: "master: "}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if start {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cmd
+}
+
 // TestMain lets the test binary be a master process (KFELASTIC_TEST_MASTER
 // set), so that a test can SIGKILL and restart it.
 func TestMain(m *testing.M) {
@@ -376,17 +394,7 @@ func TestMasterKilledAndRestarted(t *testing.T) {
 	state := "file://" + t.TempDir()
 	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "KFELASTIC_TEST_MASTER="+addr, "KFELASTIC_TEST_STATE="+state,
-			"KFELASTIC_TEST_MIN=2", "KFELASTIC_TEST_MAX=2")
-		cmd.Stderr = &prefixWriter{t: t, prefix: "master: "}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
-	}
+	start := func() *exec.Cmd { return masterCommand(t, addr, state, 2, 2, true) }
 	m := start()
 	c := dial(t, addr, token)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
