@@ -18,6 +18,7 @@ import (
 // returns. Processes are found by the pod name every one of them inherits.
 func TestInterruptLeavesNoProcess(t *testing.T) {
 	bin := kfelasticBinary(t)
+	needTorchAt(t, python)
 	out := t.TempDir()
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")

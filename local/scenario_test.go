@@ -41,14 +41,21 @@ var (
 	buildErr  error
 )
 
+// needTorchAt skips the test when py cannot import torch.distributed: the
+// torch a job's workers run on, which is not always Debian's
+// ($KFELASTIC_TORCH).
+func needTorchAt(t *testing.T, py string) {
+	t.Helper()
+	if err := exec.Command(py, "-c", "import torch.distributed").Run(); err != nil {
+		t.Skipf("%s has no torch (scripts/deps.sh torch): %v", py, err)
+	}
+}
+
 // kfelasticBinary builds the binary the pods run, once per test run.
 func kfelasticBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a whole job: real agents and torch workers")
-	}
-	if err := exec.Command(python, "-c", "import torch.distributed").Run(); err != nil {
-		t.Skipf("%s has no torch (scripts/deps.sh torch): %v", python, err)
 	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "kfelastic-local-test")
@@ -94,6 +101,7 @@ func runJob(t *testing.T, opts Options, steps int, chaos ...string) *job {
 func runJobOn(t *testing.T, py string, opts Options, steps int, chaos ...string) *job {
 	t.Helper()
 	opts.Binary = kfelasticBinary(t)
+	needTorchAt(t, py)
 	opts.Out = t.TempDir()
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")

@@ -49,7 +49,7 @@ var (
 	kills    = flag.Int("kills", 6, "kill -9 per launcher")
 	starts   = flag.Int("starts", 7, "cold starts per way")
 	settle   = flag.Duration("settle", 4*time.Second, "training time between a restart's first step and the next kill")
-	torches  = flag.String("torch", strings.Join(testenv.TorchVersions, ","), "torch versions, comma-separated (scripts/torch-python)")
+	torches  = flag.String("torch", strings.Join(testenv.TorchVersions, ","), "torch versions, comma-separated (scripts/torch-python), or VERSION=PYTHON for a torch from elsewhere")
 	ways     = flag.String("ways", "agent,agent-nf,agent-np,agent-ws", "the agent's ways to measure beside torchrun, comma-separated")
 )
 
@@ -70,7 +70,7 @@ func main() {
 func run() error {
 	var results []versionResult
 	for _, v := range strings.Split(*torches, ",") {
-		tc, why := testenv.TorchFor(v)
+		tc, why := testenv.TorchNamed(v)
 		if why != "" {
 			fmt.Printf("bench-agent: %s: skipped\n", why)
 			continue

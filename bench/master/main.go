@@ -52,13 +52,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kfelastic/kfelastic/agent"
+	"github.com/kfelastic/kfelastic/agent/tcpstore"
 	"github.com/kfelastic/kfelastic/api/masterpb"
 )
 
-const python = "/usr/bin/python3"
-
 var (
 	binary_ = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary")
+	python  = flag.String("python", "/usr/bin/python3", "the Python whose torch is the anchor (Debian's 1.13; any torch 1.13 or 2.x)")
 	sizes   = flag.String("n", "100,1000,10000", "simulated agent counts")
 	torchN  = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
 	clients = flag.String("clients", "1,16", "concurrent store client counts: one table each")
@@ -79,10 +79,13 @@ func main() {
 }
 
 func run() error {
-	for _, p := range []string{*binary_, python} {
+	for _, p := range []string{*binary_, *python} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%v (make build; scripts/deps.sh apt)", err)
 		}
+	}
+	if err := detectTorch(); err != nil {
+		return err
 	}
 	raiseFDLimit()
 	dir, err := os.MkdirTemp("", "bench-master-")
@@ -369,7 +372,8 @@ handler = get_rendezvous_handler(params)
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.001)
-store, rank, world = handler.next_rendezvous()
+info = handler.next_rendezvous()
+rank, world = (info[1], info[2]) if isinstance(info, tuple) else (info.rank, info.world_size)
 print("done %d %d %.6f" % (rank, world, time.time()), flush=True)
 `
 
@@ -378,7 +382,7 @@ func torchRendezvous(dir string, n int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	storeCmd := exec.Command(python, "-c", torchStoreScript, strconv.Itoa(port))
+	storeCmd := exec.Command(*python, "-c", torchStoreScript, strconv.Itoa(port))
 	storeOut, _ := storeCmd.StdoutPipe()
 	storeCmd.Stderr = os.Stderr
 	storeCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -405,7 +409,7 @@ func torchRendezvous(dir string, n int) (time.Duration, error) {
 		}
 	}()
 	for i := range agents {
-		cmd := exec.Command(python, "-c", torchAgentScript, fmt.Sprintf("127.0.0.1:%d", port), strconv.Itoa(n), goFile, runID)
+		cmd := exec.Command(*python, "-c", torchAgentScript, fmt.Sprintf("127.0.0.1:%d", port), strconv.Itoa(n), goFile, runID)
 		out, _ := cmd.StdoutPipe()
 		cmd.Stderr = io.Discard
 		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
@@ -482,12 +486,41 @@ func (g *grpcStore) compareSet(key string, e, d []byte) ([]byte, error) {
 }
 func (g *grpcStore) close() { g.m.Close() }
 
-// tcpStore speaks torch 1.13's TCPStore protocol (TORCH-STORE.md): a
-// command byte, u64-length-prefixed strings, little-endian integers.
+// torchVersion is the anchor's torch ("1.13.0", "2.11.0+cu130") and
+// storeNumbering the TCPStore commands its server speaks (TORCH-STORE.md).
+var (
+	torchVersion   string
+	storeNumbering tcpstore.Numbering
+)
+
+func detectTorch() error {
+	out, err := exec.Command(*python, "-c", "import torch; print(torch.__version__)").Output()
+	if err != nil {
+		return fmt.Errorf("%s cannot import torch: %v (scripts/deps.sh apt)", *python, err)
+	}
+	torchVersion = strings.TrimSpace(string(out))
+	var major, minor int
+	if _, err := fmt.Sscanf(torchVersion, "%d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("torch version %q: %v", torchVersion, err)
+	}
+	switch {
+	case major < 2 || minor == 0 && major == 2:
+		storeNumbering = tcpstore.Torch113
+	case major == 2 && minor == 1:
+		storeNumbering = tcpstore.Torch21
+	default:
+		storeNumbering = tcpstore.Torch22
+	}
+	return nil
+}
+
+// tcpStore is a client of torch's TCPStore server in the anchor's
+// numbering (tcpstore.AppendRequest): u64-length-prefixed strings,
+// little-endian integers, a VALIDATE handshake from 2.2.
 type tcpStore struct {
 	conn net.Conn
 	r    *bufio.Reader
-	w    *bufio.Writer
+	buf  []byte
 }
 
 func dialTCPStore(addr string) (*tcpStore, error) {
@@ -496,21 +529,23 @@ func dialTCPStore(addr string) (*tcpStore, error) {
 		return nil, err
 	}
 	c.(*net.TCPConn).SetNoDelay(true)
-	return &tcpStore{conn: c, r: bufio.NewReader(c), w: bufio.NewWriter(c)}, nil
+	t := &tcpStore{conn: c, r: bufio.NewReader(c)}
+	if storeNumbering == tcpstore.Torch22 {
+		if err := t.send(tcpstore.Request{Cmd: tcpstore.Validate, Number: 0x3C85F7CE}); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return t, nil
 }
 
-const (
-	tsSet        = 0
-	tsCompareSet = 1
-	tsGet        = 2
-	tsAdd        = 3
-)
-
-func (t *tcpStore) str(b []byte) {
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
-	t.w.Write(n[:])
-	t.w.Write(b)
+func (t *tcpStore) send(req tcpstore.Request) error {
+	var err error
+	if t.buf, err = tcpstore.AppendRequest(t.buf[:0], storeNumbering, req); err != nil {
+		return err
+	}
+	_, err = t.conn.Write(t.buf)
+	return err
 }
 
 func (t *tcpStore) readBytes() ([]byte, error) {
@@ -528,39 +563,26 @@ func (t *tcpStore) readBytes() ([]byte, error) {
 }
 
 func (t *tcpStore) set(key string, v []byte) error {
-	t.w.WriteByte(tsSet)
-	t.str([]byte(key))
-	t.str(v)
-	return t.w.Flush() // no reply in the protocol
+	return t.send(tcpstore.Request{Cmd: tcpstore.Set, Key: key, Value: v}) // no reply in the protocol
 }
 func (t *tcpStore) get(key string) ([]byte, error) {
-	t.w.WriteByte(tsGet)
-	t.str([]byte(key))
-	if err := t.w.Flush(); err != nil {
+	if err := t.send(tcpstore.Request{Cmd: tcpstore.Get, Key: key}); err != nil {
 		return nil, err
 	}
 	return t.readBytes()
 }
 func (t *tcpStore) add(key string, d int64) (int64, error) {
-	t.w.WriteByte(tsAdd)
-	t.str([]byte(key))
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(d))
-	t.w.Write(n[:])
-	if err := t.w.Flush(); err != nil {
+	if err := t.send(tcpstore.Request{Cmd: tcpstore.Add, Key: key, Delta: d}); err != nil {
 		return 0, err
 	}
+	var n [8]byte
 	if _, err := io.ReadFull(t.r, n[:]); err != nil {
 		return 0, err
 	}
 	return int64(binary.LittleEndian.Uint64(n[:])), nil
 }
 func (t *tcpStore) compareSet(key string, e, d []byte) ([]byte, error) {
-	t.w.WriteByte(tsCompareSet)
-	t.str([]byte(key))
-	t.str(e)
-	t.str(d)
-	if err := t.w.Flush(); err != nil {
+	if err := t.send(tcpstore.Request{Cmd: tcpstore.CompareSet, Key: key, Expected: e, Value: d}); err != nil {
 		return nil, err
 	}
 	return t.readBytes()
@@ -728,7 +750,7 @@ func storeBenchAt(dir, tokenFile string, n int) error {
 	if err != nil {
 		return err
 	}
-	storeCmd := exec.Command(python, "-c", torchStoreScript, strconv.Itoa(port))
+	storeCmd := exec.Command(*python, "-c", torchStoreScript, strconv.Itoa(port))
 	out, _ := storeCmd.StdoutPipe()
 	storeCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := storeCmd.Start(); err != nil {
@@ -745,7 +767,7 @@ func storeBenchAt(dir, tokenFile string, n int) error {
 	results["torch"] = r
 	fmt.Printf("%-12s %-34s %10s %10s %10s %12s %12s %10s\n", "op", "server", "p50", "p99", "ops/s", "server CPU", "client CPU", "ops/write")
 	for _, kind := range strings.Split(*kinds, ",") {
-		for _, s := range []struct{ key, name string }{{"file", "kfelastic master (durable, file://)"}, {"mem", "kfelastic master (mem://)"}, {"torch", "torch TCPStore (1.13, in memory)"}} {
+		for _, s := range []struct{ key, name string }{{"file", "kfelastic master (durable, file://)"}, {"mem", "kfelastic master (mem://)"}, {"torch", "torch TCPStore (" + torchVersion + ", in memory)"}} {
 			r := results[s.key]
 			perWrite := "-"
 			if w := r.opsPerWrite[kind]; w > 0 {

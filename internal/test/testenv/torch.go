@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,8 +66,11 @@ func TorchFor(v string) (tc Torch, why string) {
 }
 
 // Torches are the torches present, in TorchVersions' order, or those that
-// $KFELASTIC_TORCH names (comma-separated, e.g. 2.14). An absent one is
-// noted in the test's log; with none, the test is skipped.
+// $KFELASTIC_TORCH names (comma-separated, e.g. 2.14). An entry VERSION=PATH
+// names an interpreter with that torch from elsewhere, such as a machine's
+// own (2.11=/opt/torch/.venv/bin/python3): the torch 2.x checks then run on
+// it as they do on Debian's. An absent one is noted in the test's log; with
+// none, the test is skipped.
 func Torches(t testing.TB) []Torch {
 	t.Helper()
 	want := TorchVersions
@@ -74,7 +79,7 @@ func Torches(t testing.TB) []Torch {
 	}
 	var ts []Torch
 	for _, v := range want {
-		tc, why := TorchFor(strings.TrimSpace(v))
+		tc, why := TorchNamed(strings.TrimSpace(v))
 		if why != "" {
 			t.Logf("%s: its tests skip", why)
 			continue
@@ -93,4 +98,18 @@ func ForEachTorch(t *testing.T, f func(t *testing.T, tc Torch)) {
 	for _, tc := range Torches(t) {
 		t.Run(tc.Name(), func(t *testing.T) { f(t, tc) })
 	}
+}
+
+// TorchNamed is TorchFor(entry), or for VERSION=PATH the interpreter at PATH
+// if it imports torch.distributed.
+func TorchNamed(entry string) (Torch, string) {
+	v, py, ok := strings.Cut(entry, "=")
+	if !ok {
+		return TorchFor(entry)
+	}
+	tc := Torch{Version: v, Python: py}
+	if out, err := exec.Command(py, "-c", "import torch.distributed").CombinedOutput(); err != nil {
+		return tc, fmt.Sprintf("no torch %s at %s (%v: %s)", v, py, err, bytes.TrimSpace(out))
+	}
+	return tc, ""
 }
