@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kfelastic/kfelastic/agent/guardian"
+	"github.com/kfelastic/kfelastic/agent/tcpstore"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	podevents "github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/nonblocking"
@@ -196,6 +197,8 @@ func runHelper(modes string) int {
 		return n
 	case "hang", "sleep":
 		time.Sleep(time.Hour)
+	case "storepoll":
+		return storePoll()
 	case "ignoreterm":
 		time.Sleep(time.Hour)
 	case "grandchild":
@@ -1077,5 +1080,38 @@ func TestHangWatchdogProgressFileInTheFuture(t *testing.T) {
 	ee, took := runBounded(t, t.Context(), cfg, 20*time.Second)
 	if ee == nil || ee.Failure.Code != kferrors.CodeHang || took > 5*time.Second {
 		t.Fatalf("want Hang within seconds, got %+v after %v\n%s", ee, took, out)
+	}
+}
+
+// storePoll plays torch's elastic agent under --launcher command: a store
+// client on PET_RDZV_ENDPOINT (the agent's relay) that reads c10d's state
+// every 20 ms, as torch's monitor loop does, and fails as torch does when
+// the store fails it: a traceback and exit 1.
+func storePoll() int {
+	c, err := net.Dial("tcp", os.Getenv("PET_RDZV_ENDPOINT"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "torch.distributed.DistStoreError:", err)
+		return 1
+	}
+	r := bufio.NewReader(c)
+	call := func(req tcpstore.Request, reply int) error {
+		b, _ := tcpstore.AppendRequest(nil, tcpstore.Torch113, req)
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(r, make([]byte, reply))
+		return err
+	}
+	if err := call(tcpstore.Request{Cmd: tcpstore.Add, Key: "/torch.rendezvous.poll", Delta: 1}, 8); err != nil {
+		fmt.Fprintln(os.Stderr, "torch.distributed.DistStoreError:", err)
+		return 1
+	}
+	fmt.Println("helper storepoll connected")
+	for {
+		if err := call(tcpstore.Request{Cmd: tcpstore.Add, Key: "/torch.rendezvous.poll", Delta: 0}, 8); err != nil {
+			fmt.Fprintln(os.Stderr, "Traceback (most recent call last):\ntorch.distributed.DistNetworkError: Connection reset by peer:", err)
+			return 1
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

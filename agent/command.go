@@ -75,6 +75,7 @@ func startCommandRelay(ctx context.Context, rdzv Rendezvous, log *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
+	r.OnRefused(m.StoreRefused)
 	log.Info("store relay for the command", "addr", r.Addr())
 	return r, nil
 }

@@ -512,6 +512,23 @@ func (m *Master) refuse(err error, round int64) {
 	}
 }
 
+// StoreRefused is the store relay's judge (storerelay.Relay.OnRefused): a
+// store call that the master answered by refusing the job token ends the
+// node as a refused heartbeat does (refuse), and reports true. Under
+// --launcher command torch's store calls go through the relay several
+// times a second, so they often meet the refusal first.
+func (m *Master) StoreRefused(err error) bool {
+	var auth *AuthError
+	if !errors.As(m.authError(err), &auth) {
+		return false
+	}
+	m.mu.Lock()
+	round := m.round
+	m.mu.Unlock()
+	m.refuse(err, round)
+	return true
+}
+
 // pause waits a quarter of the heartbeat interval after an answer that
 // stays, cut short when Next brings a round other than round (as it cuts a
 // held heartbeat short: hbCall); false when ctx ended.

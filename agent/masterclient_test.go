@@ -189,10 +189,15 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 		code        string
 		exit        int
 		recoverable bool
+		mode        string // the helper's; "": hang
 	}{
-		{"token", "", "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false},
-		{"token-command", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false},
-		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true},
+		{"token", "", "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, ""},
+		{"token-command", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, ""},
+		// The command's store calls, through the relay, meet the refusal
+		// before the heartbeat does: the pod's document is still the
+		// refusal, not the command's failure that the refusal caused.
+		{"token-command-store", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, "storepoll"},
+		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addr := freeAddr(t)
@@ -203,7 +208,11 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 			_, stop := serveMasterAt(t, addr, opts)
 			tokenFile := filepath.Join(t.TempDir(), "token")
 			_ = os.WriteFile(tokenFile, []byte(mastertest.Token), 0o600)
-			cfg, out := helperConfig(t, 1, "hang")
+			mode, ready := "hang", "[default0]:helper hang"
+			if c.mode != "" {
+				mode, ready = c.mode, "helper storepoll connected"
+			}
+			cfg, out := helperConfig(t, 1, mode)
 			dir := t.TempDir()
 			cfg.Launcher, cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = c.launcher, "job-worker-0", 0, 1, 2
 			cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", addr, tokenFile
@@ -212,7 +221,7 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg) }()
-			waitFor(t, out, "[default0]:helper hang", 10*time.Second)
+			waitFor(t, out, ready, 10*time.Second)
 			stop()
 			opts.Token = c.token
 			if c.newState {

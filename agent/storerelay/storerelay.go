@@ -60,6 +60,8 @@ type Relay struct {
 	closed   bool
 	wg       sync.WaitGroup
 	once     sync.Once
+	// refused is OnRefused's f; nil: every error ends its connection.
+	refused func(error) bool
 }
 
 // relayLongPoll is how long one WAIT is held by the master before the relay
@@ -92,6 +94,19 @@ func Start(ctx context.Context, client masterpb.MasterClient, incarnation string
 	go r.accept()
 	context.AfterFunc(rctx, func() { _ = r.Close() })
 	return r, nil
+}
+
+// OnRefused has f judge each error that the master answers a call with,
+// transient ones retried first. Where f returns true (the agent: the master
+// refused the job token, so the node ends for good), the call that met it
+// is held unanswered until its connection or the relay closes: torch would
+// otherwise fail first, and its own error (a broken store connection)
+// would hide the refusal as the pod's root cause. Set it before torch
+// connects.
+func (r *Relay) OnRefused(f func(err error) bool) {
+	r.mu.Lock()
+	r.refused = f
+	r.mu.Unlock()
 }
 
 // Addr is where torch connects: "127.0.0.1:PORT".
@@ -462,6 +477,15 @@ func (c *relayConn) read(req *masterpb.StoreRequest) (*masterpb.StoreResponse, e
 // master is gone for good.
 func (c *relayConn) retry(ctx context.Context, call func(ctx context.Context) error) error {
 	_, err := masterconn.Retry(ctx, c.log, 0, call, "call", "store")
+	if err != nil && ctx.Err() == nil {
+		c.r.mu.Lock()
+		refused := c.r.refused
+		c.r.mu.Unlock()
+		if refused != nil && refused(err) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
 	return err
 }
 

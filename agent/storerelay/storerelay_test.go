@@ -17,9 +17,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kfelastic/kfelastic/agent/masterconn"
 	"github.com/kfelastic/kfelastic/agent/tcpstore"
@@ -735,5 +739,64 @@ func TestStoreRelayTorch21Frames(t *testing.T) {
 		if got := binary.LittleEndian.Uint64(c.readN(8)); got != want {
 			t.Errorf("DELETE_KEY %d answered %d, want %d", i, got, want)
 		}
+	}
+}
+
+// A call the master refuses for good (the job token: the master at the
+// endpoint is another job's) is held unanswered when OnRefused's judge
+// says so, until the relay closes: the agent ends the pod with the
+// refusal, before torch fails with a broken connection of its own. Without
+// a judge, or where it declines, the refusal ends the connection as any
+// error the master meant does. A real master.
+func TestStoreRelayHoldsRefusedCall(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	wrong := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(wrong, []byte("another-jobs-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		judge bool // nil judge when false
+		takes bool
+		held  bool
+	}{
+		{"no judge", false, false, false},
+		{"judge declines", true, false, false},
+		{"judge takes it", true, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := startRelay(t, m.Addr, wrong)
+			var judged []codes.Code
+			var mu sync.Mutex
+			if c.judge {
+				r.OnRefused(func(err error) bool {
+					mu.Lock()
+					defer mu.Unlock()
+					judged = append(judged, status.Code(err))
+					return c.takes
+				})
+			}
+			s := dialStore(t, r)
+			s.send(tcpstore.Request{Cmd: tcpstore.Add, Key: "/k", Delta: 1})
+			if !c.held {
+				if !s.closed() {
+					t.Fatal("the refused call left its connection open")
+				}
+			} else {
+				_ = s.conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				if n, err := s.conn.Read(make([]byte, 8)); !isTimeout(err) {
+					t.Fatalf("the refused call was answered or closed (%d bytes, %v), want it held", n, err)
+				}
+				_ = r.Close()
+				if !s.closed() {
+					t.Fatal("the held call's connection outlived the relay")
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if want := map[bool]int{false: 0, true: 1}[c.judge]; len(judged) != want || want == 1 && judged[0] != codes.Unauthenticated {
+				t.Errorf("judged %v, want %d Unauthenticated", judged, want)
+			}
+		})
 	}
 }
