@@ -230,6 +230,15 @@ func (c *relayConn) closeSession() {
 var errGone = errors.New("store relay: torch's server closes the connection here")
 
 func (c *relayConn) handle(req tcpstore.Request) error {
+	if c.dec.Numbering() == tcpstore.Torch113 {
+		// A 1.13 or 2.0 client sends one command at a time and has no
+		// CANCEL_WAIT: a command after a WAIT means that the WAIT timed
+		// out in the client. Its upstream long poll ends here, and it is
+		// never answered: torch's own server would keep the wait forever
+		// and answer it late, a byte the client then takes as the start
+		// of its next reply.
+		c.cancelWaits()
+	}
 	var out []byte
 	switch req.Cmd {
 	case tcpstore.Validate:

@@ -128,7 +128,7 @@ wait n c
 				want = strings.Replace(want, "num_keys", "check a n True\ncheck missing False\nnum_keys", 1)
 				want += "append l b'ab'\nmulti_get [b'x', b'y']\n"
 			}
-			want += "wait never timed out\n"
+			want += "wait never timed out\nadd n 0 after the late key 3\n"
 			if got := torchLines(out); got != want {
 				t.Errorf("got\n%s\nwant\n%s", got, want)
 			}
@@ -154,7 +154,7 @@ func torchLines(out []byte) string {
 func deleteAll(t *testing.T, r *Relay) {
 	t.Helper()
 	c := dialStore(t, r)
-	for _, k := range []string{"/a", "/n", "/c", "/d", "/l", "/m1", "/m2"} {
+	for _, k := range []string{"/a", "/n", "/c", "/d", "/l", "/m1", "/m2", "/never"} {
 		c.send(tcpstore.Request{Cmd: tcpstore.Delete, Key: k})
 		c.readN(8)
 	}
@@ -798,5 +798,35 @@ func TestStoreRelayHoldsRefusedCall(t *testing.T) {
 				t.Errorf("judged %v, want %d Unauthenticated", judged, want)
 			}
 		})
+	}
+}
+
+// A torch 1.13 client whose WAIT timed out sends no CANCEL_WAIT: its next
+// command says so (it sends one at a time). The relay then drops the WAIT,
+// so the key's arrival later sends nothing: torch's own server would answer
+// the stale WAIT, a byte that the client reads as the start of its next
+// reply. A real master.
+func TestStoreRelayDropsTimedOutWait113(t *testing.T) {
+	m := mastertest.Start(t, master.Config{JobID: "relay", MinNodes: 1, MaxNodes: 1}, "")
+	r := startRelay(t, m.Addr, m.TokenFile)
+	c := dialStore(t, r)
+	c.send(tcpstore.Request{Cmd: tcpstore.Wait, Keys: []string{"/later"}})
+	waitForMasterWaits(t, inProcessMetrics(m.Server), 1)
+	// The client's wait timed out; it goes on with other commands.
+	c.send(tcpstore.Request{Cmd: tcpstore.Add, Key: "/n", Delta: 1})
+	if got := binary.LittleEndian.Uint64(c.readN(8)); got != 1 {
+		t.Fatalf("ADD after the dropped WAIT answered %d", got)
+	}
+	other := dialStore(t, r)
+	other.send(tcpstore.Request{Cmd: tcpstore.Set, Key: "/later", Value: []byte("here")})
+	other.send(tcpstore.Request{Cmd: tcpstore.Add, Key: "/n", Delta: 1}) // the SET is applied once this is answered
+	other.readN(8)
+	_ = c.conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.conn.Read(make([]byte, 1)); !isTimeout(err) {
+		t.Fatalf("the dropped WAIT was answered after all (%d bytes, %v)", n, err)
+	}
+	c.send(tcpstore.Request{Cmd: tcpstore.Add, Key: "/n", Delta: 1})
+	if got := binary.LittleEndian.Uint64(c.readN(8)); got != 3 {
+		t.Errorf("ADD answered %d, want 3", got)
 	}
 }
