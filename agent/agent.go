@@ -410,7 +410,7 @@ func (l *loop) join() {
 		switch {
 		case ctx.Err() != nil:
 		case errors.As(err, &excluded):
-			l.send(RendezvousFailed{Code: excluded.Code, Message: excluded.Message, NoRelaunch: !excluded.Relaunch})
+			l.send(RendezvousFailed{Code: excluded.Code, Message: excluded.Message, NoRelaunch: !excluded.Relaunch, Permanent: excluded.Permanent})
 		case errors.As(err, &refused):
 			l.send(RendezvousFailed{Code: kferrors.CodeAuthenticationFailed, Message: refused.Error(), Permanent: true})
 		case err != nil:

@@ -85,6 +85,9 @@ type ExcludedError struct {
 	Code     string
 	Message  string
 	Relaunch bool
+	// Permanent makes the pod's document NON_RECOVERABLE: the master
+	// refused the node's own description (refusedNode).
+	Permanent bool
 }
 
 func (e *ExcludedError) Error() string {
@@ -178,7 +181,8 @@ func (m *Master) authError(err error) error {
 //     the master lost it: restarted on an empty or another --state. Before
 //     that, a Join in progress registers it, and decides;
 //   - InvalidArgument: the master refuses the node's own description (its
-//     rank outside the --nnodes it restarted with, a newer protocol);
+//     rank outside the --nnodes it restarted with, a newer protocol):
+//     NodeRefused (refusedNode);
 //   - FailedPrecondition, AlreadyExists, OutOfRange, Unimplemented: no
 //     heartbeat gets them from this master; refusals all the same.
 //
@@ -201,12 +205,18 @@ func (m *Master) nodePB(n NodeInfo) *masterpb.Node {
 		Addr: n.Addr, Port: int32(n.Port), Host: m.cfg.Host}
 }
 
-// CodeRankHeld is the master's answer to a pod whose rank is held by
-// another live pod: a replacement that waited the pend timeout for the old
-// pod to free it (kferrors.CodeRankHeld), or a rank the master refuses
-// outright (AlreadyExists). Its document has this code, not
-// RendezvousTimeout, and the pod exits 1.
-const CodeRankHeld = "RankHeld"
+// refusedNode is err as the node's end when the master refused the node's
+// own description of itself (InvalidArgument: its rank outside --nnodes, a
+// name or address too long): NodeRefused, NON_RECOVERABLE, exit 1, since
+// the pod would describe itself the same way after any restart; nil for
+// any other error. what names the call.
+func refusedNode(what string, err error) *ExcludedError {
+	if status.Code(err) != codes.InvalidArgument {
+		return nil
+	}
+	return &ExcludedError{Code: kferrors.CodeNodeRefused, Permanent: true,
+		Message: fmt.Sprintf("the master refused this node's %s: %s", what, status.Convert(err).Message())}
+}
 
 // joinWait is how long one Join call is held by the master.
 const joinWait = 30 * time.Second
@@ -242,9 +252,12 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			if status.Code(err) == codes.AlreadyExists {
 				// The master refuses the rank for good (this pod holds
 				// another; live pods hold them all). Nothing timed out:
-				// the document says what happened, and the pod is not
-				// brought back for it.
-				return Round{}, &ExcludedError{Code: CodeRankHeld, Message: "join: " + status.Convert(err).Message()}
+				// the document says what happened (kferrors.CodeRankHeld),
+				// and the pod exits 1, not brought back for it.
+				return Round{}, &ExcludedError{Code: kferrors.CodeRankHeld, Message: "join: " + status.Convert(err).Message()}
+			}
+			if e := refusedNode("join", err); e != nil {
+				return Round{}, e
 			}
 			return Round{}, fmt.Errorf("join: %w", unwrapStatus(err))
 		}
@@ -496,7 +509,9 @@ func (m *Master) heartbeat(ctx context.Context) {
 func (m *Master) refuse(err error, round int64) {
 	err = m.authError(err)
 	var auth *AuthError
-	if !errors.As(err, &auth) {
+	if e := refusedNode("heartbeat", err); e != nil {
+		err = e
+	} else if !errors.As(err, &auth) {
 		err = fmt.Errorf("the master refused this node's heartbeat: %w", unwrapStatus(err))
 	}
 	m.cfg.Logger.Error("the master refuses this node for good; stopping", "endpoint", m.cfg.Endpoint, "round", round, "err", err)

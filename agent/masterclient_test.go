@@ -175,8 +175,10 @@ func serveMasterAt(t *testing.T, addr string, opts master.Options) (s *master.Se
 // exit 1; under both launchers, whose stops differ), or by a master
 // without the state the node joined
 // (NotFound on its heartbeat: ended as a refused join, RendezvousTimeout,
-// exit 202, so that a relaunched pod joins afresh). Real master, real
-// agents, helper workers.
+// exit 202, so that a relaunched pod joins afresh), or by a master with
+// fewer nodes than the node's rank (InvalidArgument: NodeRefused,
+// NON_RECOVERABLE, exit 1: the pod would describe itself the same way after
+// a restart). Real master, real agents, helper workers.
 func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("restarts a master under running agents")
@@ -190,14 +192,20 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 		exit        int
 		recoverable bool
 		mode        string // the helper's; "": hang
+		maxNodes    int    // the --nnodes max that the master comes back with; 0: the same (2)
+		rank        int
 	}{
-		{"token", "", "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, ""},
-		{"token-command", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, ""},
+		{"token", "", "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, "", 0, 0},
+		{"token-command", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, "", 0, 0},
 		// The command's store calls, through the relay, meet the refusal
 		// before the heartbeat does: the pod's document is still the
 		// refusal, not the command's failure that the refusal caused.
-		{"token-command-store", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, "storepoll"},
-		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true, ""},
+		{"token-command-store", LauncherCommand, "another-jobs-token", true, kferrors.CodeAuthenticationFailed, 1, false, "storepoll", 0, 0},
+		{"state-lost", "", mastertest.Token, true, kferrors.CodeRendezvousTimeout, kferrors.ExitRendezvousTimeout, true, "", 0, 0},
+		// The master came back with fewer nodes than this node's rank
+		// (InvalidArgument): NodeRefused, exit 1, not a restart that the
+		// master would refuse again.
+		{"rank-outside", "", mastertest.Token, true, kferrors.CodeNodeRefused, 1, false, "", 1, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addr := freeAddr(t)
@@ -214,7 +222,7 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 			}
 			cfg, out := helperConfig(t, 1, mode)
 			dir := t.TempDir()
-			cfg.Launcher, cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = c.launcher, "job-worker-0", 0, 1, 2
+			cfg.Launcher, cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = c.launcher, fmt.Sprintf("job-worker-%d", c.rank), c.rank, 1, 2
 			cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", addr, tokenFile
 			cfg.HeartbeatInterval, cfg.ErrorPrefix = 200*time.Millisecond, "file://"+dir
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -224,6 +232,9 @@ func TestHeartbeatRefusedEndsAgent(t *testing.T) {
 			waitFor(t, out, ready, 10*time.Second)
 			stop()
 			opts.Token = c.token
+			if c.maxNodes != 0 {
+				opts.Job.MaxNodes = c.maxNodes
+			}
 			if c.newState {
 				opts.StateURL = "file://" + t.TempDir()
 			}
@@ -409,7 +420,7 @@ func TestJoinRefusedIsRankHeld(t *testing.T) {
 	select {
 	case err := <-dones[2]:
 		var ee *ExitError
-		if !errors.As(err, &ee) || ee.Failure.Code != CodeRankHeld || ee.Code != 1 {
+		if !errors.As(err, &ee) || ee.Failure.Code != kferrors.CodeRankHeld || ee.Code != 1 {
 			t.Fatalf("third pod: %v, want RankHeld, exit 1\n%s", err, outs[2])
 		}
 	case <-time.After(10 * time.Second):
@@ -419,4 +430,30 @@ func TestJoinRefusedIsRankHeld(t *testing.T) {
 	for _, d := range dones[:2] {
 		<-d
 	}
+}
+
+// A join that the master refuses for the node's own description (its rank
+// outside the master's --nnodes: the pod's and the master's configurations
+// disagree) ends the pod with NodeRefused, NON_RECOVERABLE, exit 1 and no
+// worker started. It used to end as a RendezvousTimeout, exit 202, which
+// the training operator's ExitCode policy restarts, into the same refusal,
+// without end. A real master.
+func TestJoinRefusedForNodeDescription(t *testing.T) {
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2})
+	cfg, out := helperConfig(t, 1, "ok")
+	dir := t.TempDir()
+	cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = "job-worker-3", 3, 1, 4
+	cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile, cfg.ErrorPrefix = "c10d", endpoint, tokenFile, "file://"+dir
+	ee, took := runAgent(t, t.Context(), cfg)
+	if ee == nil || ee.Failure.Code != kferrors.CodeNodeRefused || ee.Code != 1 || ee.Failure.Recoverable {
+		t.Fatalf("want NodeRefused, NON_RECOVERABLE, exit 1; got %v\n%s", ee, out)
+	}
+	if got := readDocument(t, dir, ee.Document); got.Code != kferrors.CodeNodeRefused || got.Recoverable ||
+		!strings.Contains(got.Message, "node rank 3 outside [0, 2)") {
+		t.Errorf("document %+v", got)
+	}
+	if strings.Contains(out.String(), "helper ok") {
+		t.Errorf("a worker started:\n%s", out)
+	}
+	t.Logf("%s, exit %d, in %v: %s", ee.Failure.Code, ee.Code, took.Round(time.Millisecond), ee.Failure.Message)
 }

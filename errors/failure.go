@@ -29,6 +29,11 @@ const (
 	// (NON_RECOVERABLE, SYSTEM: the deployment gave the pod a token the
 	// master does not hold; no retry fixes it).
 	CodeAuthenticationFailed = "AuthenticationFailed"
+	// CodeNodeRefused: the master refused the pod's own description of
+	// itself (its rank outside --nnodes, a name or address too long), at
+	// its join or on a heartbeat (NON_RECOVERABLE, SYSTEM: the pod would
+	// describe itself the same way after any restart).
+	CodeNodeRefused = "NodeRefused"
 	// CodeRecoverable is flytekit's code for FlyteRecoverableException.
 	CodeRecoverable = "USER:Recoverable"
 	// CodeNonZeroExit is used for a worker that exited non-zero and left no
