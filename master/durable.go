@@ -343,26 +343,35 @@ func (d *durableLog) check(key string, f *masterpb.StateFile) error {
 // listSegments returns the generations of a file:// state's segments,
 // sorted; an entry named like one that is not a regular file is refused.
 func (d *durableLog) listSegments() ([]uint64, error) {
-	entries, err := os.ReadDir(filepath.Join(d.dir, filepath.FromSlash(logDir)))
+	return listFolder(d.dir, logDir, parseSegName)
+}
+
+// listFolder returns the numbers that parse finds in the names under
+// prefix in a file:// state's folder dir, sorted. An entry named like a
+// state file that is not a regular file (a folder, a link) is refused
+// rather than skipped, since skipping it would load a state without it and
+// then fail every write of its number as if fenced.
+func listFolder(dir, prefix string, parse func(name string) (uint64, bool)) ([]uint64, error) {
+	entries, err := os.ReadDir(filepath.Join(dir, filepath.FromSlash(prefix)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", logDir, err)
+		return nil, fmt.Errorf("list %s: %w", prefix, err)
 	}
-	var gens []uint64
+	var ns []uint64
 	for _, e := range entries {
-		g, ok := parseSegName(e.Name())
+		n, ok := parse(e.Name())
 		if !ok {
 			continue
 		}
 		if !e.Type().IsRegular() {
-			return nil, fmt.Errorf("%w: %s is not a regular file (%v): move it away", ErrBadState, logDir+e.Name(), e.Type())
+			return nil, fmt.Errorf("%w: %s is not a regular file (%v): move it away", ErrBadState, prefix+e.Name(), e.Type())
 		}
-		gens = append(gens, g)
+		ns = append(ns, n)
 	}
-	slices.Sort(gens)
-	return gens, nil
+	slices.Sort(ns)
+	return ns, nil
 }
 
 // errCorrupt marks a state file that does not decode; loadState says what
@@ -383,33 +392,13 @@ func corruptLogAdvice(logs []uint64) string {
 }
 
 // list returns the seqs of the state files under prefix (logDir or
-// snapDir), sorted. On a file:// state it reads the folder itself: an
-// entry named like a state file that is not a regular file (a folder, a
-// link) is refused rather than skipped, since skipping it would load a
-// state without it and then fail every write of its seq as if fenced.
+// snapDir), sorted. On a file:// state it reads the folder itself
+// (listFolder).
 func (d *durableLog) list(ctx context.Context, prefix string) ([]uint64, error) {
-	var seqs []uint64
 	if d.dir != "" {
-		entries, err := os.ReadDir(filepath.Join(d.dir, filepath.FromSlash(prefix)))
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", prefix, err)
-		}
-		for _, e := range entries {
-			s, ok := parseSeqKey(prefix, prefix+e.Name())
-			if !ok {
-				continue
-			}
-			if !e.Type().IsRegular() {
-				return nil, fmt.Errorf("%w: %s is not a regular file (%v): move it away", ErrBadState, prefix+e.Name(), e.Type())
-			}
-			seqs = append(seqs, s)
-		}
-		slices.Sort(seqs)
-		return seqs, nil
+		return listFolder(d.dir, prefix, func(name string) (uint64, bool) { return parseSeqKey(prefix, prefix+name) })
 	}
+	var seqs []uint64
 	it := d.bucket.List(&blob.ListOptions{Prefix: prefix})
 	for {
 		obj, err := it.Next(ctx)

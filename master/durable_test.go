@@ -49,15 +49,7 @@ func TestRestoreJobFromRecords(t *testing.T) {
 	}
 	step()
 	later := t0.Add(time.Hour)
-	fromSnap, err := RestoreJob(cfg, j.allRecords(), later)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromLog, err := RestoreJob(cfg, m.records(), later)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, r := range map[string]*Job{"snapshot": fromSnap, "log": fromLog} {
+	for name, r := range restoreBoth(t, cfg, j, m, later) {
 		if !reflect.DeepEqual(strip(r.Nodes()), strip(j.Nodes())) {
 			t.Errorf("%s: nodes\n%+v\nwant\n%+v", name, r.Nodes(), j.Nodes())
 		}
@@ -300,15 +292,7 @@ func TestRestoreKeepsClaim(t *testing.T) {
 	}
 	step()
 	restart := t0.Add(50 * time.Second) // the claim's pend timeout (1m) has not passed
-	fromSnap, err := RestoreJob(cfg, j.allRecords(), restart)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromLog, err := RestoreJob(cfg, m.records(), restart)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, r := range map[string]*Job{"snapshot": fromSnap, "log": fromLog} {
+	for name, r := range restoreBoth(t, cfg, j, m, restart) {
 		if p, inc, ok := r.Claimant(1); !ok || p != "w1b" || inc != "1" {
 			t.Errorf("%s: rank 1's claimant after the restart: %q %q %v, want w1b", name, p, inc, ok)
 		}
@@ -335,4 +319,19 @@ func TestRestoreKeepsClaim(t *testing.T) {
 			t.Errorf("%s: the claim outlived the hand-over", name)
 		}
 	}
+}
+
+// restoreBoth restores j at at twice, as a restarted master would: from a
+// snapshot (all its records) and from the logs (m's merged changes).
+func restoreBoth(t *testing.T, cfg Config, j *Job, m *merger, at time.Time) map[string]*Job {
+	t.Helper()
+	fromSnap, err := RestoreJob(cfg, j.allRecords(), at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromLog, err := RestoreJob(cfg, m.records(), at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*Job{"snapshot": fromSnap, "log": fromLog}
 }
