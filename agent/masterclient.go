@@ -348,13 +348,13 @@ func (m *Master) runCheck(ctx context.Context, pb *masterpb.Node, t *masterpb.Ch
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	m.cfg.Logger.Info("node check result", "check", task.Check, "round", task.Round, "ok", res.OK, "elapsed", res.Elapsed,
+	m.cfg.Logger.Info("node check result", "check", task.Check, "round", task.Round, "ok", res.OK, "elapsed", res.Elapsed, "ready", res.Ready,
 		"how", res.How, "message", res.Message)
 	err := m.retry(ctx, "ReportCheck", func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		_, err := m.client.ReportCheck(cctx, &masterpb.ReportCheckRequest{Node: pb, Check: task.Check, Round: int32(task.Round),
-			Ok: res.OK, SelfFailed: res.Self, ElapsedNs: int64(res.Elapsed), Message: res.Message})
+			Ok: res.OK, SelfFailed: res.Self, ElapsedNs: int64(res.Elapsed), ReadyNs: int64(res.Ready), Message: res.Message})
 		return err
 	})
 	if err != nil {

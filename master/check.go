@@ -41,6 +41,9 @@ type CheckReport struct {
 	OK      bool
 	Self    bool
 	Elapsed time.Duration
+	// Ready is how long after its launch the node's check reached its
+	// group (0: never, or not said); see lateMembers.
+	Ready   time.Duration
 	Message string
 }
 
@@ -164,7 +167,7 @@ func (j *Job) startCheckRound(round int, groups [][]int, now time.Time) {
 	// Nodes that already left cannot report.
 	for _, r := range c.ranks {
 		if rec := j.nodes[r]; rec == nil || rec.State != Joining || rec.Exclusion != nil {
-			c.reports[r] = CheckReport{Message: "the node left during the check"}
+			c.reports[r] = CheckReport{Self: true, Message: "the node left during the check"}
 		}
 	}
 	j.maybeFinishCheckRound(now)
@@ -215,7 +218,7 @@ func (j *Job) checkReportMissing(rank int, why string) {
 		return
 	}
 	if _, done := c.reports[rank]; !done {
-		c.reports[rank] = CheckReport{Message: "the node left during the check: " + why}
+		c.reports[rank] = CheckReport{Self: true, Message: "the node left during the check: " + why}
 	}
 }
 
@@ -226,7 +229,7 @@ func (j *Job) checkTick(now time.Time) {
 	}
 	for _, r := range c.ranks {
 		if _, done := c.reports[r]; !done {
-			c.reports[r] = CheckReport{Message: fmt.Sprintf("no report within the check timeout %s", j.cfg.CheckTimeout)}
+			c.reports[r] = CheckReport{Self: true, Message: fmt.Sprintf("no report within the check timeout %s", j.cfg.CheckTimeout)}
 		}
 	}
 	j.maybeFinishCheckRound(now)
@@ -278,35 +281,61 @@ func (j *Job) rankPods(ranks []int) string {
 // CheckVerdict is a node's outcome of both rounds.
 type CheckVerdict struct {
 	OK        bool
-	Best      time.Duration // the best time of a passed round
+	Best      time.Duration // the best time of a passed round; a late node's best Ready
 	Straggler bool
-	Messages  []string
+	// Late: each round it did not pass failed because its group waited
+	// for it (lateMember): a slow node, not a broken one, and a straggler.
+	Late     bool
+	Messages []string
 }
 
+// LateMargin is how much later than the rest of its group a node must
+// reach the group, beyond StragglerFactor × their time, to be charged with
+// its group's failure: more than the spread of a loaded machine's torch
+// imports, far less than the gloo timeout a late node makes its partners
+// wait out.
+const LateMargin = 5 * time.Second
+
 // Verdicts classifies the two rounds' reports (pure; DLRover's rules, and
-// two of ours): a node failed a round if it reported a failure and no
-// member of its group failed by itself in that round; faulty = failed both
-// rounds; a straggler's best time exceeds StragglerFactor × the median of
-// the OTHER passing nodes' best times (DLRover's median includes the node
-// itself, so of two nodes neither can ever exceed twice their mean; leaving
-// the node out gives the same answer from three nodes on and a usable one
-// for two). groups are each round's groups.
+// three of ours): a node failed a round if it reported a failure and no
+// member of its group failed by itself or made the group wait for it
+// (lateMember) in that round; faulty = failed both rounds, unless it was
+// the late member each time (then a straggler); a straggler's best time
+// exceeds StragglerFactor × the median of the OTHER passing nodes' best
+// times (DLRover's median includes the node itself, so of two nodes
+// neither can ever exceed twice their mean; leaving the node out gives the
+// same answer from three nodes on and a usable one for two). groups are
+// each round's groups.
 func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map[int]CheckVerdict {
 	out := make(map[int]CheckVerdict, len(ranks))
+	var late [2]map[int]time.Duration // late rank → the latest Ready of the rest of its group
+	for i := range rounds {
+		late[i] = lateMembers(rounds[i], groups[i])
+	}
 	var times []time.Duration
 	for _, r := range ranks {
 		v := CheckVerdict{}
-		failed := 0
+		failed, lateRounds := 0, 0
+		var lateBest time.Duration
 		for i, reports := range rounds {
 			rep := reports[r]
+			others, isLate := late[i][r]
 			switch {
 			case rep.OK:
 				if !v.OK || rep.Elapsed < v.Best {
 					v.Best = rep.Elapsed
 				}
 				v.OK = true
-			case !rep.Self && groupmateFailedItself(r, reports, groups[i]):
-				// cleared: its partner broke the round
+			case isLate:
+				failed++
+				lateRounds++
+				if lateRounds == 1 || rep.Ready < lateBest {
+					lateBest = rep.Ready
+				}
+				v.Messages = append(v.Messages, fmt.Sprintf("round %d: its group waited for it: ready %.1fs after its check started, the others within %.1fs",
+					i+1, rep.Ready.Seconds(), others.Seconds()))
+			case !rep.Self && groupmateFailedItself(r, reports, groups[i], late[i]):
+				// cleared: its partner broke the round, or made it wait
 			default:
 				failed++
 				if rep.Message != "" {
@@ -314,19 +343,22 @@ func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map
 				}
 			}
 		}
-		if failed == len(rounds) {
+		switch {
+		case failed == len(rounds) && lateRounds == failed:
+			v.OK, v.Late, v.Straggler, v.Best = true, true, true, lateBest
+		case failed == len(rounds):
 			v.OK = false
-		} else if !v.OK {
+		case !v.OK:
 			v.OK = true // cleared in every round it failed: not faulty, but no time
 		}
-		if v.OK && v.Best > 0 {
+		if v.OK && !v.Late && v.Best > 0 {
 			times = append(times, v.Best)
 		}
 		out[r] = v
 	}
 	if len(times) > 1 {
 		for r, v := range out {
-			if v.OK && v.Best > 0 && v.Best > StragglerFactor*medianWithout(times, v.Best) {
+			if v.OK && !v.Late && v.Best > 0 && v.Best > StragglerFactor*medianWithout(times, v.Best) {
 				v.Straggler = true
 				out[r] = v
 			}
@@ -335,13 +367,60 @@ func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map
 	return out
 }
 
-func groupmateFailedItself(rank int, reports map[int]CheckReport, groups [][]int) bool {
+// lateMembers finds, in each group of a round that failed together (every
+// member reported a failure of the group, none its own), the member the
+// others waited for: one that reached the group more than StragglerFactor
+// × and LateMargin after the last of the others. Their failure (a
+// collective timed out waiting for it) is then its doing, which pairing
+// alone cannot tell when the whole job is one group of three, or when a
+// slow node meets a new partner each round. It maps each late rank to the
+// latest Ready of the rest of its group. A member that never reached the
+// group failed by itself (nodecheck), and one that never reported is
+// charged by the master (checkTick), so every member here says when it was
+// ready, unless its agent is too old to: then nobody stands out.
+func lateMembers(reports map[int]CheckReport, groups [][]int) map[int]time.Duration {
+	late := map[int]time.Duration{}
+	for _, g := range groups {
+		if len(g) < 2 {
+			continue
+		}
+		slowest, together := -1, true
+		for _, m := range g {
+			rep, ok := reports[m]
+			if !ok || rep.OK || rep.Self || rep.Ready <= 0 {
+				together = false
+				break
+			}
+			if slowest < 0 || rep.Ready > reports[slowest].Ready {
+				slowest = m
+			}
+		}
+		if !together {
+			continue
+		}
+		var others time.Duration
+		for _, m := range g {
+			if m != slowest {
+				others = max(others, reports[m].Ready)
+			}
+		}
+		if r := reports[slowest].Ready; r > StragglerFactor*others && r-others >= LateMargin {
+			late[slowest] = others
+		}
+	}
+	return late
+}
+
+// groupmateFailedItself: another member of rank's group failed by itself
+// or was the one the group waited for.
+func groupmateFailedItself(rank int, reports map[int]CheckReport, groups [][]int, late map[int]time.Duration) bool {
 	for _, g := range groups {
 		if !slices.Contains(g, rank) {
 			continue
 		}
 		for _, m := range g {
-			if m != rank && !reports[m].OK && reports[m].Self {
+			_, isLate := late[m]
+			if m != rank && !reports[m].OK && (reports[m].Self || isLate) {
 				return true
 			}
 		}
@@ -376,7 +455,7 @@ func (j *Job) finishCheck(now time.Time) {
 	verdicts := Verdicts(c.ranks, [2]map[int]CheckReport{c.first, c.reports}, [2][][]int{c.groups1, c.groups})
 	var times []time.Duration
 	for _, v := range verdicts {
-		if v.OK {
+		if v.OK && !v.Late && v.Best > 0 {
 			times = append(times, v.Best)
 		}
 	}
@@ -394,6 +473,15 @@ func (j *Job) finishCheck(now time.Time) {
 			j.takeOut(rec, kferrors.SystemFailure(kferrors.CodeNodeCheckFailed, fmt.Sprintf(
 				"pod %s on host %s failed the node health check in both rounds: %s", rec.Pod, hostOr(rec.Host),
 				strings.Join(v.Messages, "; ")), rec.Pod, now), now)
+		case v.Late && j.cfg.ExcludeStraggler:
+			j.logf("warn", "straggler excluded: its check groups waited for it", "rank", r, "pod", rec.Pod, "errors", v.Messages)
+			j.takeOut(rec, kferrors.SystemFailure(kferrors.CodeStraggler, fmt.Sprintf(
+				"pod %s on host %s is a straggler: its check groups' all-reduce timed out waiting for it (%s)", rec.Pod, hostOr(rec.Host),
+				strings.Join(v.Messages, "; ")), rec.Pod, now), now)
+		case v.Late:
+			j.logf("warn", "straggler found: its check groups waited for it (not excluded: --exclude-straggler is off)",
+				"rank", r, "pod", rec.Pod, "errors", v.Messages)
+			j.update(rec, func(rec *Node) { rec.Checked = true })
 		case v.Straggler && j.cfg.ExcludeStraggler:
 			j.logf("warn", "straggler excluded", "rank", r, "pod", rec.Pod, "elapsed", v.Best, "median", med)
 			j.takeOut(rec, kferrors.SystemFailure(kferrors.CodeStraggler, fmt.Sprintf(

@@ -280,7 +280,7 @@ func (v *service) ReportCheck(ctx context.Context, req *masterpb.ReportCheckRequ
 	c := newCall(nil)
 	c.apply = func(s *Server, now time.Time) {
 		err := s.job.ReportCheck(n, req.GetCheck(), int(req.GetRound()), CheckReport{OK: req.GetOk(), Self: req.GetSelfFailed(),
-			Elapsed: time.Duration(req.GetElapsedNs()), Message: req.GetMessage()}, now)
+			Elapsed: time.Duration(req.GetElapsedNs()), Ready: time.Duration(req.GetReadyNs()), Message: req.GetMessage()}, now)
 		c.finish(&masterpb.ReportCheckResponse{}, err)
 	}
 	res, err := v.s.do(ctx, c, 0, nil)

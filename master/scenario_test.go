@@ -23,8 +23,9 @@ import (
 //	at 12s                          set the clock (from the scenario's start)
 //	join w0 [rank=0] [lws=2] [inc=1] [host=h0]   a pod joins (or asks again)
 //	heartbeat w0                    a pod's heartbeat, in the round it runs
-//	report w0 ok|fail [self] [elapsed=1s] [msg=…]   its result of its current check
-//	                                 task; self: the failure is its own
+//	report w0 ok|fail [self] [elapsed=1s] [ready=2s] [msg=…]   its result of its current
+//	                                 check task; self: the failure is its own;
+//	                                 ready: when it reached its group
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
 //	tick                             time passes (timeouts, last call)
@@ -202,6 +203,9 @@ func (s *scenario) run(command string) string {
 		rep := CheckReport{OK: f[2] == "ok", Self: a["self"] == "true", Elapsed: time.Second, Message: a["msg"]}
 		if v, ok := a["elapsed"]; ok {
 			rep.Elapsed = s.dur(v)
+		}
+		if v, ok := a["ready"]; ok {
+			rep.Ready = s.dur(v)
 		}
 		if !rep.OK && rep.Message == "" {
 			rep.Message = "check failed"

@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -69,6 +70,12 @@ type Result struct {
 	// crashed, its compute failed), not its group's.
 	Self    bool
 	Elapsed time.Duration
+	// Ready is how long after its launch the check reached its group
+	// (its interpreter started, torch imported, the compute done), as the
+	// agent saw it; 0 if it never did. A group whose all-reduce timed out
+	// waiting for one member tells that member by it: the others were
+	// ready long before (master.Verdicts).
+	Ready   time.Duration
 	Message string
 	// How is "torch" or "go".
 	How string
@@ -222,7 +229,8 @@ func (c *Checker) runProcess(ctx context.Context, t Task, how string, argv []str
 	cmd.WaitDelay = 2 * time.Second
 	var stdout bytes.Buffer
 	stderr := &tailBuffer{max: 4 << 10}
-	cmd.Stdout = &limitedWriter{w: &stdout, n: 64 << 10}
+	ready := &readyClock{start: time.Now()}
+	cmd.Stdout = io.MultiWriter(&limitedWriter{w: &stdout, n: 64 << 10}, ready)
 	cmd.Stderr = stderr
 	if c.Dir != "" {
 		if err := os.MkdirAll(c.Dir, 0o755); err == nil {
@@ -256,6 +264,7 @@ func (c *Checker) runProcess(ctx context.Context, t Task, how string, argv []str
 		line, found = x, true
 	}
 	res.Self = true // unless it reported a failure of its group below
+	res.Ready = ready.at()
 	switch {
 	case found && (err == nil || ctx.Err() != nil):
 		// It printed its result (and was killed afterwards only by us, if
@@ -301,6 +310,37 @@ func lastLines(s string) string {
 		lines = lines[len(lines)-3:]
 	}
 	return ": " + kferrors.CapMessage(strings.Join(lines, " | "), 1000)
+}
+
+// readyClock notes when a check printed its progress line (it reached its
+// group): the check's whole way there, as this node lived it, interpreter
+// start and torch's import included. A check that never met a group (a
+// group of one, a failed compute) leaves it 0.
+type readyClock struct {
+	mu    sync.Mutex
+	start time.Time
+	tail  []byte // the end of the last write, for a marker cut in two
+	ready time.Duration
+}
+
+var phaseMarker = []byte(`"phase"`)
+
+func (r *readyClock) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ready == 0 {
+		if bytes.Contains(append(r.tail, p...), phaseMarker) {
+			r.ready = max(time.Since(r.start), time.Nanosecond)
+		}
+		r.tail = append(r.tail[:0], p[max(len(p)-len(phaseMarker), 0):]...)
+	}
+	return len(p), nil
+}
+
+func (r *readyClock) at() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ready
 }
 
 // tailBuffer keeps the last max bytes written.

@@ -798,7 +798,12 @@ type ReportCheckRequest struct {
 	// killed or crashed, its compute failed), not its group's (a partner that
 	// never came, a collective that timed out). It clears the group's other
 	// members of that round's failure.
-	SelfFailed    bool `protobuf:"varint,7,opt,name=self_failed,json=selfFailed,proto3" json:"self_failed,omitempty"`
+	SelfFailed bool `protobuf:"varint,7,opt,name=self_failed,json=selfFailed,proto3" json:"self_failed,omitempty"`
+	// ready_ns: how long after its launch the node's check reached its group
+	// (0: it never did, or an agent too old to say). When a group fails
+	// together, the member ready long after the others is the one they
+	// waited for: it alone is charged with the failure.
+	ReadyNs       int64 `protobuf:"varint,8,opt,name=ready_ns,json=readyNs,proto3" json:"ready_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -880,6 +885,13 @@ func (x *ReportCheckRequest) GetSelfFailed() bool {
 		return x.SelfFailed
 	}
 	return false
+}
+
+func (x *ReportCheckRequest) GetReadyNs() int64 {
+	if x != nil {
+		return x.ReadyNs
+	}
+	return 0
 }
 
 type ReportCheckResponse struct {
@@ -3414,7 +3426,7 @@ const file_master_proto_rawDesc = "" +
 	"\awaiting\x18\x01 \x01(\x05R\awaiting\x12\x1b\n" +
 	"\tmin_nodes\x18\x02 \x01(\x05R\bminNodes\x12\x1b\n" +
 	"\tmax_nodes\x18\x03 \x01(\x05R\bmaxNodes\x12!\n" +
-	"\flatest_round\x18\x04 \x01(\x03R\vlatestRound\"\xd9\x01\n" +
+	"\flatest_round\x18\x04 \x01(\x03R\vlatestRound\"\xf4\x01\n" +
 	"\x12ReportCheckRequest\x12-\n" +
 	"\x04node\x18\x01 \x01(\v2\x19.kfelastic.master.v1.NodeR\x04node\x12\x14\n" +
 	"\x05check\x18\x02 \x01(\x03R\x05check\x12\x14\n" +
@@ -3424,7 +3436,8 @@ const file_master_proto_rawDesc = "" +
 	"elapsed_ns\x18\x05 \x01(\x03R\telapsedNs\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12\x1f\n" +
 	"\vself_failed\x18\a \x01(\bR\n" +
-	"selfFailed\"\x15\n" +
+	"selfFailed\x12\x19\n" +
+	"\bready_ns\x18\b \x01(\x03R\areadyNs\"\x15\n" +
 	"\x13ReportCheckResponse\"\x84\x01\n" +
 	"\x10HeartbeatRequest\x12-\n" +
 	"\x04node\x18\x01 \x01(\v2\x19.kfelastic.master.v1.NodeR\x04node\x12\x14\n" +
