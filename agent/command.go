@@ -98,6 +98,8 @@ type commandGroups struct {
 	// hook is the folder of the command's torch hook (agent/torchhook); ""
 	// when it could not be written.
 	hook string
+	// cpus is the container's CPU limit (containerCPUs; 0: none).
+	cpus float64
 }
 
 var _ groupStarter = (*commandGroups)(nil)
@@ -118,6 +120,10 @@ func newCommandGroups(l *loop) (*commandGroups, error) {
 		l.log.Warn("no torch hook for the command", "err", err)
 		c.hook = ""
 	}
+	if c.cpus = containerCPUs(); c.cpus > 0 && c.cpus < minPreloadCPUs && !l.cfg.NoForkServer && !l.cfg.WarmSpares {
+		l.log.Info("the torch hook's forkserver is off: the container's CPU limit is below one CPU, where preloading torch "+
+			"beside the command would slow its start", "cpus", c.cpus)
+	}
 	return c, nil
 }
 
@@ -125,7 +131,8 @@ func (c *commandGroups) start(a StartGroup) (*group, []WorkerExited) {
 	l, r := c.l, a.Round
 	gs := l.groupStart(1)
 	gs.commandMode, gs.launcher = true, execLauncher{}
-	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves(), hook: c.hook}
+	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves(), hook: c.hook,
+		cpus: c.cpus}
 	gs.env = func(w *worker, mark string) []string {
 		s := spec
 		s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, mark
@@ -191,6 +198,9 @@ type commandSpec struct {
 	mark         string
 	// hook is the torch hook's folder (agent/torchhook); "" for none.
 	hook string
+	// cpus is the container's CPU limit (0: none): below minPreloadCPUs
+	// the hook starts no forkserver.
+	cpus float64
 }
 
 // CommandEnv is the child's environment under --launcher command: the pod's
@@ -256,7 +266,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 		}
 	}
 	var hook torchhook.Options
-	if !c.NoForkServer && !c.WarmSpares {
+	if !c.NoForkServer && !c.WarmSpares && (s.cpus == 0 || s.cpus >= minPreloadCPUs) {
 		hook.Preload = c.preload()
 	}
 	if s.rdzvEndpoint != "" {
