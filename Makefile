@@ -37,9 +37,12 @@ vet:
 # all under the race detector, in one run: e2e/'s test process is a harness
 # (the binaries it starts are built static by the tests, CGO_ENABLED=0), so
 # -race costs it little, and it runs once, beside the other packages.
-# -race needs cgo (gcc: scripts/deps.sh) for this run only.
+# -race needs cgo (gcc: scripts/deps.sh) for this run only. The timeout is
+# a package's: e2e's scenarios run two at a time, each within its own
+# budget (e2e/harness_test.go), so that one that hangs fails alone, long
+# before this kills the package.
 test: deps vet
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 25m ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 45m ./...
 
 # Unit tests only: no external servers (they skip with a note).
 test-short:

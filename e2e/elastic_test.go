@@ -26,7 +26,7 @@ import (
 // the workers from 1 beside a Master replica; the agents must still form
 // ranks 0 and 1 (they used to hang: the last was refused as rank 2 of 2).
 func TestE1ElasticTrainsToTheEnd(t *testing.T) {
-	e := newEnv(t, "e1")
+	e := scenario(t, "e1")
 	j := e.launchWorkflow("e1", e.template("elastic-2-3", nil))
 	w0, w1 := j.name+"-worker-0", j.name+"-worker-1"
 	first := j.waitStep(w0, 0, 5*time.Minute)
@@ -53,7 +53,7 @@ func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 // error that propeller does not retry, and the other pods' secondary
 // failures are in the tally.
 func TestE2RootCause(t *testing.T) {
-	e := newEnv(t, "e2")
+	e := scenario(t, "e2")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "command", "python3", "/opt/kfelastic/testdata/train/allreduce_fail.py")
@@ -81,7 +81,7 @@ func TestE2RootCause(t *testing.T) {
 // it under its name, the new pod takes rank 1 back, training resumes from
 // the checkpoint, and the task succeeds.
 func TestE3DeletedWorkerComesBack(t *testing.T) {
-	e := newEnv(t, "e3")
+	e := scenario(t, "e3")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
@@ -105,7 +105,7 @@ func TestE3DeletedWorkerComesBack(t *testing.T) {
 // operator recreates it, it reloads its state from the task's prefix, and
 // the agents carry on: no training restart, the task succeeds.
 func TestE5MasterPodDeleted(t *testing.T) {
-	e := newEnv(t, "e5")
+	e := scenario(t, "e5")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "150", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5")
@@ -132,19 +132,21 @@ func TestE5MasterPodDeleted(t *testing.T) {
 // the memory through its own service account; training resumes from the
 // checkpoint and the task succeeds.
 func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
-	e := newEnv(t, "e6")
+	e := scenario(t, "e6")
 	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
 		setStrings(c, "args", "--steps", "60", "--sleep", "0.1", "--ckpt-dir", "/ckpt", "--ckpt-every", "5", "--alloc-at", "15:1800:2")
 		// The task's resources, as @task(requests=…, limits=…) gives them.
-		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "1Gi"}, "limits": map[string]any{"memory": "1536Mi"}})
+		res, _ := structpb.NewStruct(map[string]any{"requests": map[string]any{"cpu": "300m", "memory": "1Gi"},
+			"limits": map[string]any{"cpu": "1", "memory": "1536Mi"}})
 		c["resources"] = structpb.NewStructValue(res)
 	})
 	j := e.launchWorkflow("e6", tmpl)
 	j.waitStep(j.name+"-worker-1", 10, 5*time.Minute)
 	var fault time.Time
 	var oom corev1.Pod
-	for deadline := time.Now().Add(3 * time.Minute); fault.IsZero(); {
+	limit, why := e.limit(3 * time.Minute)
+	for deadline := time.Now().Add(limit); fault.IsZero(); {
 		for _, p := range j.pods() {
 			for _, cs := range p.Status.ContainerStatuses {
 				if t := cs.State.Terminated; t != nil && t.Reason == "OOMKilled" {
@@ -155,7 +157,7 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no container was OOMKilled")
+			t.Fatalf("no container was OOMKilled within %v%s", limit, why)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -174,7 +176,7 @@ func TestE6OOMKilledWorkerGetsMoreMemory(t *testing.T) {
 // with it: the job, its pods, and the plugin's Secret, ServiceAccount, Role
 // and RoleBinding (owner references, the garbage collector).
 func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
-	e := newEnv(t, "e8")
+	e := scenario(t, "e8")
 	j := e.launchWorkflow("e8", e.template("elastic-2-3", nil))
 	j.waitStep(j.name+"-worker-0", 0, 5*time.Minute)
 	// As `flytectl delete execution` ends in flyteadmin: the FlyteWorkflow
@@ -182,7 +184,8 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 	if err := e.flyte.Delete(t.Context(), j.wf, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
+	limit, why := e.limit(3 * time.Minute)
+	deadline := time.Now().Add(limit)
 	for {
 		var left []string
 		for _, o := range []client.Object{&kubeflowv1.PyTorchJob{}, &corev1.Secret{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
@@ -204,7 +207,7 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left after the workflow was deleted: %s", strings.Join(left, ", "))
+			t.Fatalf("left %v after the workflow was deleted%s: %s", limit, why, strings.Join(left, ", "))
 		}
 		time.Sleep(time.Second)
 	}
@@ -216,7 +219,7 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 // store, the replacement joins, and the task succeeds. Upstream loses such
 // a job: worker 0's pod hosts torch's c10d store.
 func TestE4FlytekitWorker0Deleted(t *testing.T) {
-	e := newEnv(t, "e4")
+	e := scenario(t, "e4")
 	j := e.launchWorkflow("e4", e.template("flytekit-2-3", nil))
 	j.waitStep(j.name+"-worker-1", 20, 5*time.Minute)
 	victim := j.pod(j.name + "-worker-0")
@@ -233,7 +236,7 @@ func TestE4FlytekitWorker0Deleted(t *testing.T) {
 // plugin set enableDynamicWorker: without it the operator fails the job at
 // the deletion), and training goes on to the last step.
 func TestE7TFWorkerDeleted(t *testing.T) {
-	e := newEnv(t, "e7")
+	e := scenario(t, "e7")
 	j := e.launchWorkflow("e7", e.template("tf-ps", nil))
 	j.waitStep(j.name+"-worker-0", 30, 5*time.Minute)
 	victim := j.pod(j.name + "-worker-1")

@@ -44,6 +44,8 @@ type env struct {
 	// defaultPyTorch is the plugin propeller runs pytorch tasks with; ""
 	// is ours, "pytorch" upstream's (the comparisons).
 	defaultPyTorch string
+	// deadline is the scenario's: every wait ends by it (budget).
+	deadline time.Time
 }
 
 // inNamespace is e in another namespace of the same cluster, operator and
@@ -67,6 +69,38 @@ var agentImage struct {
 	err  error
 }
 
+// scenarioBudget is how long one scenario may take, start to end, on a
+// slow machine beside another scenario (KFELASTIC_E2E_BUDGET overrides
+// it): every wait is cut to what is left of it, and a scenario that runs
+// out fails alone, with its dump, instead of the package's timeout
+// killing every test without one.
+var scenarioBudget = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KFELASTIC_E2E_BUDGET")); err == nil && d > 0 {
+		return d
+	}
+	return 9 * time.Minute
+}()
+
+// sideBySide is how many scenarios share the node at once: what its two
+// CPUs can schedule (each scenario's pods request ≈0.7 CPU,
+// testdata/e2e/) with room for a replacement pod, and what two cores run
+// without starving a scenario's timing.
+var sideBySide = make(chan struct{}, 2)
+
+// scenario is newEnv for one of the E scenarios: it runs beside the
+// others (t.Parallel), at most len(sideBySide) at a time, each in its own
+// namespace, within scenarioBudget.
+func scenario(t *testing.T, ns string) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the one-node cluster (run without -short)")
+	}
+	t.Parallel()
+	sideBySide <- struct{}{}
+	t.Cleanup(func() { <-sideBySide })
+	return newEnv(t, ns)
+}
+
 // newEnv is a scenario's world: the cluster (skips where it cannot run),
 // the training operator, a namespace and a bucket of its own.
 func newEnv(t *testing.T, ns string) *env {
@@ -80,20 +114,79 @@ func newEnv(t *testing.T, ns string) *env {
 	if agentImage.err != nil {
 		t.Fatal(agentImage.err)
 	}
-	// Its workers' init container waits for the master's DNS name with
+	// One operator for the cluster: scenarios side by side share it. Its
+	// workers' init container waits for the master's DNS name with
 	// busybox, not a pulled alpine.
-	testenv.StartOperator(t, c.Config, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
+	c.UseOperator(t, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
 	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
-		image: agentImage.name, ckpt: t.TempDir()}
+		image: agentImage.name, ckpt: t.TempDir(), deadline: time.Now().Add(scenarioBudget)}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, name := range []string{"kubelet", "containerd"} {
-				t.Logf("%s log:\n%s", name, c.Log(name, 4000))
-			}
-			e.dumpPods()
+			e.dump()
 		}
 	})
 	return e
+}
+
+// limit is d cut to what is left of the scenario's budget, and a word
+// for a failure's message when the budget is what ended the wait.
+func (e *env) limit(d time.Duration) (time.Duration, string) {
+	if left := time.Until(e.deadline); left < d {
+		return max(left, 0), fmt.Sprintf(" (the scenario's budget of %v is spent: KFELASTIC_E2E_BUDGET)", scenarioBudget)
+	}
+	return d, ""
+}
+
+// dump logs what a user would look at when a scenario fails: the
+// workflow's node status (the Flyte UI), the jobs' conditions, each pod's
+// phase, containers and last log lines (the master's among them), and the
+// node's kubelet and containerd and the operator.
+func (e *env) dump() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e.flyte != nil {
+		var wfs v1alpha1.FlyteWorkflowList
+		if err := e.flyte.List(ctx, &wfs, client.InNamespace(e.ns)); err != nil {
+			e.t.Logf("workflows: %v", err)
+		}
+		for i := range wfs.Items {
+			wf := &wfs.Items[i]
+			o, err := testenv.Outcome(ctx, e.flyte, client.ObjectKeyFromObject(wf))
+			e.t.Logf("workflow %s: %v (%v); message %q", wf.Name, o, err, wf.Status.Message)
+		}
+	}
+	var pjs kubeflowv1.PyTorchJobList
+	var tjs kubeflowv1.TFJobList
+	_ = e.kube.List(ctx, &pjs, client.InNamespace(e.ns))
+	_ = e.kube.List(ctx, &tjs, client.InNamespace(e.ns))
+	for _, j := range pjs.Items {
+		e.t.Logf("PyTorchJob %s: conditions %s; replicas %s", j.Name, conditions(j.Status.Conditions), replicaStatuses(j.Status.ReplicaStatuses))
+	}
+	for _, j := range tjs.Items {
+		e.t.Logf("TFJob %s: conditions %s; replicas %s", j.Name, conditions(j.Status.Conditions), replicaStatuses(j.Status.ReplicaStatuses))
+	}
+	e.dumpPods()
+	for _, name := range []string{"kubelet", "containerd", "training-operator"} {
+		e.t.Logf("%s log:\n%s", name, e.cluster.Log(name, 4000))
+	}
+}
+
+func conditions(cs []kubeflowv1.JobCondition) string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, fmt.Sprintf("%s=%s (%s: %s)", c.Type, c.Status, c.Reason, c.Message))
+	}
+	return "[" + strings.Join(out, "; ") + "]"
+}
+
+func replicaStatuses(rs map[kubeflowv1.ReplicaType]*kubeflowv1.ReplicaStatus) string {
+	var out []string
+	for t, r := range rs {
+		if r != nil {
+			out = append(out, fmt.Sprintf("%s active=%d succeeded=%d failed=%d", t, r.Active, r.Succeeded, r.Failed))
+		}
+	}
+	return "[" + strings.Join(out, "; ") + "]"
 }
 
 // template loads testdata/e2e/NAME.json (a task template as flytekit
@@ -162,6 +255,7 @@ var stepRE = regexp.MustCompile(`step = (\d+)`)
 // since (a log line count to skip) and returns when it did.
 func (j *job) waitStep(pod string, n int, limit time.Duration) time.Time {
 	j.e.t.Helper()
+	limit, why := j.e.limit(limit)
 	deadline := time.Now().Add(limit)
 	for {
 		for _, m := range stepRE.FindAllStringSubmatch(j.logs(pod), -1) {
@@ -172,7 +266,7 @@ func (j *job) waitStep(pod string, n int, limit time.Duration) time.Time {
 			}
 		}
 		if time.Now().After(deadline) {
-			j.e.t.Fatalf("pod %s: no step ≥ %d after %v; log:\n%s", pod, n, limit, tail(j.logs(pod), 3000))
+			j.e.t.Fatalf("pod %s: no step ≥ %d after %v%s; log:\n%s", pod, n, limit, why, tail(j.logs(pod), 3000))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -230,10 +324,11 @@ func (j *job) podOrNil(name string) *corev1.Pod {
 // count taken before a fault, plus one: a step after it).
 func (j *job) waitNewSteps(pod string, n int, limit time.Duration) time.Time {
 	j.e.t.Helper()
+	limit, why := j.e.limit(limit)
 	deadline := time.Now().Add(limit)
 	for strings.Count(j.logs(pod), "step = ") < n {
 		if time.Now().After(deadline) {
-			j.e.t.Fatalf("pod %s: no new step after %v; log:\n%s", pod, limit, tail(j.logs(pod), 3000))
+			j.e.t.Fatalf("pod %s: no new step after %v%s; log:\n%s", pod, limit, why, tail(j.logs(pod), 3000))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -266,6 +361,7 @@ func addEnv(c map[string]*structpb.Value, name, value string) {
 // a pod of the same name, another UID, Running; it returns when it was.
 func (j *job) waitRecreated(old corev1.Pod, limit time.Duration) time.Time {
 	j.e.t.Helper()
+	limit, why := j.e.limit(limit)
 	deadline := time.Now().Add(limit)
 	for {
 		p := j.podOrNil(old.Name)
@@ -273,7 +369,7 @@ func (j *job) waitRecreated(old corev1.Pod, limit time.Duration) time.Time {
 			return time.Now()
 		}
 		if time.Now().After(deadline) {
-			j.e.t.Fatalf("%s was not recreated within %v", old.Name, limit)
+			j.e.t.Fatalf("%s was not recreated within %v%s", old.Name, limit, why)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -320,7 +416,8 @@ func (e *env) launchWorkflow(name string, tmpl *core.TaskTemplate) *job {
 	if err := e.flyte.Create(e.t.Context(), fw); err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(e.t.Context(), 3*time.Minute)
+	limit, _ := e.limit(3 * time.Minute)
+	ctx, cancel := context.WithTimeout(e.t.Context(), limit)
 	defer cancel()
 	var list client.ObjectList = &kubeflowv1.PyTorchJobList{}
 	if tmpl.GetType() == "tensorflow" {
@@ -343,11 +440,12 @@ func (j *job) succeeds(limit time.Duration) {
 // Flyte UI shows, read from the FlyteWorkflow's node status.
 func (j *job) outcome(limit time.Duration) testenv.WorkflowOutcome {
 	j.e.t.Helper()
+	limit, why := j.e.limit(limit)
 	ctx, cancel := context.WithTimeout(j.e.t.Context(), limit)
 	defer cancel()
 	o, err := testenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
 	if err != nil {
-		j.e.t.Fatalf("workflow %s not terminal after %v: %v (%v)", j.wf.Name, limit, o, err)
+		j.e.t.Fatalf("workflow %s not terminal after %v%s: %v (%v)", j.wf.Name, limit, why, o, err)
 	}
 	return o
 }

@@ -5,7 +5,7 @@
 .PHONY: e2e flytepropeller
 
 e2e: deps
-	$(GO) test -count=1 -timeout 30m ./e2e/...
+	$(GO) test -count=1 -timeout 45m ./e2e/...
 
 # The propeller binary alone, for running it by hand:
 # bin/flytepropeller-kfelastic --config propeller.yaml

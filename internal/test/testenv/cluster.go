@@ -92,6 +92,12 @@ type Cluster struct {
 	// Kubeconfig is the same as a file, for processes (propeller, the
 	// operator).
 	Kubeconfig string
+	// Leftovers is what the start found of an earlier run (a SIGKILLed
+	// test binary) and removed, as UseCluster logs it.
+	Leftovers string
+	// CPULimits says whether and how the node enforces pods' CPU limits
+	// (cpuLimits), as UseCluster logs it at start.
+	CPULimits string
 	// WorkerImage is the image with Debian's python3-torch and the
 	// repository's training scripts under /opt/kfelastic (examples/,
 	// testdata/).
@@ -104,6 +110,25 @@ type Cluster struct {
 	mu    sync.Mutex
 	minio *MinIOProcess // on ClusterNodeIP, started by MinIO
 	stop  chan struct{} // ends the pod log mirror
+	// operator is the training operator UseOperator started, once.
+	operator    sync.Once
+	operatorErr error
+}
+
+// UseOperator runs the Kubeflow training operator (StartOperator's) on
+// the cluster once, for the cluster's life, so that scenarios running side
+// by side in their namespaces share it: two operators would both reconcile
+// every job. Its log is the cluster's (Log("training-operator")). args are
+// the first caller's.
+func (c *Cluster) UseOperator(t testing.TB, args ...string) {
+	t.Helper()
+	c.operator.Do(func() {
+		argv := operatorArgv(t, c.Config, args)
+		c.operatorErr = c.start("training-operator", argv[0], []string{"KUBECONFIG=" + c.Kubeconfig}, argv[1:]...)
+	})
+	if c.operatorErr != nil {
+		t.Fatal(c.operatorErr)
+	}
 }
 
 var theCluster struct {
@@ -139,6 +164,7 @@ func UseCluster(t testing.TB) *Cluster {
 	if theCluster.err != nil {
 		t.Skipf("the one-node cluster cannot start on this machine: %v", theCluster.err)
 	}
+	t.Logf("the one-node cluster: pods' CPU limits %s; removed at start: %s", theCluster.c.CPULimits, theCluster.c.Leftovers)
 	return theCluster.c
 }
 
@@ -208,8 +234,13 @@ func StartCluster(ctx context.Context) (_ *Cluster, err error) {
 			c.Stop()
 		}
 	}()
-	if err := cleanCluster(c.run); err != nil {
+	removed, err := cleanCluster(c.run)
+	if err != nil {
 		return nil, fmt.Errorf("leftovers of an earlier cluster: %w", err)
+	}
+	c.Leftovers = "none"
+	if len(removed) > 0 {
+		c.Leftovers = strings.Join(removed, ", ")
 	}
 	// The processes' logs outlive the run folder (a failed start is read
 	// after the cleanup): one folder, emptied at each start.
@@ -593,7 +624,10 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 		"serializeImagePulls": false, "syncFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
 		"fileCheckFrequency": "5s", "volumeStatsAggPeriod": "0s", "cpuManagerReconcilePeriod": "5s",
 		"localStorageCapacityIsolation": true, "maxPods": 50, "runtimeRequestTimeout": "5m",
+		// As on every real cluster: a container's CPU limit is a CFS quota.
+		"cpuCFSQuota": true,
 	}
+	enableCPUController()
 	b, err := yaml.Marshal(kubeletConf)
 	if err != nil {
 		return err
@@ -631,6 +665,7 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 	}); err != nil {
 		return err
 	}
+	c.CPULimits = cpuLimits()
 	// Pods need their namespace's default service account and the CA
 	// bundle the controller-manager publishes.
 	return c.waitReady(ctx, "kube-controller-manager (service accounts)", 2*time.Minute, func() error {
@@ -649,9 +684,20 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 func (c *Cluster) Namespace(t testing.TB, name string) string {
 	t.Helper()
 	kc := NewClient(t, c.Config)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	// The same test run again (-count) finds its last namespace still
+	// terminating, where nothing can be created: wait until it is gone.
+	if err := c.waitReady(ctx, "namespace "+name+" (an earlier one terminating)", 2*time.Minute, func() error {
+		var old corev1.Namespace
+		if err := kc.Get(ctx, client.ObjectKey{Name: name}, &old); err == nil && old.DeletionTimestamp != nil {
+			return fmt.Errorf("still terminating since %s", old.DeletionTimestamp)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := kc.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -878,7 +924,7 @@ func (c *Cluster) Stop() {
 		close(c.stop)
 		c.stop = nil
 	}
-	for _, name := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "coredns"} {
+	for _, name := range []string{"training-operator", "kubelet", "kube-scheduler", "kube-controller-manager", "coredns"} {
 		c.stopProc(name)
 	}
 	if c.sock != "" {
@@ -890,7 +936,7 @@ func (c *Cluster) Stop() {
 	if c.minio != nil {
 		c.minio.Stop()
 	}
-	_ = cleanCluster(c.run)
+	_, _ = cleanCluster(c.run)
 	if c.lock != nil {
 		c.lock.Close()
 		c.lock = nil
@@ -900,30 +946,46 @@ func (c *Cluster) Stop() {
 // cleanCluster removes what a cluster run left behind: the processes in its
 // pods' cgroups and its containerd shims, mounts under run, the pods'
 // network namespaces, the kubelet's cgroups, the bridge, and run itself.
-// It is what makes a SIGKILLed test binary harmless to the next start.
-func cleanCluster(run string) error {
+// It is what makes a SIGKILLed test binary harmless to the next start,
+// and it says what it found.
+func cleanCluster(run string) (removed []string, _ error) {
 	var errs []error
-	// Every process in the pods' cgroups (cgroup v1 hierarchies and v2).
-	cgroups := kubepodsCgroups()
-	for range 3 {
-		for _, cg := range cgroups {
-			killCgroup(cg)
+	found := func(n int, what string) {
+		if n > 0 {
+			removed = append(removed, fmt.Sprintf("%d %s", n, what))
 		}
 	}
-	// containerd-shims of this cluster (their command line names its
-	// socket) outlive a killed containerd.
-	for _, pid := range procsMatching(run) {
+	// Every process in the pods' cgroups (cgroup v1 hierarchies and v2).
+	cgroups := kubepodsCgroups()
+	killed := map[int]bool{}
+	for range 3 {
+		for _, cg := range cgroups {
+			for _, pid := range killCgroup(cg) {
+				killed[pid] = true
+			}
+		}
+	}
+	found(len(killed), "pod processes")
+	// The cluster's own processes (etcd, the API server, the kubelet,
+	// containerd and its shims: their command lines name the run folder)
+	// outlive a SIGKILLed test binary whose Pdeathsig did not reach them.
+	procs := procsMatching(run)
+	for _, pid := range procs {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	found(len(procs), "cluster processes")
 	// Mounts under the run folder and the kubelet's (deepest first), and
 	// the pods' network namespaces.
-	for _, m := range mountsUnder(run, "/run/netns/cni-", "/var/run/netns/cni-") {
+	mounts := mountsUnder(run, "/run/netns/cni-", "/var/run/netns/cni-")
+	found(len(mounts), "mounts")
+	for _, m := range mounts {
 		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
 		}
 	}
 	for _, dir := range []string{"/run/netns", "/var/run/netns"} {
 		if names, _ := filepath.Glob(filepath.Join(dir, "cni-*")); len(names) > 0 {
+			found(len(names), "network namespaces in "+dir)
 			for _, n := range names {
 				_ = os.Remove(n)
 			}
@@ -932,16 +994,55 @@ func cleanCluster(run string) error {
 	for _, cg := range cgroups {
 		removeCgroup(cg)
 	}
+	found(len(cgroups), "kubepods cgroups")
 	if _, err := net.InterfaceByName(clusterBridge); err == nil {
+		removed = append(removed, "the bridge "+clusterBridge)
 		if out, err := exec.Command("ip", "link", "del", clusterBridge).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("ip link del %s: %v: %s", clusterBridge, err, out))
 		}
 	}
+	if _, err := os.Stat(run); err == nil {
+		removed = append(removed, "the run folder")
+	}
 	if err := os.RemoveAll(run); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
+
+// cpuLimits says whether the kubelet's pods get their CPU limits as a CFS
+// quota here, as every real cluster's do: whether the cpu controller
+// governs its kubepods cgroup. The e2e tasks ask for what they need and
+// pass either way; a machine without it runs them faster than a cluster
+// would, so it is said.
+func cpuLimits() string {
+	for _, m := range readMounts() {
+		for _, f := range []string{"cpu.cfs_quota_us", "cpu.max"} {
+			if p := filepath.Join(m.dir, "kubepods", f); (m.fstype == "cgroup" || m.fstype == "cgroup2") && fileExists(p) {
+				return "enforced (" + p + ")"
+			}
+		}
+	}
+	return "NOT enforced: no cpu controller in the kubelet's kubepods cgroup on this machine (a real cluster enforces them)"
+}
+
+// enableCPUController turns the cpu controller on for the children of
+// each cgroup v2 hierarchy's root, where the kubelet makes kubepods, so
+// that a v2 machine enforces CPU limits as a real node does; where it
+// cannot (v1, a delegated tree), cpuLimits says what the node does.
+func enableCPUController() {
+	for _, m := range readMounts() {
+		if m.fstype != "cgroup2" {
+			continue
+		}
+		ctl := filepath.Join(m.dir, "cgroup.subtree_control")
+		if b, err := os.ReadFile(filepath.Join(m.dir, "cgroup.controllers")); err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {
+			_ = os.WriteFile(ctl, []byte("+cpu"), 0o644)
+		}
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // kubepodsCgroups are the kubelet's pod cgroups (cgroupfs driver) in every
 // mounted hierarchy.
@@ -957,8 +1058,9 @@ func kubepodsCgroups() []string {
 	return out
 }
 
-// killCgroup SIGKILLs every process in the cgroup tree at dir.
-func killCgroup(dir string) {
+// killCgroup SIGKILLs every process in the cgroup tree at dir, and says
+// which.
+func killCgroup(dir string) (pids []int) {
 	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 			return nil
@@ -967,10 +1069,12 @@ func killCgroup(dir string) {
 		for f := range strings.FieldsSeq(string(b)) {
 			if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
+				pids = append(pids, pid)
 			}
 		}
 		return nil
 	})
+	return pids
 }
 
 // removeCgroup removes the cgroup tree at dir, leaves first, waiting a

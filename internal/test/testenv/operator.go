@@ -50,6 +50,14 @@ const servingCertDir = "/tmp/k8s-webhook-server/serving-certs"
 // is missing.
 func StartOperator(t testing.TB, cfg *rest.Config, args ...string) {
 	t.Helper()
+	argv := operatorArgv(t, cfg, args)
+	startProcess(t, "training-operator", argv[0], Kubeconfig(t, cfg), argv[1:]...)
+}
+
+// operatorArgv readies the cluster of cfg for the operator (see
+// StartOperator) and returns its command line.
+func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("needs the Kubeflow training operator (run without -short)")
 	}
@@ -76,9 +84,8 @@ func StartOperator(t testing.TB, cfg *rest.Config, args ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startProcess(t, "training-operator", bin, Kubeconfig(t, cfg),
-		append([]string{"--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
-			fmt.Sprintf("--webhook-server-port=%d", port)}, args...)...)
+	return append([]string{bin, "--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
+		fmt.Sprintf("--webhook-server-port=%d", port)}, args...)
 }
 
 // StartKwok runs kwok (simulated nodes and kubelets: a bound pod becomes
