@@ -8,6 +8,7 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kfelastic/kfelastic/agent/nodecheck"
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
@@ -132,6 +133,15 @@ func (c *Config) validate() error {
 	if c.Pod == "" {
 		c.Pod, _ = os.Hostname()
 	}
+	// Names the agent sends the master and writes in the pod's document,
+	// both protobuf, whose strings must be UTF-8: refused here, at once,
+	// not found unsendable at the first join.
+	if err := validUTF8("the pod name (_F_WN, FLYTE_INTERNAL_WORKER_NAME or POD_NAME, else the hostname)", c.Pod); err != nil {
+		return err
+	}
+	if err := validUTF8("--master-addr", c.MasterAddr); err != nil {
+		return err
+	}
 	if c.RdzvID == "" {
 		c.RdzvID = "none" // torchrun's default --rdzv_id
 	}
@@ -214,7 +224,11 @@ func (c *Config) rendezvous() (r Rendezvous, closeIt func(), err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("--token-file: %w", err)
 	}
-	m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: nodeHost(), Logger: c.Logger,
+	host := nodeHost()
+	if err := validUTF8("the node name ("+nodeNameEnv+", else the hostname)", host); err != nil {
+		return nil, nil, err
+	}
+	m, err := DialMaster(MasterConfig{Endpoint: c.RdzvEndpoint, Token: token, Host: host, Logger: c.Logger,
 		HeartbeatInterval: c.HeartbeatInterval,
 		Check:             &nodecheck.Checker{Python: InterpreterOf(c.Command), Env: c.Env, Logger: c.Logger, GoCheck: c.checkCommand}})
 	if err != nil {
@@ -223,15 +237,27 @@ func (c *Config) rendezvous() (r Rendezvous, closeIt func(), err error) {
 	return m, func() { _ = m.Close() }, nil
 }
 
+// nodeNameEnv is kfoperator.NodeNameEnv: the plugin sets it to the pod's
+// spec.nodeName.
+const nodeNameEnv = "KFELASTIC_NODE_NAME"
+
 // nodeHost is the machine the pod runs on, as the master should avoid it:
-// KFELASTIC_NODE_NAME (the plugin sets it to the pod's spec.nodeName),
-// else the hostname.
+// nodeNameEnv, else the hostname.
 func nodeHost() string {
-	if h := os.Getenv("KFELASTIC_NODE_NAME"); h != "" {
+	if h := os.Getenv(nodeNameEnv); h != "" {
 		return h
 	}
 	h, _ := os.Hostname()
 	return h
+}
+
+// validUTF8 refuses a name that is not valid UTF-8, saying what it is and
+// where it comes from (what).
+func validUTF8(what, name string) error {
+	if utf8.ValidString(name) {
+		return nil
+	}
+	return fmt.Errorf("%s %q is not valid UTF-8: the master's protocol and the pod's error document carry only UTF-8 names", what, name)
 }
 
 // Ranges of the agent's numbers, as `kfelastic agent --help` states them.

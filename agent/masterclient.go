@@ -259,6 +259,14 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			if e := refusedNode("join", err); e != nil {
 				return Round{}, e
 			}
+			var unsendable *masterconn.UnsendableError
+			if errors.As(err, &unsendable) {
+				// The node's own description cannot be sent (a name that
+				// is not UTF-8): the pod would describe itself the same way
+				// after any restart, as for the master's refusal.
+				return Round{}, &ExcludedError{Code: kferrors.CodeNodeRefused, Permanent: true,
+					Message: "this node's join: " + unsendable.Error()}
+			}
 			return Round{}, fmt.Errorf("join: %w", unwrapStatus(err))
 		}
 		if pb.Rank < 0 {

@@ -457,3 +457,59 @@ func TestJoinRefusedForNodeDescription(t *testing.T) {
 	}
 	t.Logf("%s, exit %d, in %v: %s", ee.Failure.Code, ee.Code, took.Round(time.Millisecond), ee.Failure.Message)
 }
+
+// A pod or node name that is not UTF-8 cannot be sent to the master
+// (protobuf's strings must be UTF-8) nor written in the pod's document:
+// the agent refuses it at start, naming where it comes from. It used to
+// join, find the Join unsendable, and retry it as an unreachable master
+// for 10 minutes.
+func TestNonUTF8NamesRefusedAtStart(t *testing.T) {
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2})
+	for _, c := range []struct {
+		pod, nodeName, want string
+	}{
+		{"job-worker-\xff", "", "pod name"},
+		{"job-worker-0", "node-\xfe", "KFELASTIC_NODE_NAME"},
+	} {
+		t.Setenv("KFELASTIC_NODE_NAME", c.nodeName)
+		cfg, out := helperConfig(t, 1, "ok")
+		cfg.Pod, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = c.pod, 0, 1, 2
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", endpoint, tokenFile
+		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+		start := time.Now()
+		err := Run(ctx, cfg)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "not valid UTF-8") ||
+			time.Since(start) > 5*time.Second {
+			t.Errorf("pod %q, node %q: %v after %v, want a refusal naming %s at once\n%s", c.pod, c.nodeName, err,
+				time.Since(start).Round(time.Millisecond), c.want, out)
+		}
+	}
+}
+
+// A join that gRPC cannot encode (a name the start did not check: the
+// node's address, from DNS) is no unreachable master: it ends the pod at
+// once with NodeRefused, NON_RECOVERABLE, as the master's own refusal of
+// the node's description does.
+func TestUnsendableJoinIsNodeRefused(t *testing.T) {
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 1, MaxNodes: 2})
+	token, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := DialMaster(MasterConfig{Endpoint: endpoint, Token: strings.TrimSpace(string(token)), Host: "node-0",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = m.Next(ctx, NodeInfo{ID: "job-worker-0", Rank: 0, LocalWorldSize: 1, Addr: "host-\xff.example", Port: 1})
+	var ex *ExcludedError
+	if !errors.As(err, &ex) || ex.Code != kferrors.CodeNodeRefused || !ex.Permanent || !strings.Contains(ex.Message, "UTF-8") ||
+		time.Since(start) > 5*time.Second {
+		t.Errorf("join with an address that is not UTF-8: %v after %v, want NodeRefused at once", err, time.Since(start).Round(time.Millisecond))
+	}
+}

@@ -3,9 +3,11 @@ package master
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 func openDir(t *testing.T, dir string) *blob.Bucket {
@@ -334,4 +337,38 @@ func restoreBoth(t *testing.T, cfg Config, j *Job, m *merger, at time.Time) map[
 		t.Fatal(err)
 	}
 	return map[string]*Job{"snapshot": fromSnap, "log": fromLog}
+}
+
+// A master whose --state store accepts connections and never answers fails
+// its start within --state-timeout, with an error that says so, having
+// logged what it waits for and since when. It used to wait without end,
+// and without a word.
+func TestStartBoundedOnSilentState(t *testing.T) {
+	silent := testenv.Silent(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", testenv.MinIOAccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testenv.MinIOSecretKey)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	defer func(d time.Duration) { stateWaitLogEvery = d }(stateWaitLogEvery)
+	stateWaitLogEvery = 300 * time.Millisecond
+	logs := &testenv.SyncBuffer{}
+	const bound = 1500 * time.Millisecond
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := NewServer(t.Context(), Options{Token: "tok", StateURL: silent.URL("flyte", "job/kfelastic-master"), StateTimeout: bound,
+			Job: Config{JobID: "silent", MinNodes: 1, MaxNodes: 2}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		took := time.Since(start)
+		if err == nil || !strings.Contains(err.Error(), "no answer within --state-timeout 1.5s") || took > bound+3*time.Second {
+			t.Errorf("start on a silent store: %v after %v, want a timeout error within about %v", err, took, bound)
+		}
+	case <-time.After(bound + 15*time.Second):
+		t.Fatalf("start on a silent store still waits after %v\n%s", bound+15*time.Second, logs)
+	}
+	if !strings.Contains(logs.String(), `msg="waiting for the state to answer"`) || !strings.Contains(logs.String(), "since=") {
+		t.Errorf("no log of the wait:\n%s", logs)
+	}
 }

@@ -67,8 +67,9 @@ func (s *Server) GRPCServer() *grpc.Server {
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
-	g := grpc.NewServer(opts...)
-	masterpb.RegisterMasterServer(g, &service{s: s})
+	codec := newUndecodableCodec()
+	g := grpc.NewServer(append(opts, grpc.ForceServerCodecV2(codec))...)
+	g.RegisterService(codec.service(masterpb.Master_ServiceDesc), &service{s: s})
 	return g
 }
 

@@ -492,7 +492,7 @@ func (c *leanConn) run(ctx context.Context, st *leanStream) {
 	st.msg = nil
 	dec := func(v any) error {
 		if err := proto.Unmarshal(msg, v.(proto.Message)); err != nil {
-			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+			return undecodable(err.Error())
 		}
 		return nil
 	}

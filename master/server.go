@@ -42,6 +42,9 @@ type Options struct {
 	// StateURL is where the state lives (file://, s3://, mem://); empty: in
 	// memory only (tests).
 	StateURL string
+	// StateTimeout bounds NewServer's opening and reading of the state
+	// (--state-timeout); DefaultStateTimeout when 0.
+	StateTimeout time.Duration
 	// HeartbeatInterval is how long a heartbeat call is held when there is
 	// nothing to say (the agents' call rate).
 	HeartbeatInterval time.Duration
@@ -165,7 +168,6 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, store: store.New(opts.Store), inbox: make(chan *call, 4096),
 		done: make(chan struct{}), joinWaiters: map[int][]*call{}, hbWaiters: map[int][]*call{},
 		storeWaiters: map[string][]*call{}, decisions: make(chan Decision, 1024)}
-	now := time.Now()
 	if opts.EventsURL != "" {
 		if err := kferrors.CheckURL(opts.EventsURL); err != nil {
 			return nil, fmt.Errorf("--error-prefix: %w", err)
@@ -173,28 +175,11 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	}
 	var records []*masterpb.StateRecord
 	if opts.StateURL != "" {
-		b, err := kferrors.OpenPrefix(ctx, opts.StateURL, true)
-		if err != nil {
-			return nil, fmt.Errorf("--state: %w", err)
-		}
-		s.bucket = b
-		dir, scheme := "", ""
-		if u, err := url.Parse(opts.StateURL); err == nil {
-			scheme = u.Scheme
-			if scheme == "file" {
-				dir = u.Path
-			}
-		}
-		// A mem:// bucket is this master's own (each open is a new one):
-		// no other master can write it, so there is no fence to check for.
-		d, recs, err := loadState(ctx, stateSpec{bucket: b, dir: dir, private: scheme == "mem", job: opts.Job.JobID, token: opts.Token})
-		if err != nil {
-			b.Close()
+		if records, err = s.openState(ctx); err != nil {
 			return nil, err
 		}
-		s.durable, records = d, recs
 	}
-	job, err := RestoreJob(opts.Job, records, now)
+	job, err := RestoreJob(opts.Job, records, time.Now())
 	if err != nil {
 		s.closeBucket()
 		return nil, err
@@ -217,6 +202,72 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 			"nodes", len(job.nodes), "claims", len(job.claims), "decisions", len(job.decisions), "store_keys", s.store.Len())
 	}
 	return s, nil
+}
+
+// DefaultStateTimeout bounds the master's start on its state (--state-timeout):
+// ample for a store that answers, and a store that never does (a wrong
+// endpoint that accepts and stays silent, a network that drops) fails the
+// start with an error instead of a master that waits without end or word.
+const DefaultStateTimeout = 2 * time.Minute
+
+// stateWaitLogEvery is how often a start that waits for its state says so.
+var stateWaitLogEvery = 5 * time.Second
+
+// openState opens and loads the state under Options.StateURL within
+// Options.StateTimeout, logging every stateWaitLogEvery what it waits for
+// and since when.
+func (s *Server) openState(ctx context.Context) ([]*masterpb.StateRecord, error) {
+	stateURL, limit := s.opts.StateURL, s.opts.StateTimeout
+	if limit <= 0 {
+		limit = DefaultStateTimeout
+	}
+	since := time.Now()
+	bounded, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	go func() {
+		tick := time.NewTicker(stateWaitLogEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-bounded.Done():
+				return
+			case <-tick.C:
+				s.log.Warn("waiting for the state to answer", "state", stateURL, "since", since.Format(time.RFC3339),
+					"waited", time.Since(since).Round(time.Second), "state_timeout", limit)
+			}
+		}
+	}()
+	records, err := s.openAndLoad(bounded)
+	if err != nil && ctx.Err() == nil && errors.Is(bounded.Err(), context.DeadlineExceeded) {
+		return nil, fmt.Errorf("--state %s: no answer within --state-timeout %s (since %s): %w", stateURL, limit,
+			since.Format(time.RFC3339), err)
+	}
+	return records, err
+}
+
+// openAndLoad opens the state's bucket and loads it (loadState), claiming
+// it for this master.
+func (s *Server) openAndLoad(ctx context.Context) ([]*masterpb.StateRecord, error) {
+	b, err := kferrors.OpenPrefix(ctx, s.opts.StateURL, true)
+	if err != nil {
+		return nil, fmt.Errorf("--state: %w", err)
+	}
+	dir, scheme := "", ""
+	if u, err := url.Parse(s.opts.StateURL); err == nil {
+		scheme = u.Scheme
+		if scheme == "file" {
+			dir = u.Path
+		}
+	}
+	// A mem:// bucket is this master's own (each open is a new one):
+	// no other master can write it, so there is no fence to check for.
+	d, recs, err := loadState(ctx, stateSpec{bucket: b, dir: dir, private: scheme == "mem", job: s.opts.Job.JobID, token: s.opts.Token})
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	s.bucket, s.durable = b, d
+	return recs, nil
 }
 
 func (s *Server) closeBucket() {

@@ -1,6 +1,7 @@
 package master_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -15,7 +16,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	"github.com/kfelastic/kfelastic/internal/test/mastertest"
@@ -99,6 +103,57 @@ func TestTransports(t *testing.T) {
 		})
 	}
 }
+
+// A request that does not decode, such as a pod name that is not UTF-8
+// (protobuf's strings must be; grpc-go's client refuses to send one, a
+// client of another language may not), is answered INVALID_ARGUMENT under
+// either transport, as a request no retry fixes: grpc-go answered
+// INTERNAL, which the agents retry for 10 minutes.
+func TestTransportsRefuseUndecodableRequests(t *testing.T) {
+	for _, tr := range master.Transports {
+		t.Run(string(tr), func(t *testing.T) {
+			m := mastertest.StartWith(t, master.Options{Transport: tr, StateURL: "mem://",
+				Job: master.Config{JobID: "utf8", MinNodes: 2, MaxNodes: 2, HeartbeatTimeout: time.Minute}})
+			conn, err := grpc.NewClient(m.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			node := &masterpb.Node{Pod: "pod-@@", Incarnation: "1", Rank: -1, LocalWorldSize: 1, Addr: "127.0.0.1", Port: 1, Host: "node-@@"}
+			for method, req := range map[string]proto.Message{
+				"Join":      &masterpb.JoinRequest{Node: node, WaitMs: 100},
+				"Heartbeat": &masterpb.HeartbeatRequest{Node: node, WaitMs: 100},
+			} {
+				b, err := proto.Marshal(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b = bytes.ReplaceAll(b, []byte("@@"), []byte("\xff\xfe"))
+				err = conn.Invoke(t.Context(), "/kfelastic.master.v1.Master/"+method, b, &emptypb.Empty{}, grpc.ForceCodecV2(rawCodec{}))
+				if s, _ := status.FromError(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), "invalid UTF-8") {
+					t.Errorf("%s with a name that is not UTF-8: %v, want InvalidArgument saying so", method, err)
+				}
+			}
+			if st, err := dial(t, m.Addr, token).Status(t.Context(), &masterpb.StatusRequest{}); err != nil || len(st.GetNodes()) != 0 {
+				t.Errorf("Status after the refusals: %v %v, want no node", st, err)
+			}
+		})
+	}
+}
+
+// rawCodec sends a request's bytes as they are, as a client that does not
+// check them would; answers decode as protobuf's codec does.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+func (rawCodec) Name() string { return "proto" }
 
 // Whatever the transport, a master that stops answers the calls it holds
 // UNAVAILABLE "master stopping" (the agents redial and retry; it used to

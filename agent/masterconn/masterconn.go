@@ -7,9 +7,12 @@ package masterconn
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
 	"net"
+	"path"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 type tokenAuth string
@@ -60,6 +64,7 @@ func Dial(endpoint, token string, dial Dialer) (*grpc.ClientConn, error) {
 		// call. (4 MiB in flight per call is ≈20 GB/s at a cluster's
 		// 0.2 ms.)
 		grpc.WithStaticStreamWindowSize(staticWindow), grpc.WithStaticConnWindowSize(4 * staticWindow),
+		grpc.WithChainUnaryInterceptor(unsendable),
 		// gRPC's default reconnect backoff (1 s, ×1.6, up to 120 s) keeps
 		// agents away from a restarted master for seconds after it serves
 		// again (7 s after a 3 s outage, measured); the calls retry every
@@ -69,9 +74,45 @@ func Dial(endpoint, token string, dial Dialer) (*grpc.ClientConn, error) {
 	}, extra...)...)
 }
 
+// UnsendableError is a call whose request gRPC cannot encode: a string
+// field that is not valid UTF-8 (a pod or node name), which protobuf
+// refuses. gRPC reports it as INTERNAL, as it reports a master's failure,
+// so it was retried as an unreachable master; no retry can send it.
+type UnsendableError struct {
+	Method string // the call's full method name
+	Err    error  // protobuf's refusal
+}
+
+func (e *UnsendableError) Error() string {
+	return fmt.Sprintf("cannot send %s to the master: %v", path.Base(e.Method), e.Err)
+}
+
+func (e *UnsendableError) Unwrap() error { return e.Err }
+
+// unsendable tells a request that gRPC could not encode from an INTERNAL
+// answer of the master by encoding it again, only once a call failed
+// INTERNAL: a call that passes costs nothing more.
+func unsendable(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker,
+	opts ...grpc.CallOption) error {
+	err := invoke(ctx, method, req, reply, cc, opts...)
+	if status.Code(err) == codes.Internal {
+		if m, ok := req.(proto.Message); ok {
+			if _, merr := proto.Marshal(m); merr != nil {
+				return &UnsendableError{Method: method, Err: merr}
+			}
+		}
+	}
+	return err
+}
+
 // Transient reports whether a call failed because the master is away
-// (restarting, not yet started, network): retried, not fatal.
+// (restarting, not yet started, network): retried, not fatal. A request
+// that cannot be sent (UnsendableError) is not.
 func Transient(err error) bool {
+	var u *UnsendableError
+	if errors.As(err, &u) {
+		return false
+	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
 		return true

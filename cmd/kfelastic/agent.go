@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/netip"
 	"os"
+	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,9 +157,9 @@ pod failed or succeeded) are appended under events/ there, in the background;
 	fl.StringVar(&f.nprocPerNode, "nproc-per-node", "1", fmt.Sprintf("workers per node: 1 to %d, or auto/cpu (one per CPU)", agent.MaxNProcPerNode))
 	fl.StringVar(&f.nnodes, "nnodes", "1:1", "number of nodes, N or MIN:MAX (1 ≤ MIN ≤ MAX)")
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts of the local group after worker failures before the pod fails (≥ 0)")
-	fl.StringVar(&f.rdzvEndpoint, "rdzv-endpoint", "", "rendezvous endpoint host:port (the kfelastic master)")
+	fl.StringVar(&f.rdzvEndpoint, "rdzv-endpoint", "", fmt.Sprintf("rendezvous endpoint HOST[:PORT], the kfelastic master (PORT 1 to 65535, %d when left out, as torchrun; an IPv6 address in brackets: [::1]:%d)", defaultRdzvPort, defaultRdzvPort))
 	fl.StringVar(&f.rdzvID, "rdzv-id", "none", "job id shared by the nodes (TORCHELASTIC_RUN_ID)")
-	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "static", "rendezvous backend: static, c10d, kfelastic")
+	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "static", "rendezvous backend: "+strings.Join(rdzvBackends, ", ")+" (all but static meet through the kfelastic master at --rdzv-endpoint)")
 	fl.StringVar(&f.rdzvConf, "rdzv-conf", "", "accepted for torchrun compatibility; ignored")
 	fl.IntVar(&f.nodeRank, "node-rank", -1, "stable rank of this node, 0 to nodes-1 (-1: assigned by the rendezvous)")
 	fl.StringVar(&f.masterAddr, "master-addr", "", "with --rdzv-backend static on several nodes: where the workers meet")
@@ -291,6 +295,16 @@ func (f *agentFlags) config(command []string) (agent.Config, error) {
 			return cfg, err
 		}
 	}
+	if !slices.Contains(rdzvBackends, f.rdzvBackend) {
+		return cfg, fmt.Errorf("--rdzv-backend %q: want one of %s", f.rdzvBackend, strings.Join(rdzvBackends, ", "))
+	}
+	// Refused here, at once: the agent would dial a malformed endpoint, and
+	// retry it as an unreachable master for 10 minutes.
+	if f.rdzvEndpoint != "" {
+		if cfg.RdzvEndpoint, err = parseRdzvEndpoint(f.rdzvEndpoint); err != nil {
+			return cfg, err
+		}
+	}
 	return cfg, cfg.CheckRanges()
 }
 
@@ -319,6 +333,57 @@ func parseNProc(s string) (int, error) {
 		return 0, fmt.Errorf("--nproc-per-node %q: want 1 to %d, auto or cpu", s, agent.MaxNProcPerNode)
 	}
 	return n, nil
+}
+
+// rdzvBackends are the --rdzv-backend values the agent accepts: torchrun's
+// (torch.distributed.run registers static, c10d, etcd and etcd-v2; the
+// training operator's ElasticPolicy allows c10d, etcd and etcd-v2, and the
+// plugin passes the task's on) and its own name. Only static is met without
+// the master: every other is the kfelastic master at --rdzv-endpoint.
+var rdzvBackends = []string{"static", "c10d", "etcd", "etcd-v2", "kfelastic"}
+
+// defaultRdzvPort is the port of an --rdzv-endpoint given without one, as
+// torchrun has it (torch.distributed.run: the c10d backend's default port).
+const defaultRdzvPort = 29400
+
+// hostName is what torchrun accepts as an endpoint's host name (torch's
+// parse_rendezvous_endpoint: labels of word characters, dots and dashes);
+// IP addresses are parsed as such.
+var hostName = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// parseRdzvEndpoint checks an --rdzv-endpoint (HOST, HOST:PORT, [IPv6] or
+// [IPv6]:PORT) and returns it as HOST:PORT, with defaultRdzvPort where it
+// has none, as torchrun does.
+func parseRdzvEndpoint(s string) (string, error) {
+	refuse := func(why string) (string, error) {
+		return "", fmt.Errorf("--rdzv-endpoint %q: %s; want HOST, HOST:PORT, [IPv6] or [IPv6]:PORT", s, why)
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		// No port, or not host:port at all.
+		host, port = s, strconv.Itoa(defaultRdzvPort)
+		if inner, ok := strings.CutPrefix(s, "["); ok {
+			if host, ok = strings.CutSuffix(inner, "]"); !ok {
+				return refuse("no closing bracket")
+			}
+		} else if strings.Contains(s, ":") {
+			return refuse("not HOST:PORT (an IPv6 address goes in brackets)")
+		}
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return refuse(fmt.Sprintf("port %q is not a number 1 to 65535", port))
+	}
+	switch {
+	case host == "":
+		return refuse("no host")
+	case strings.Contains(host, ":"):
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
+			return refuse(fmt.Sprintf("%q is not an IPv6 address", host))
+		}
+	case !hostName.MatchString(host):
+		return refuse(fmt.Sprintf("host %q is not a host name or an IP address", host))
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 func parseNNodes(s string) (minNodes, maxNodes int, err error) {

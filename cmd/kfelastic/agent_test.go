@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,6 +127,10 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"--monitor-interval", "-1", "--", "x"},
 		{"--monitor-interval", "NaN", "--", "x"},
 		{"--launcher", "torchrun", "--", "x"},
+		{"--rdzv-endpoint", "master:abc", "--", "x"},
+		{"--rdzv-endpoint", ":29400", "--", "x"},
+		{"--rdzv-endpoint", "master:65536", "--", "x"},
+		{"--rdzv-backend", "zookeeper", "--", "x"},
 	} {
 		if _, err := parseAgent(t, nil, args...); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
 			t.Errorf("%q: %v, want an error naming the flag", args, err)
@@ -136,6 +142,91 @@ func TestAgentFlagErrors(t *testing.T) {
 	}
 	if _, err := parseAgent(t, map[string]string{"PET_MAX_RESTARTS": "many"}, "x"); err == nil {
 		t.Error("PET_MAX_RESTARTS=many: no error")
+	}
+}
+
+// --rdzv-endpoint as torchrun reads it: the port defaults to 29400, an IPv6
+// address goes in brackets; anything else that does not name one host and
+// one port is refused, naming the flag.
+func TestParseRdzvEndpoint(t *testing.T) {
+	for _, c := range []struct{ in, want, why string }{
+		{"master", "master:29400", ""},
+		{"job-master-0.ns.svc:23456", "job-master-0.ns.svc:23456", ""},
+		{"10.0.0.7", "10.0.0.7:29400", ""},
+		{"10.0.0.7:1", "10.0.0.7:1", ""},
+		{"master:65535", "master:65535", ""},
+		{"[::1]:29400", "[::1]:29400", ""},
+		{"[::1]", "[::1]:29400", ""},
+		{"[fe80::1%eth0]:5", "[fe80::1%eth0]:5", ""},
+		{"master:abc", "", `port "abc"`},
+		{"master:", "", `port ""`},
+		{"master:0", "", `port "0"`},
+		{"master:65536", "", `port "65536"`},
+		{"master:-1", "", `port "-1"`},
+		{"master:+80", "", `port "+80"`},
+		{":29400", "", "no host"},
+		{"[]:29400", "", "no host"},
+		{"[]", "", "no host"},
+		{"::1", "", "brackets"},
+		{"[::1", "", "bracket"},
+		{"[master]", "master:29400", ""},
+		{"[1::x]", "", "not an IPv6 address"},
+		{"http://master:29400", "", "brackets"},
+		{"master:29400/", "", `port "29400/"`},
+		{"mas ter", "", "not a host name"},
+		{"m\xffaster", "", "not a host name"},
+	} {
+		got, err := parseRdzvEndpoint(c.in)
+		switch {
+		case c.why == "" && (err != nil || got != c.want):
+			t.Errorf("%q: %q, %v; want %q", c.in, got, err, c.want)
+		case c.why != "" && (err == nil || !strings.Contains(err.Error(), "--rdzv-endpoint") || !strings.Contains(err.Error(), c.why)):
+			t.Errorf("%q: %q, %v; want an error naming --rdzv-endpoint and saying %q", c.in, got, err, c.why)
+		}
+	}
+}
+
+// The endpoint reaches the config with its port; every backend torchrun
+// knows is accepted, and an unknown one is refused with the list.
+func TestAgentRendezvousFlags(t *testing.T) {
+	cfg, err := parseAgent(t, map[string]string{"PET_RDZV_ENDPOINT": "job-master-0"}, "--nnodes", "1:2", "--", "true")
+	if err != nil || cfg.RdzvEndpoint != "job-master-0:29400" {
+		t.Errorf("PET_RDZV_ENDPOINT=job-master-0: endpoint %q, %v; want job-master-0:29400", cfg.RdzvEndpoint, err)
+	}
+	for _, b := range []string{"static", "c10d", "etcd", "etcd-v2", "kfelastic"} {
+		if cfg, err := parseAgent(t, nil, "--rdzv-backend", b, "--", "true"); err != nil || cfg.RdzvBackend != b {
+			t.Errorf("--rdzv-backend %s: %q, %v", b, cfg.RdzvBackend, err)
+		}
+	}
+	_, err = parseAgent(t, nil, "--rdzv-backend", "C10D", "--", "true")
+	if err == nil || !strings.Contains(err.Error(), "static, c10d, etcd, etcd-v2, kfelastic") {
+		t.Errorf("--rdzv-backend C10D: %v, want a refusal listing the backends", err)
+	}
+}
+
+// The real binary refuses a malformed --rdzv-endpoint or an unknown
+// --rdzv-backend within seconds, exit 1, naming the flag: it used to dial
+// "master:abc" and retry it as an unreachable master for 10 minutes.
+func TestAgentRefusesBadRendezvousAtStart(t *testing.T) {
+	bin := shortBinary(t)
+	tok := tokenFile(t, "the-token\n")
+	for _, c := range []struct{ flag, value, want string }{
+		{"--rdzv-endpoint", "master:abc", `--rdzv-endpoint "master:abc": port "abc" is not a number 1 to 65535`},
+		{"--rdzv-endpoint", ":29400", `--rdzv-endpoint ":29400": no host`},
+		{"--rdzv-endpoint", "master:99999", `--rdzv-endpoint "master:99999": port "99999"`},
+		{"--rdzv-backend", "zookeeper", `--rdzv-backend "zookeeper": want one of static, c10d, etcd, etcd-v2, kfelastic`},
+	} {
+		args := []string{"agent", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "--token-file", tok,
+			c.flag, c.value, "--", "true"}
+		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+		start := time.Now()
+		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		took := time.Since(start)
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || took > 10*time.Second || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s %s: %v after %v, want exit 1 at once saying %q\n%s", c.flag, c.value, err, took.Round(time.Millisecond), c.want, out)
+		}
 	}
 }
 

@@ -27,6 +27,7 @@ type masterFlags struct {
 	rdzvID            string
 	tokenFile         string
 	state             string
+	stateTimeout      time.Duration
 	nodeUnit          int
 	waitingTimeout    time.Duration
 	expectedNodes     int
@@ -88,6 +89,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.rdzvID, "rdzv-id", "none", "the job's id (the agents' --rdzv-id); the state under --state must be this job's")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the job token every call must carry (required)")
 	fl.StringVar(&f.state, "state", "", "URL of the durable state (file://, s3://, mem://) (required; mem:// does not survive a restart)")
+	fl.DurationVar(&f.stateTimeout, "state-timeout", master.DefaultStateTimeout, "how long the start may wait for --state to be opened and read before it fails (logged every few seconds meanwhile) (> 0)")
 	fl.IntVar(&f.nodeUnit, "node-unit", 1, "rounds have a multiple of this many nodes (≥ 1)")
 	fl.IntVar(&f.expectedNodes, "expected-nodes", 0, "how many nodes the job was created with (its Worker replicas; 0: unknown): once that many wait, the round completes without the last call")
 	fl.DurationVar(&f.waitingTimeout, "waiting-timeout", master.DefaultWaitingTimeout, "last call: with at least MIN nodes, complete the round once this passed since the last join (> 0)")
@@ -143,7 +145,7 @@ func (f *masterFlags) options() (master.Options, error) {
 	}
 	for name, d := range map[string]time.Duration{"--waiting-timeout": f.waitingTimeout, "--join-timeout": f.joinTimeout,
 		"--pend-timeout": f.pendTimeout, "--heartbeat-interval": f.heartbeatInterval, "--heartbeat-timeout": f.heartbeatTimeout,
-		"--check-timeout": f.checkTimeout} {
+		"--check-timeout": f.checkTimeout, "--state-timeout": f.stateTimeout} {
 		if d <= 0 {
 			return o, fmt.Errorf("%s %s: want a positive duration", name, d)
 		}
@@ -177,6 +179,7 @@ func (f *masterFlags) options() (master.Options, error) {
 	o = master.Options{
 		Token:             token,
 		StateURL:          f.state,
+		StateTimeout:      f.stateTimeout,
 		EventsURL:         f.errorPrefix,
 		HeartbeatInterval: f.heartbeatInterval,
 		Transport:         t,

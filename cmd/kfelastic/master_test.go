@@ -12,6 +12,7 @@ import (
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -109,6 +110,7 @@ func TestMasterFlagErrors(t *testing.T) {
 		"bad quantity":       with("--oom-max-memory", "lots"),
 		"half kube":          with("--kube-namespace", "ns"),
 		"bad metrics listen": with("--metrics-listen", "9090"),
+		"zero state timeout": with("--state-timeout", "0s"),
 	} {
 		if _, _, err := parseMaster(t, args...); err == nil {
 			t.Errorf("%s (%q): no error", name, args)
@@ -118,7 +120,27 @@ func TestMasterFlagErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Job.WaitingTimeout != master.DefaultWaitingTimeout || o.HeartbeatInterval != 5*time.Second || o.Job.HeartbeatTimeout != 30*time.Second {
+	if o.Job.WaitingTimeout != master.DefaultWaitingTimeout || o.HeartbeatInterval != 5*time.Second || o.Job.HeartbeatTimeout != 30*time.Second ||
+		o.StateTimeout != 2*time.Minute {
 		t.Errorf("defaults %+v", o)
+	}
+}
+
+// `kfelastic master` on a --state store that accepts and never answers
+// fails within --state-timeout, naming it, instead of waiting without end.
+func TestMasterStateTimeout(t *testing.T) {
+	silent := testenv.Silent(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", testenv.MinIOAccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testenv.MinIOSecretKey)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	cmd := newMasterCmd(serveMaster)
+	cmd.SetArgs([]string{"--nnodes", "1:2", "--token-file", tokenFile(t, "tok"), "--listen", "127.0.0.1:0",
+		"--state", silent.URL("flyte", "job/kfelastic-master"), "--state-timeout", "1s"})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := cmd.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no answer within --state-timeout 1s") || time.Since(start) > 5*time.Second {
+		t.Errorf("%v after %v, want a --state-timeout error within about 1s", err, time.Since(start))
 	}
 }
