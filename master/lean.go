@@ -63,6 +63,9 @@ const (
 	// nothing sent between, end the connection.
 	leanPingMinInterval = 5 * time.Second
 	leanMaxPingStrikes  = 2
+	// minFrameSize is the frame size every peer takes (RFC 9113 §4.2):
+	// the writers never cut frames smaller, whatever the peer's setting.
+	minFrameSize = 16384
 )
 
 type leanServer struct {
@@ -282,6 +285,11 @@ func (c *leanConn) frame(f http2.Frame) bool {
 			return true
 		}
 		err := f.ForeachSetting(func(s http2.Setting) error {
+			// RFC 9113 §6.5.2: a value out of range is a connection
+			// error (a frame size of 0 would have the writers loop).
+			if err := s.Valid(); err != nil {
+				return err
+			}
 			switch s.ID {
 			case http2.SettingInitialWindowSize:
 				d := int64(s.Val) - c.initialSendWindow
@@ -295,6 +303,12 @@ func (c *leanConn) frame(f http2.Frame) bool {
 			return nil
 		})
 		if err != nil {
+			code := http2.ErrCodeProtocol
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) {
+				code = http2.ErrCode(ce)
+			}
+			_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, code, nil) })
 			return false
 		}
 		c.cond.Broadcast()
@@ -672,7 +686,7 @@ func (c *leanConn) writeAnswer(st *leanStream, msg []byte) error {
 		if c.closed || st.reset {
 			return net.ErrClosed
 		}
-		n := int(min(int64(len(msg)), int64(c.maxFrame), c.sendWindow, st.sendWindow))
+		n := int(min(int64(len(msg)), int64(max(c.maxFrame, minFrameSize)), c.sendWindow, st.sendWindow))
 		b = appendFrameHeader(b, n, http2.FrameData, 0, st.id)
 		b = append(b, msg[:n]...)
 		msg = msg[n:]
@@ -740,6 +754,7 @@ func appendGoAway(b []byte, last uint32, code http2.ErrCode, debug []byte) []byt
 // appendHeaders appends a header block as HEADERS and, past the peer's
 // frame size, CONTINUATION frames.
 func appendHeaders(b []byte, id uint32, block []byte, endStream bool, maxFrame int) []byte {
+	maxFrame = max(maxFrame, minFrameSize) // each frame carries some of the block
 	flags := http2.Flags(0)
 	if endStream {
 		flags |= http2.FlagHeadersEndStream

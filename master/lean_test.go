@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"runtime"
 	"testing"
@@ -258,5 +259,57 @@ func TestLeanDeclaredSizeNotAllocated(t *testing.T) {
 	t.Logf("%d calls declaring %d MiB each, 7 bytes sent: heap in use %+d KiB", calls, master.MaxMessageBytes>>20, heap>>10)
 	if heap > 64<<20 {
 		t.Errorf("heap in use grew by %d MiB", heap>>20)
+	}
+}
+
+// A SETTINGS value out of its range (RFC 9113 §6.5.2) is a connection
+// error: GOAWAY PROTOCOL_ERROR (FLOW_CONTROL_ERROR for the initial
+// window), and the connection closes; the master goes on serving. A frame
+// size of 0, once taken, had the refusal of a call without the token loop
+// without end writing empty frames, under the connection's lock.
+func TestLeanInvalidSettings(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	for _, tc := range []struct {
+		setting http2.Setting
+		want    http2.ErrCode
+	}{
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 0}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 16383}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingEnablePush, Val: 2}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31}, http2.ErrCodeFlowControl},
+	} {
+		t.Run(fmt.Sprintf("%v=%d", tc.setting.ID, tc.setting.Val), func(t *testing.T) {
+			r := rawDial(t, addr, 65535)
+			if err := r.fr.WriteSettings(tc.setting); err != nil {
+				t.Fatal(err)
+			}
+			r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			acks := 0
+			for {
+				f, err := r.fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("no GOAWAY: %v", err)
+				}
+				if s, ok := f.(*http2.SettingsFrame); ok && s.IsAck() {
+					// The first acknowledges rawDial's settings.
+					if acks++; acks == 2 {
+						t.Fatal("the master took the setting")
+					}
+				}
+				if g, ok := f.(*http2.GoAwayFrame); ok {
+					if g.ErrCode != tc.want {
+						t.Errorf("GOAWAY %v, want %v", g.ErrCode, tc.want)
+					}
+					break
+				}
+			}
+			if f, err := r.fr.ReadFrame(); err == nil {
+				t.Errorf("the connection still open after GOAWAY: %v", f)
+			}
+		})
+	}
+	if _, err := dial(t, addr, token).Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
+		t.Fatal(err)
 	}
 }
