@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -73,6 +74,11 @@ type leanServer struct {
 	svc     *service
 	methods map[string]*grpc.MethodDesc
 	log     *slog.Logger
+
+	// receiving is the bytes held for the messages of calls still
+	// arriving, over every connection (what a declared length must not
+	// inflate).
+	receiving atomic.Int64
 
 	mu      sync.Mutex
 	conns   map[*leanConn]struct{}
@@ -191,7 +197,7 @@ type leanStream struct {
 	id         uint32
 	method     *grpc.MethodDesc
 	timeout    time.Duration // 0: none
-	msg        []byte        // the request as received: 5-byte prefix, message
+	msg        []byte        // the request as received (5-byte prefix, message), until its handler runs
 	want       int           // len(msg) once complete; -1 until the prefix is in
 	recvUnack  int
 	sendWindow int64
@@ -444,10 +450,10 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 	if st.want < 0 {
 		need := 5 - len(st.msg)
 		if len(d) < need {
-			st.msg = append(st.msg, d...)
+			c.keep(st, d)
 			d = nil
 		} else {
-			st.msg = append(st.msg, d[:need]...)
+			c.keep(st, d[:need])
 			d = d[need:]
 			n := binary.BigEndian.Uint32(st.msg[1:5])
 			switch {
@@ -457,18 +463,13 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 				return c.refuse(st, status.Newf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, MaxMessageBytes), f)
 			}
 			st.want = 5 + int(n)
-			// Grown as the message arrives: a length prefix is only what
-			// the peer says it will send.
-			msg := make([]byte, 5, min(st.want, leanStreamWindow))
-			copy(msg, st.msg)
-			st.msg = msg
 		}
 	}
 	if len(d) > 0 {
 		if st.want < 0 || len(st.msg)+len(d) > st.want {
 			return c.refuse(st, status.New(codes.Internal, "grpc: more than one request message in a unary call"), f)
 		}
-		st.msg = append(st.msg, d...)
+		c.keep(st, d)
 	}
 	if !f.StreamEnded() {
 		st.recvUnack += int(f.Length)
@@ -489,21 +490,36 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 		ctx, cancel = context.WithCancel(ctx)
 	}
 	st.running, st.cancel = true, cancel
-	go c.run(ctx, st)
+	go c.run(ctx, st, c.drop(st)[5:])
 	return true
+}
+
+// keep appends bytes of a call's message as they arrive: its buffer grows
+// with what the peer sent, never with the length it declared.
+func (c *leanConn) keep(st *leanStream, d []byte) {
+	held := cap(st.msg)
+	st.msg = append(st.msg, d...)
+	c.t.receiving.Add(int64(cap(st.msg) - held))
+}
+
+// drop takes a call's message from it: to its handler, or gone.
+func (c *leanConn) drop(st *leanStream) []byte {
+	msg := st.msg
+	st.msg = nil
+	c.t.receiving.Add(-int64(cap(msg)))
+	return msg
 }
 
 // refuse answers a call before its message is all in, and stops the rest.
 func (c *leanConn) refuse(st *leanStream, s *status.Status, f *http2.DataFrame) bool {
 	delete(c.streams, st.id)
+	c.drop(st)
 	return c.writeStatus(st.id, s, !f.StreamEnded()) == nil
 }
 
-// run is a call's goroutine: its handler, then the answer.
-func (c *leanConn) run(ctx context.Context, st *leanStream) {
+// run is a call's goroutine: its handler on msg, then the answer.
+func (c *leanConn) run(ctx context.Context, st *leanStream, msg []byte) {
 	defer st.cancel()
-	msg := st.msg[5:]
-	st.msg = nil
 	dec := func(v any) error {
 		if err := proto.Unmarshal(msg, v.(proto.Message)); err != nil {
 			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
@@ -550,6 +566,7 @@ func (c *leanConn) endStream(id uint32, reset bool) {
 		return
 	}
 	delete(c.streams, id)
+	c.drop(st)
 	if reset {
 		st.reset = true
 		if st.running {
@@ -594,6 +611,7 @@ func (c *leanConn) closeLocked() {
 	c.cancel()
 	for _, st := range c.streams {
 		st.reset = true
+		c.drop(st)
 	}
 	c.cond.Broadcast()
 	c.nc.Close()

@@ -71,9 +71,12 @@ func ParseTransport(s string) (Transport, error) {
 // it queues them until a call ends; a bound an agent can reach would hold
 // its heartbeat behind the relay's long polls (renewed every 60 s) and
 // have the node declared lost. 1024 is far above any agent's need (a
-// 1,000-worker node) and keeps what one connection can pin to a few MiB
-// (1,024 held calls: as many goroutines and 2–4 MiB of heap,
-// TestTransportsBoundConcurrentCalls).
+// 1,000-worker node) and keeps what one connection's held calls pin to a
+// few MiB (1,024 of them: as many goroutines and 2–4 MiB of heap,
+// TestTransportsBoundConcurrentCalls). On the lean transport, calls whose
+// messages are still arriving hold what the peer sent of them, not the
+// length it declared (TestLeanDeclaredSizeNotAllocated): up to
+// MaxMessageBytes each, for a peer with the token.
 const MaxConcurrentCalls = 1024
 
 // maxReadFrameBytes is the largest HTTP/2 frame the lean transport reads:
