@@ -190,7 +190,7 @@ type leanConn struct {
 	closed      bool
 	pingStrikes int
 	lastPing    time.Time
-	sentSince   bool // HEADERS or DATA sent since the last ping
+	sentSince   bool // an answer of a handler's sent since the last ping
 }
 
 type leanStream struct {
@@ -552,6 +552,7 @@ func (c *leanConn) run(ctx context.Context, st *leanStream, msg []byte) {
 		return
 	}
 	if err != nil {
+		c.sentSince = true // the handler's answer, as writeAnswer's
 		_ = c.writeStatus(st.id, status.Convert(err), false)
 	} else {
 		_ = c.writeAnswer(st, out)
@@ -649,7 +650,9 @@ func (c *leanConn) headerBlock(fields ...string) []byte {
 }
 
 // writeStatus answers a call with an error status, trailers-only; rst: the
-// peer is still sending, told to stop (RST_STREAM NO_ERROR).
+// peer is still sending, told to stop (RST_STREAM NO_ERROR). It forgives
+// no ping (sentSince): a refusal is no answer, or a peer without the token
+// could ping without end between refused calls.
 func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 	fields := []string{":status", "200", "content-type", "application/grpc", "grpc-status", strconv.Itoa(int(s.Code()))}
 	if m := s.Message(); m != "" {
@@ -661,7 +664,6 @@ func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 		}
 	}
 	block := c.headerBlock(fields...)
-	c.sentSince = true
 	return c.write(func(b []byte) []byte {
 		b = appendHeaders(b, id, block, true, c.maxFrame)
 		if rst {
