@@ -38,16 +38,19 @@ import (
 // response buffer per call.
 //
 // What it does of HTTP/2 and gRPC: SETTINGS (the peer's initial window,
-// frame size), flow control both ways (the peer's windows are respected
-// when answering; what the peer sends is credited back as it is read),
-// PING (answered; too frequent pings end the connection as grpc-go's
-// enforcement policy does), SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
+// frame size; a value out of range ends the connection), flow control both
+// ways (the peer's windows are respected when answering; what the peer
+// sends is credited back as it is read), PING (answered; too frequent
+// pings end the connection as grpc-go's enforcement policy does),
+// SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
 // a call beyond it is refused with RST_STREAM REFUSED_STREAM),
 // RST_STREAM (the call's context is canceled),
 // GOAWAY on stop (calls in flight are answered, then the connection
 // closes), grpc-timeout, status and message (percent-encoded) in trailers,
 // trailers-only errors. No compression, no server push, no TLS, no
-// streaming methods: the master has none of them.
+// streaming methods: the master has none of them. Connections are bounded
+// (ConnLimits): in number, and in how long one may go without a call with
+// the job's token.
 
 const (
 	// leanStreamWindow and leanConnWindow are what a peer may send ahead
@@ -64,6 +67,10 @@ const (
 	// nothing sent between, end the connection.
 	leanPingMinInterval = 5 * time.Second
 	leanMaxPingStrikes  = 2
+	// leanConnsRefusedLogEvery spaces the lines that say connections were
+	// closed past ConnLimits.MaxConns: a flood of them logs one a minute,
+	// with how many since the last.
+	leanConnsRefusedLogEvery = time.Minute
 	// minFrameSize is the frame size every peer takes (RFC 9113 §4.2):
 	// the writers never cut frames smaller, whatever the peer's setting.
 	minFrameSize = 16384
@@ -74,6 +81,7 @@ type leanServer struct {
 	svc     *service
 	methods map[string]*grpc.MethodDesc
 	log     *slog.Logger
+	limits  ConnLimits
 
 	// receiving is the bytes held for the messages of calls still
 	// arriving, over every connection (what a declared length must not
@@ -87,13 +95,24 @@ type leanServer struct {
 }
 
 func newLeanServer(s *Server) *leanServer {
-	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, conns: map[*leanConn]struct{}{}}
+	limits := s.opts.Connections
+	if limits.AuthTimeout <= 0 {
+		limits.AuthTimeout = DefaultAuthTimeout
+	}
+	if limits.MaxConns <= 0 {
+		limits.MaxConns = DefaultMaxConns
+	}
+	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, limits: limits,
+		conns: map[*leanConn]struct{}{}}
 }
 
 // serve accepts connections on lis until it is closed.
 func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 	var delay time.Duration
 	base := context.WithoutCancel(ctx) // calls outlive ctx by their answers: stop ends them
+	// Connections closed past MaxConns since the last line that said so.
+	var refused int
+	var refusedLogged time.Time
 	for {
 		nc, err := lis.Accept()
 		if err != nil {
@@ -110,13 +129,21 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 			continue
 		}
 		delay = 0
-		c := newLeanConn(t, nc, base)
 		t.mu.Lock()
-		if t.closing {
+		closing, full := t.closing, len(t.conns) >= t.limits.MaxConns
+		if closing || full {
 			t.mu.Unlock()
 			nc.Close()
+			if !closing {
+				refused++
+				if time.Since(refusedLogged) >= leanConnsRefusedLogEvery {
+					t.log.Warn("connections refused: too many open", "max_conns", t.limits.MaxConns, "refused", refused)
+					refused, refusedLogged = 0, time.Now()
+				}
+			}
 			continue
 		}
+		c := newLeanConn(t, nc, base)
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -178,6 +205,8 @@ type leanConn struct {
 	// "rapid reset").
 	orphans int
 	lastID  uint32
+	// authed: a call with the job's token came (ConnLimits.AuthTimeout).
+	authed atomic.Bool
 	// The peer's windows and settings, for what the master sends.
 	sendWindow        int64
 	initialSendWindow int64
@@ -226,6 +255,14 @@ func newLeanConn(t *leanServer, nc net.Conn, base context.Context) *leanConn {
 
 func (c *leanConn) serve() {
 	defer c.close()
+	// Closing the socket, not under mu, also ends a peer that reads
+	// nothing: the write it blocks, and the lock that write holds.
+	unauthed := time.AfterFunc(c.t.limits.AuthTimeout, func() {
+		if !c.authed.Load() {
+			c.nc.Close()
+		}
+	})
+	defer unauthed.Stop()
 	c.nc.SetReadDeadline(time.Now().Add(leanPrefaceTimeout))
 	var pre [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.nc, pre[:]); err != nil || string(pre[:]) != http2.ClientPreface {
@@ -405,6 +442,7 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 		c.t.s.metrics.refused.Inc()
 		return answer(codes.Unauthenticated, "missing or wrong job token")
 	}
+	c.authed.Store(true)
 	if method != "POST" || (contentType != "application/grpc" && !strings.HasPrefix(contentType, "application/grpc+proto") &&
 		!strings.HasPrefix(contentType, "application/grpc;")) {
 		return answer(codes.Internal, fmt.Sprintf("not a gRPC call: %s with content-type %q", method, contentType))

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -342,4 +347,105 @@ func TestLeanInvalidSettings(t *testing.T) {
 	if _, err := dial(t, addr, token).Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A connection that has made no call with the token within
+// ConnLimits.AuthTimeout is closed, whether it made none or only calls
+// refused; one that has made one stays open.
+func TestLeanUnauthenticatedConnClosed(t *testing.T) {
+	const limit = 300 * time.Millisecond
+	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}, Connections: master.ConnLimits{AuthTimeout: limit}})
+	start := time.Now()
+	idle, refused, authed := rawDial(t, addr, 65535), rawDial(t, addr, 65535), rawDial(t, addr, 65535)
+	refused.call(1, "Status", "wrong", &masterpb.StatusRequest{})
+	authed.call(1, "Status", token, &masterpb.StatusRequest{})
+	for name, r := range map[string]*rawConn{"idle": idle, "refused": refused} {
+		r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			if _, err := r.fr.ReadFrame(); err != nil {
+				if d := time.Since(start); d < limit || errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("%s connection: %v after %s, want it closed after %s", name, err, d, limit)
+				}
+				break
+			}
+		}
+	}
+	time.Sleep(limit)
+	authed.call(3, "Status", token, &masterpb.StatusRequest{})
+	authed.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, err := authed.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection with a call with the token, after %s: %v", time.Since(start), err)
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == 3 && h.StreamEnded() {
+			break
+		}
+	}
+}
+
+// Connections past ConnLimits.MaxConns are closed as they are accepted,
+// and said so in one log line, not one each; once one closes, another is
+// served.
+func TestLeanMaxConns(t *testing.T) {
+	var logged lockedBuffer
+	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}, Connections: master.ConnLimits{MaxConns: 2, AuthTimeout: time.Hour},
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	// served reports whether a new connection is served (its first frame
+	// is the master's SETTINGS), or closed at once.
+	served := func() bool {
+		t.Helper()
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.Write([]byte(http2.ClientPreface)) // fails where the master closed it first
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		f, err := http2.NewFramer(nil, nc).ReadFrame()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("neither served nor closed in 10 s")
+		}
+		return err == nil && f.Header().Type == http2.FrameSettings
+	}
+	a, b := rawDial(t, addr, 65535), rawDial(t, addr, 65535)
+	for _, r := range []*rawConn{a, b} {
+		if f, err := r.fr.ReadFrame(); err != nil || f.Header().Type != http2.FrameSettings {
+			t.Fatalf("a connection within the bound: %v %v", f, err)
+		}
+	}
+	for i := range 50 {
+		if served() {
+			t.Fatalf("connection %d past the bound served", i+1)
+		}
+	}
+	if n := strings.Count(logged.String(), "connections refused: too many open"); n != 1 {
+		t.Errorf("%d lines logged for 50 connections refused, want 1:\n%s", n, logged.String())
+	}
+	a.nc.Close()
+	for deadline := time.Now().Add(10 * time.Second); !served(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no new connection served 10 s after one closed")
+		}
+	}
+}
+
+// lockedBuffer is a log's output, written and read from any goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -64,6 +64,9 @@ type Options struct {
 	// Transport carries the gRPC service (transport.go); empty: the
 	// default.
 	Transport Transport
+	// Connections bound the lean transport's connections; zero: the
+	// defaults.
+	Connections ConnLimits
 }
 
 // Server is the master: the Job and the store inside one loop that orders
