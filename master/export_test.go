@@ -24,3 +24,12 @@ func StateBatches(dir string) (int, error) {
 	}
 	return n, nil
 }
+
+// LeanReceiving is the bytes the lean transport of s holds for the
+// messages of calls still arriving.
+func (s *Server) LeanReceiving() int64 {
+	if t := s.lean.Load(); t != nil {
+		return t.receiving.Load()
+	}
+	return 0
+}

@@ -82,6 +82,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	switch s.opts.Transport {
 	case TransportLean:
 		t := newLeanServer(s)
+		s.lean.Store(t)
 		go func() { errc <- t.serve(ctx, lis) }()
 		stop = func() {
 			lis.Close()

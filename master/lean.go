@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -37,16 +38,19 @@ import (
 // response buffer per call.
 //
 // What it does of HTTP/2 and gRPC: SETTINGS (the peer's initial window,
-// frame size), flow control both ways (the peer's windows are respected
-// when answering; what the peer sends is credited back as it is read),
-// PING (answered; too frequent pings end the connection as grpc-go's
-// enforcement policy does), SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
+// frame size; a value out of range ends the connection), flow control both
+// ways (the peer's windows are respected when answering; what the peer
+// sends is credited back as it is read), PING (answered; too frequent
+// pings end the connection as grpc-go's enforcement policy does),
+// SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
 // a call beyond it is refused with RST_STREAM REFUSED_STREAM),
 // RST_STREAM (the call's context is canceled),
 // GOAWAY on stop (calls in flight are answered, then the connection
 // closes), grpc-timeout, status and message (percent-encoded) in trailers,
 // trailers-only errors. No compression, no server push, no TLS, no
-// streaming methods: the master has none of them.
+// streaming methods: the master has none of them. Connections are bounded
+// (ConnLimits): in number, and in how long one may go without a call with
+// the job's token.
 
 const (
 	// leanStreamWindow and leanConnWindow are what a peer may send ahead
@@ -63,6 +67,13 @@ const (
 	// nothing sent between, end the connection.
 	leanPingMinInterval = 5 * time.Second
 	leanMaxPingStrikes  = 2
+	// leanConnsRefusedLogEvery spaces the lines that say connections were
+	// closed past ConnLimits.MaxConns: a flood of them logs one a minute,
+	// with how many since the last.
+	leanConnsRefusedLogEvery = time.Minute
+	// minFrameSize is the frame size every peer takes (RFC 9113 §4.2):
+	// the writers never cut frames smaller, whatever the peer's setting.
+	minFrameSize = 16384
 )
 
 type leanServer struct {
@@ -70,6 +81,12 @@ type leanServer struct {
 	svc     *service
 	methods map[string]*grpc.MethodDesc
 	log     *slog.Logger
+	limits  ConnLimits
+
+	// receiving is the bytes held for the messages of calls still
+	// arriving, over every connection (what a declared length must not
+	// inflate).
+	receiving atomic.Int64
 
 	mu      sync.Mutex
 	conns   map[*leanConn]struct{}
@@ -78,13 +95,24 @@ type leanServer struct {
 }
 
 func newLeanServer(s *Server) *leanServer {
-	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, conns: map[*leanConn]struct{}{}}
+	limits := s.opts.Connections
+	if limits.AuthTimeout <= 0 {
+		limits.AuthTimeout = DefaultAuthTimeout
+	}
+	if limits.MaxConns <= 0 {
+		limits.MaxConns = DefaultMaxConns
+	}
+	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, limits: limits,
+		conns: map[*leanConn]struct{}{}}
 }
 
 // serve accepts connections on lis until it is closed.
 func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 	var delay time.Duration
 	base := context.WithoutCancel(ctx) // calls outlive ctx by their answers: stop ends them
+	// Connections closed past MaxConns since the last line that said so.
+	var refused int
+	var refusedLogged time.Time
 	for {
 		nc, err := lis.Accept()
 		if err != nil {
@@ -101,13 +129,21 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 			continue
 		}
 		delay = 0
-		c := newLeanConn(t, nc, base)
 		t.mu.Lock()
-		if t.closing {
+		closing, full := t.closing, len(t.conns) >= t.limits.MaxConns
+		if closing || full {
 			t.mu.Unlock()
 			nc.Close()
+			if !closing {
+				refused++
+				if time.Since(refusedLogged) >= leanConnsRefusedLogEvery {
+					t.log.Warn("connections refused: too many open", "max_conns", t.limits.MaxConns, "refused", refused)
+					refused, refusedLogged = 0, time.Now()
+				}
+			}
 			continue
 		}
+		c := newLeanConn(t, nc, base)
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -169,6 +205,8 @@ type leanConn struct {
 	// "rapid reset").
 	orphans int
 	lastID  uint32
+	// authed: a call with the job's token came (ConnLimits.AuthTimeout).
+	authed atomic.Bool
 	// The peer's windows and settings, for what the master sends.
 	sendWindow        int64
 	initialSendWindow int64
@@ -181,14 +219,14 @@ type leanConn struct {
 	closed      bool
 	pingStrikes int
 	lastPing    time.Time
-	sentSince   bool // HEADERS or DATA sent since the last ping
+	sentSince   bool // an answer of a handler's sent since the last ping
 }
 
 type leanStream struct {
 	id         uint32
 	method     *grpc.MethodDesc
 	timeout    time.Duration // 0: none
-	msg        []byte        // the request as received: 5-byte prefix, message
+	msg        []byte        // the request as received (5-byte prefix, message), until its handler runs
 	want       int           // len(msg) once complete; -1 until the prefix is in
 	recvUnack  int
 	sendWindow int64
@@ -217,6 +255,14 @@ func newLeanConn(t *leanServer, nc net.Conn, base context.Context) *leanConn {
 
 func (c *leanConn) serve() {
 	defer c.close()
+	// Closing the socket, not under mu, also ends a peer that reads
+	// nothing: the write it blocks, and the lock that write holds.
+	unauthed := time.AfterFunc(c.t.limits.AuthTimeout, func() {
+		if !c.authed.Load() {
+			c.nc.Close()
+		}
+	})
+	defer unauthed.Stop()
 	c.nc.SetReadDeadline(time.Now().Add(leanPrefaceTimeout))
 	var pre [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.nc, pre[:]); err != nil || string(pre[:]) != http2.ClientPreface {
@@ -282,6 +328,11 @@ func (c *leanConn) frame(f http2.Frame) bool {
 			return true
 		}
 		err := f.ForeachSetting(func(s http2.Setting) error {
+			// RFC 9113 §6.5.2: a value out of range is a connection
+			// error (a frame size of 0 would have the writers loop).
+			if err := s.Valid(); err != nil {
+				return err
+			}
 			switch s.ID {
 			case http2.SettingInitialWindowSize:
 				d := int64(s.Val) - c.initialSendWindow
@@ -295,6 +346,12 @@ func (c *leanConn) frame(f http2.Frame) bool {
 			return nil
 		})
 		if err != nil {
+			code := http2.ErrCodeProtocol
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) {
+				code = http2.ErrCode(ce)
+			}
+			_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, code, nil) })
 			return false
 		}
 		c.cond.Broadcast()
@@ -385,6 +442,7 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 		c.t.s.metrics.refused.Inc()
 		return answer(codes.Unauthenticated, "missing or wrong job token")
 	}
+	c.authed.Store(true)
 	if method != "POST" || (contentType != "application/grpc" && !strings.HasPrefix(contentType, "application/grpc+proto") &&
 		!strings.HasPrefix(contentType, "application/grpc;")) {
 		return answer(codes.Internal, fmt.Sprintf("not a gRPC call: %s with content-type %q", method, contentType))
@@ -430,10 +488,10 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 	if st.want < 0 {
 		need := 5 - len(st.msg)
 		if len(d) < need {
-			st.msg = append(st.msg, d...)
+			c.keep(st, d)
 			d = nil
 		} else {
-			st.msg = append(st.msg, d[:need]...)
+			c.keep(st, d[:need])
 			d = d[need:]
 			n := binary.BigEndian.Uint32(st.msg[1:5])
 			switch {
@@ -443,18 +501,13 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 				return c.refuse(st, status.Newf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, MaxMessageBytes), f)
 			}
 			st.want = 5 + int(n)
-			// Grown as the message arrives: a length prefix is only what
-			// the peer says it will send.
-			msg := make([]byte, 5, min(st.want, leanStreamWindow))
-			copy(msg, st.msg)
-			st.msg = msg
 		}
 	}
 	if len(d) > 0 {
 		if st.want < 0 || len(st.msg)+len(d) > st.want {
 			return c.refuse(st, status.New(codes.Internal, "grpc: more than one request message in a unary call"), f)
 		}
-		st.msg = append(st.msg, d...)
+		c.keep(st, d)
 	}
 	if !f.StreamEnded() {
 		st.recvUnack += int(f.Length)
@@ -475,21 +528,36 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 		ctx, cancel = context.WithCancel(ctx)
 	}
 	st.running, st.cancel = true, cancel
-	go c.run(ctx, st)
+	go c.run(ctx, st, c.drop(st)[5:])
 	return true
+}
+
+// keep appends bytes of a call's message as they arrive: its buffer grows
+// with what the peer sent, never with the length it declared.
+func (c *leanConn) keep(st *leanStream, d []byte) {
+	held := cap(st.msg)
+	st.msg = append(st.msg, d...)
+	c.t.receiving.Add(int64(cap(st.msg) - held))
+}
+
+// drop takes a call's message from it: to its handler, or gone.
+func (c *leanConn) drop(st *leanStream) []byte {
+	msg := st.msg
+	st.msg = nil
+	c.t.receiving.Add(-int64(cap(msg)))
+	return msg
 }
 
 // refuse answers a call before its message is all in, and stops the rest.
 func (c *leanConn) refuse(st *leanStream, s *status.Status, f *http2.DataFrame) bool {
 	delete(c.streams, st.id)
+	c.drop(st)
 	return c.writeStatus(st.id, s, !f.StreamEnded()) == nil
 }
 
-// run is a call's goroutine: its handler, then the answer.
-func (c *leanConn) run(ctx context.Context, st *leanStream) {
+// run is a call's goroutine: its handler on msg, then the answer.
+func (c *leanConn) run(ctx context.Context, st *leanStream, msg []byte) {
 	defer st.cancel()
-	msg := st.msg[5:]
-	st.msg = nil
 	dec := func(v any) error {
 		if err := proto.Unmarshal(msg, v.(proto.Message)); err != nil {
 			return undecodable(err.Error())
@@ -522,6 +590,7 @@ func (c *leanConn) run(ctx context.Context, st *leanStream) {
 		return
 	}
 	if err != nil {
+		c.sentSince = true // the handler's answer, as writeAnswer's
 		_ = c.writeStatus(st.id, status.Convert(err), false)
 	} else {
 		_ = c.writeAnswer(st, out)
@@ -536,6 +605,7 @@ func (c *leanConn) endStream(id uint32, reset bool) {
 		return
 	}
 	delete(c.streams, id)
+	c.drop(st)
 	if reset {
 		st.reset = true
 		if st.running {
@@ -580,6 +650,7 @@ func (c *leanConn) closeLocked() {
 	c.cancel()
 	for _, st := range c.streams {
 		st.reset = true
+		c.drop(st)
 	}
 	c.cond.Broadcast()
 	c.nc.Close()
@@ -617,7 +688,9 @@ func (c *leanConn) headerBlock(fields ...string) []byte {
 }
 
 // writeStatus answers a call with an error status, trailers-only; rst: the
-// peer is still sending, told to stop (RST_STREAM NO_ERROR).
+// peer is still sending, told to stop (RST_STREAM NO_ERROR). It forgives
+// no ping (sentSince): a refusal is no answer, or a peer without the token
+// could ping without end between refused calls.
 func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 	fields := []string{":status", "200", "content-type", "application/grpc", "grpc-status", strconv.Itoa(int(s.Code()))}
 	if m := s.Message(); m != "" {
@@ -629,7 +702,6 @@ func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 		}
 	}
 	block := c.headerBlock(fields...)
-	c.sentSince = true
 	return c.write(func(b []byte) []byte {
 		b = appendHeaders(b, id, block, true, c.maxFrame)
 		if rst {
@@ -672,7 +744,7 @@ func (c *leanConn) writeAnswer(st *leanStream, msg []byte) error {
 		if c.closed || st.reset {
 			return net.ErrClosed
 		}
-		n := int(min(int64(len(msg)), int64(c.maxFrame), c.sendWindow, st.sendWindow))
+		n := int(min(int64(len(msg)), int64(max(c.maxFrame, minFrameSize)), c.sendWindow, st.sendWindow))
 		b = appendFrameHeader(b, n, http2.FrameData, 0, st.id)
 		b = append(b, msg[:n]...)
 		msg = msg[n:]
@@ -740,6 +812,7 @@ func appendGoAway(b []byte, last uint32, code http2.ErrCode, debug []byte) []byt
 // appendHeaders appends a header block as HEADERS and, past the peer's
 // frame size, CONTINUATION frames.
 func appendHeaders(b []byte, id uint32, block []byte, endStream bool, maxFrame int) []byte {
+	maxFrame = max(maxFrame, minFrameSize) // each frame carries some of the block
 	flags := http2.Flags(0)
 	if endStream {
 		flags |= http2.FlagHeadersEndStream

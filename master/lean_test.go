@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net"
-	"runtime"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,7 +89,15 @@ func startLean(t *testing.T, ctx context.Context) (string, <-chan error) {
 // address and Serve's result.
 func serveMaster(t *testing.T, ctx context.Context, tr master.Transport, job master.Config) (string, <-chan error) {
 	t.Helper()
-	s, err := master.NewServer(ctx, master.Options{Transport: tr, Token: token, StateURL: "mem://", Job: job})
+	_, addr, served := serveWith(t, ctx, master.Options{Transport: tr, Job: job})
+	return addr, served
+}
+
+// serveWith is serveMaster with opts (the token and state set here).
+func serveWith(t *testing.T, ctx context.Context, opts master.Options) (*master.Server, string, <-chan error) {
+	t.Helper()
+	opts.Token, opts.StateURL = token, "mem://"
+	s, err := master.NewServer(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,41 +107,53 @@ func serveMaster(t *testing.T, ctx context.Context, tr master.Transport, job mas
 	}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ctx, lis) }()
-	return lis.Addr().String(), served
+	return s, lis.Addr().String(), served
 }
 
 // Pings closer than 5 s, with nothing sent between them, end the
 // connection as grpc-go's enforcement policy does: GOAWAY
-// ENHANCE_YOUR_CALM "too_many_pings".
+// ENHANCE_YOUR_CALM "too_many_pings". Calls refused for want of the token
+// are nothing sent (grpc-go's server counts them so too): their refusals
+// once forgave the pings, and a peer without the token could ping without
+// end.
 func TestLeanPingFlood(t *testing.T) {
 	addr, _ := startLean(t, t.Context())
-	r := rawDial(t, addr, 65535)
-	for i := range 4 {
-		if err := r.fr.WritePing(false, [8]byte{byte(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	acks := 0
-	for {
-		f, err := r.fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("no GOAWAY after a ping flood (%d pings answered): %v", acks, err)
-		}
-		switch f := f.(type) {
-		case *http2.PingFrame:
-			if f.IsAck() {
-				acks++
+	for _, refused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused_calls_between=%v", refused), func(t *testing.T) {
+			r := rawDial(t, addr, 65535)
+			for i := range 4 {
+				if refused {
+					r.call(uint32(2*i+1), "Status", "wrong", &masterpb.StatusRequest{})
+				}
+				if err := r.fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+					t.Fatal(err)
+				}
 			}
-		case *http2.GoAwayFrame:
-			if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
-				t.Errorf("GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", f.ErrCode, f.DebugData())
+			r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			acks := 0
+			for {
+				f, err := r.fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("no GOAWAY after a ping flood (%d pings answered): %v", acks, err)
+				}
+				switch f := f.(type) {
+				case *http2.PingFrame:
+					if f.IsAck() {
+						if acks++; acks == 4 {
+							t.Fatal("every ping answered, no GOAWAY")
+						}
+					}
+				case *http2.GoAwayFrame:
+					if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
+						t.Errorf("GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", f.ErrCode, f.DebugData())
+					}
+					if acks != 3 {
+						t.Errorf("%d pings answered before the GOAWAY, want 3", acks)
+					}
+					return
+				}
 			}
-			if acks != 3 {
-				t.Errorf("%d pings answered before the GOAWAY, want 3", acks)
-			}
-			return
-		}
+		})
 	}
 }
 
@@ -215,20 +240,23 @@ func headerValue(f *http2.MetaHeadersFrame, name string) string {
 
 // A call's message is kept as it arrives, not allocated at the size its
 // length prefix declares: a peer that declares 1,024 messages of 80 MiB
-// and sends a few bytes of each costs the master a few bytes each.
+// and sends 2 bytes of each has the master hold a few bytes each (it once
+// reserved 256 KiB each), and they are let go with the connection.
 func TestLeanDeclaredSizeNotAllocated(t *testing.T) {
-	addr, _ := startLean(t, t.Context())
+	s, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}})
 	r := rawDial(t, addr, 65535)
-	go func() { // the master's frames, drained
+	synced := [8]byte{'s', 'y', 'n', 'c'}
+	read := make(chan struct{})
+	go func() { // the master's frames, drained until the ping's answer
+		defer close(read)
 		for {
-			if _, err := r.fr.ReadFrame(); err != nil {
+			f, err := r.fr.ReadFrame()
+			if p, ok := f.(*http2.PingFrame); err != nil || ok && p.IsAck() && p.Data == synced {
 				return
 			}
 		}
 	}()
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
 	const calls = master.MaxConcurrentCalls
 	id := uint32(1)
 	for range calls {
@@ -246,17 +274,178 @@ func TestLeanDeclaredSizeNotAllocated(t *testing.T) {
 		}
 		id += 2
 	}
-	// A call after them is answered: every frame before it was read.
-	c := dial(t, addr, token)
-	if _, err := c.Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
+	// The master reads frames in order: once the ping is answered, every
+	// call before it was read.
+	if err := r.fr.WritePing(false, synced); err != nil {
 		t.Fatal(err)
 	}
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	heap := int64(after.HeapInuse) - int64(before.HeapInuse)
-	t.Logf("%d calls declaring %d MiB each, 7 bytes sent: heap in use %+d KiB", calls, master.MaxMessageBytes>>20, heap>>10)
-	if heap > 64<<20 {
-		t.Errorf("heap in use grew by %d MiB", heap>>20)
+	select {
+	case <-read:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the ping after the calls not answered in 20 s")
 	}
+	held := s.LeanReceiving()
+	t.Logf("%d calls declaring %d MiB each, 7 bytes sent: %d bytes held for them", calls, master.MaxMessageBytes>>20, held)
+	if held < 7*calls || held > 16*calls {
+		t.Errorf("%d bytes held for %d calls of 7 bytes, want 7 to 16 each", held, calls)
+	}
+	r.nc.Close()
+	for deadline := time.Now().Add(10 * time.Second); s.LeanReceiving() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still held 10 s after the connection closed", s.LeanReceiving())
+		}
+	}
+}
+
+// A SETTINGS value out of its range (RFC 9113 §6.5.2) is a connection
+// error: GOAWAY PROTOCOL_ERROR (FLOW_CONTROL_ERROR for the initial
+// window), and the connection closes; the master goes on serving. A frame
+// size of 0, once taken, had the refusal of a call without the token loop
+// without end writing empty frames, under the connection's lock.
+func TestLeanInvalidSettings(t *testing.T) {
+	addr, _ := startLean(t, t.Context())
+	for _, tc := range []struct {
+		setting http2.Setting
+		want    http2.ErrCode
+	}{
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 0}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 16383}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingEnablePush, Val: 2}, http2.ErrCodeProtocol},
+		{http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31}, http2.ErrCodeFlowControl},
+	} {
+		t.Run(fmt.Sprintf("%v=%d", tc.setting.ID, tc.setting.Val), func(t *testing.T) {
+			r := rawDial(t, addr, 65535)
+			if err := r.fr.WriteSettings(tc.setting); err != nil {
+				t.Fatal(err)
+			}
+			r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			acks := 0
+			for {
+				f, err := r.fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("no GOAWAY: %v", err)
+				}
+				if s, ok := f.(*http2.SettingsFrame); ok && s.IsAck() {
+					// The first acknowledges rawDial's settings.
+					if acks++; acks == 2 {
+						t.Fatal("the master took the setting")
+					}
+				}
+				if g, ok := f.(*http2.GoAwayFrame); ok {
+					if g.ErrCode != tc.want {
+						t.Errorf("GOAWAY %v, want %v", g.ErrCode, tc.want)
+					}
+					break
+				}
+			}
+			if f, err := r.fr.ReadFrame(); err == nil {
+				t.Errorf("the connection still open after GOAWAY: %v", f)
+			}
+		})
+	}
+	if _, err := dial(t, addr, token).Status(t.Context(), &masterpb.StatusRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A connection that has made no call with the token within
+// ConnLimits.AuthTimeout is closed, whether it made none or only calls
+// refused; one that has made one stays open.
+func TestLeanUnauthenticatedConnClosed(t *testing.T) {
+	const limit = 300 * time.Millisecond
+	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}, Connections: master.ConnLimits{AuthTimeout: limit}})
+	start := time.Now()
+	idle, refused, authed := rawDial(t, addr, 65535), rawDial(t, addr, 65535), rawDial(t, addr, 65535)
+	refused.call(1, "Status", "wrong", &masterpb.StatusRequest{})
+	authed.call(1, "Status", token, &masterpb.StatusRequest{})
+	for name, r := range map[string]*rawConn{"idle": idle, "refused": refused} {
+		r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			if _, err := r.fr.ReadFrame(); err != nil {
+				if d := time.Since(start); d < limit || errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("%s connection: %v after %s, want it closed after %s", name, err, d, limit)
+				}
+				break
+			}
+		}
+	}
+	time.Sleep(limit)
+	authed.call(3, "Status", token, &masterpb.StatusRequest{})
+	authed.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, err := authed.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection with a call with the token, after %s: %v", time.Since(start), err)
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == 3 && h.StreamEnded() {
+			break
+		}
+	}
+}
+
+// Connections past ConnLimits.MaxConns are closed as they are accepted,
+// and said so in one log line, not one each; once one closes, another is
+// served.
+func TestLeanMaxConns(t *testing.T) {
+	var logged lockedBuffer
+	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
+		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}, Connections: master.ConnLimits{MaxConns: 2, AuthTimeout: time.Hour},
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	// served reports whether a new connection is served (its first frame
+	// is the master's SETTINGS), or closed at once.
+	served := func() bool {
+		t.Helper()
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.Write([]byte(http2.ClientPreface)) // fails where the master closed it first
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		f, err := http2.NewFramer(nil, nc).ReadFrame()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("neither served nor closed in 10 s")
+		}
+		return err == nil && f.Header().Type == http2.FrameSettings
+	}
+	a, b := rawDial(t, addr, 65535), rawDial(t, addr, 65535)
+	for _, r := range []*rawConn{a, b} {
+		if f, err := r.fr.ReadFrame(); err != nil || f.Header().Type != http2.FrameSettings {
+			t.Fatalf("a connection within the bound: %v %v", f, err)
+		}
+	}
+	for i := range 50 {
+		if served() {
+			t.Fatalf("connection %d past the bound served", i+1)
+		}
+	}
+	if n := strings.Count(logged.String(), "connections refused: too many open"); n != 1 {
+		t.Errorf("%d lines logged for 50 connections refused, want 1:\n%s", n, logged.String())
+	}
+	a.nc.Close()
+	for deadline := time.Now().Add(10 * time.Second); !served(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no new connection served 10 s after one closed")
+		}
+	}
+}
+
+// lockedBuffer is a log's output, written and read from any goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

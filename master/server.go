@@ -67,6 +67,9 @@ type Options struct {
 	// Transport carries the gRPC service (transport.go); empty: the
 	// default.
 	Transport Transport
+	// Connections bound the lean transport's connections; zero: the
+	// defaults.
+	Connections ConnLimits
 }
 
 // Server is the master: the Job and the store inside one loop that orders
@@ -83,6 +86,7 @@ type Server struct {
 	durable   *durableLog
 	bucket    *blob.Bucket
 	metrics   *metrics
+	lean      atomic.Pointer[leanServer] // the lean transport, once serving
 
 	inbox chan *call
 	done  chan struct{} // closed when the loop ends

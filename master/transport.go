@@ -71,10 +71,35 @@ func ParseTransport(s string) (Transport, error) {
 // it queues them until a call ends; a bound an agent can reach would hold
 // its heartbeat behind the relay's long polls (renewed every 60 s) and
 // have the node declared lost. 1024 is far above any agent's need (a
-// 1,000-worker node) and keeps what one connection can pin to a few MiB
-// (1,024 held calls: as many goroutines and 2–4 MiB of heap,
-// TestTransportsBoundConcurrentCalls).
+// 1,000-worker node) and keeps what one connection's held calls pin to a
+// few MiB (1,024 of them: as many goroutines and 2–4 MiB of heap,
+// TestTransportsBoundConcurrentCalls). On the lean transport, calls whose
+// messages are still arriving hold what the peer sent of them, not the
+// length it declared (TestLeanDeclaredSizeNotAllocated): up to
+// MaxMessageBytes each, for a peer with the token.
 const MaxConcurrentCalls = 1024
+
+// ConnLimits bound the connections of the lean transport (grpc-go's
+// server, --transport grpc, has neither bound).
+type ConnLimits struct {
+	// AuthTimeout closes a connection that has made no call with the job's
+	// token this long after it was accepted (refused calls do not count):
+	// a peer without the token holds no connection for long. 0:
+	// DefaultAuthTimeout.
+	AuthTimeout time.Duration
+	// MaxConns bounds the connections open at once: one accepted past it
+	// is closed at once. 0: DefaultMaxConns.
+	MaxConns int
+}
+
+const (
+	// DefaultAuthTimeout is ample: an agent's first call follows its
+	// connection at once, and carries the token.
+	DefaultAuthTimeout = 10 * time.Second
+	// DefaultMaxConns is twice what the master is sized for: 10,000
+	// agents, one connection each (docs/DESIGN.md §5.11).
+	DefaultMaxConns = 20000
+)
 
 // maxReadFrameBytes is the largest HTTP/2 frame the lean transport reads:
 // the protocol's minimum, what grpc-go's clients send anyway. The framer
