@@ -17,29 +17,7 @@ import (
 // started: agents, their guardians, workers; none is left once the command
 // returns. Processes are found by the pod name every one of them inherits.
 func TestInterruptLeavesNoProcess(t *testing.T) {
-	bin := kfelasticBinary(t)
-	needTorchAt(t, python)
-	out := t.TempDir()
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")
-	var buf syncBuffer
-	cmd := exec.Command(bin, "local", "--nnodes", "2:2", "--nproc-per-node", "2", "--job", "ctrlc", "--out", out, "--grace", "3s",
-		"--", python, script, "--steps", "100000", "--sleep", "0.05")
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for !trained(out, "ctrlc-worker-1") {
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			t.Fatalf("no training step in 90 s:\n%s", buf.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if n := len(jobProcesses("ctrlc-worker-")); n < 6 {
-		t.Fatalf("only %d processes of the job found before the interrupt (want agents and 4 workers)", n)
-	}
+	cmd, buf := startTraining(t, "ctrlc")
 	start := time.Now()
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
@@ -53,6 +31,61 @@ func TestInterruptLeavesNoProcess(t *testing.T) {
 	if !strings.Contains(buf.String(), "interrupted") || !strings.Contains(buf.String(), "Report: ") {
 		t.Errorf("output:\n%s", buf.String())
 	}
+}
+
+// A SIGKILLed `kfelastic local` cannot stop its pods in order: they die
+// with it (the pods' parent-death signal, and the agents' for their
+// workers), and nothing of the job trains on without a master.
+func TestKilledEngineLeavesNoProcess(t *testing.T) {
+	cmd, buf := startTraining(t, "killed")
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := jobProcesses("killed-worker-")
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, p := range left {
+				if pid, err := strconv.Atoi(strings.Fields(p)[0]); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			t.Fatalf("processes left 10 s after the engine was SIGKILLed: %v\n%s", left, buf.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startTraining starts `kfelastic local` with two pods of two workers, job
+// name job, and returns once both pods train.
+func startTraining(t *testing.T, job string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	bin := kfelasticBinary(t)
+	needTorchAt(t, python)
+	out := t.TempDir()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "examples", "train", "train.py")
+	buf := &syncBuffer{}
+	cmd := exec.Command(bin, "local", "--nnodes", "2:2", "--nproc-per-node", "2", "--job", job, "--out", out, "--grace", "3s",
+		"--", python, script, "--steps", "100000", "--sleep", "0.05")
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for !trained(out, job+"-worker-1") || !trained(out, job+"-worker-0") {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no training step in 90 s:\n%s", buf.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := len(jobProcesses(job + "-worker-")); n < 6 {
+		t.Fatalf("only %d processes of the job found (want agents and 4 workers)", n)
+	}
+	return cmd, buf
 }
 
 func trained(out, pod string) bool {

@@ -75,7 +75,12 @@ func (e *Engine) start(p Pod) (int, error) {
 exec "$@"`
 	argv := append([]string{"-c", script, "sh"}, prefix...)
 	cmd := exec.Command("/bin/sh", append(append(argv, o.Binary), args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A pod dies with the engine, even a SIGKILLed one (Ctrl-C stops
+	// them in order): the signal goes when the thread that started it
+	// ends, which for Go's unlocked threads is the process's end; exec
+	// (the shell's, the agent's) keeps it. The agent does the same for its
+	// workers.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(append(os.Environ(), o.Env...), podEnv...)
 	cmd.Env = append(cmd.Env, "POD_NAME="+p.Name, "HOSTNAME="+p.Name,
 		// What the plugin injects into every replica (kfoperator's
