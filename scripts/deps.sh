@@ -97,35 +97,47 @@ build_k8s() {
 # Debian root file system with python3-torch for the worker image.
 COREDNS_VERSION=v1.13.1
 need_cluster() {
+  need_cluster_apt
+  need_node_bins & local p1=$!
+  need_coredns & local p2=$!
+  need_worker_root & local p3=$!
+  local rc=0
+  wait $p1 || rc=1; wait $p2 || rc=1; wait $p3 || rc=1
+  return $rc
+}
+
+# The cluster's Debian packages, in one apt-get: two at once would fight
+# over dpkg's lock.
+need_cluster_apt() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
   command -v runc >/dev/null || missing+=(runc)
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   [ -x /bin/busybox ] || missing+=(busybox-static)
-  if [ ${#missing[@]} -gt 0 ]; then
-    log "apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq >"$CACHE/logs/cluster-apt.log" 2>&1
-    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/cluster-apt.log" 2>&1
-  fi
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq >"$CACHE/logs/cluster-apt.log" 2>&1
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/cluster-apt.log" 2>&1
+}
+
+# kubelet, kube-scheduler and kube-controller-manager, after the API
+# server's build: they share its module cache and most of its compiled
+# packages.
+need_node_bins() {
   local dir=$CACHE/k8s
-  [ -x "$dir/kubelet" ] && [ -x "$dir/kube-scheduler" ] && [ -x "$dir/kube-controller-manager" ] || {
-    log "building kubelet, kube-scheduler, kube-controller-manager v$K8S_VERSION into $dir (≈5–8 min)"
-    build_k8s kube-node kubelet kube-scheduler kube-controller-manager
-  } &
-  local p1=$!
-  [ -x "$BIN/coredns" ] || {
-    log "building CoreDNS $COREDNS_VERSION into $BIN (≈2–3 min)"
-    GOBIN="$BIN" GOFLAGS= go install "github.com/coredns/coredns@$COREDNS_VERSION" >"$CACHE/logs/coredns.log" 2>&1 ||
-      { log "CoreDNS build failed: see $CACHE/logs/coredns.log"; exit 1; }
-  } &
-  local p2=$!
-  need_worker_root & local p3=$!
-  local rc=0
-  wait $p1 || rc=1; wait $p2 || rc=1; wait $p3 || rc=1
-  return $rc
+  [ -x "$dir/kubelet" ] && [ -x "$dir/kube-scheduler" ] && [ -x "$dir/kube-controller-manager" ] && return 0
+  log "building kubelet, kube-scheduler, kube-controller-manager v$K8S_VERSION into $dir (≈5–8 min)"
+  build_k8s kube-node kubelet kube-scheduler kube-controller-manager
+}
+
+need_coredns() {
+  [ -x "$BIN/coredns" ] && return 0
+  log "building CoreDNS $COREDNS_VERSION into $BIN (≈2–3 min)"
+  GOBIN="$BIN" GOFLAGS= go install "github.com/coredns/coredns@$COREDNS_VERSION" >"$CACHE/logs/coredns.log" 2>&1 ||
+    { log "CoreDNS build failed: see $CACHE/logs/coredns.log"; return 1; }
 }
 
 # The worker image's root file system: Debian bookworm (minbase) with
@@ -221,18 +233,22 @@ case $what in
   cluster) need_apt; need_k8s; need_crds; need_operator; need_cluster ;;
   all)
     need_apt
-    # The two long builds run side by side; each is skipped when cached.
+    # The cluster's packages now, so that its long steps run beside the
+    # others below; without them only the e2e tests skip, with a note.
+    need_cluster_apt || log "the cluster's packages failed (see $CACHE/logs/cluster-apt.log): the e2e tests will skip"
+    # Every long step at once, each skipped when cached: the builds share
+    # the CPUs, the two debootstraps mostly wait on the network and the
+    # disk. Measured cold on 2 cores: README.md.
     need_minio & p1=$!
-    need_k8s & p2=$!
-    need_operator & p3=$!
+    # The node's binaries after the API server (need_node_bins).
+    { need_k8s && { need_node_bins || log "the node's binaries failed (see $CACHE/logs/kube-node.log): the e2e tests will skip"; }; } & p2=$!
+    { need_operator && { need_coredns || log "no CoreDNS: the e2e tests will skip"; }; } & p3=$!
     # torch 2.14 for the 2.x side of the torch tests; without it those
     # tests skip with a note, so a failed debootstrap does not fail the run.
     { need_torch2 || log "no torch 2.14 root (see $CACHE/logs/torch-sid.log): its tests will skip"; } & p4=$!
+    { need_worker_root || log "no worker root (see $CACHE/logs/worker-root.log): the e2e tests will skip"; } & p5=$!
     need_crds
-    wait $p1; wait $p2; wait $p3; wait $p4
-    # After the API server: the node's binaries share its module cache. A
-    # cluster that cannot be had makes only the e2e tests skip, with a note.
-    need_cluster || log "the one-node cluster is incomplete (see $CACHE/logs): the e2e tests will skip"
+    wait $p1; wait $p2; wait $p3; wait $p4; wait $p5
     ;;
   *) echo "usage: $0 [all|apt|torch|minio|k8s|cluster|protoc|torch2]" >&2; exit 2 ;;
 esac
