@@ -177,6 +177,9 @@ type loop struct {
 
 	pendingDoc kferrors.Failure
 	docKey     string
+	// commandDoc is the document the command wrote itself (flytekit), as
+	// the pod's document write found and refined it; nil if none was.
+	commandDoc *kferrors.Failure
 	// pending are events the loop made itself (workers that failed to
 	// start, or were not started), stepped before it waits again.
 	pending []Event
@@ -316,11 +319,14 @@ func (l *loop) do(a Action) (done bool, err error) {
 		l.pendingDoc = a.Failure
 		l.docKey = l.write(a.Failure)
 	case Exit:
-		// Only a command that ended by itself may have written the pod's
-		// document; a stop (preemption, hang, the master's EXIT) must not
-		// wait on storage once more within the pod's grace period.
+		// A pod that wrote a document found and refined the command's own
+		// there (upload), however it ended; one that exits 0 looks for it
+		// here. A stop (preemption, hang, the master's EXIT) keeps its own
+		// code for the master: the command's document only stands for the
+		// pod in storage.
 		if l.cfg.command() && (a.Code == 0 || strings.HasPrefix(l.pendingDoc.Worker, l.cfg.Pod+"/")) {
-			if f, key, ok := l.refineCommandDocument(); ok {
+			f, key, ok := l.commandFound()
+			if ok {
 				if a.Code == 0 {
 					return l.commandWroteDocument(f, key)
 				}
@@ -346,6 +352,16 @@ func (l *loop) do(a Action) (done bool, err error) {
 		return true, &ExitError{Code: code, Failure: f, Document: l.docKey}
 	}
 	return false, nil
+}
+
+// commandFound is the command's own document of this attempt: the one the
+// pod's document write found, else the one found now
+// (refineCommandDocument).
+func (l *loop) commandFound() (kferrors.Failure, string, bool) {
+	if l.commandDoc != nil {
+		return *l.commandDoc, l.docKey, true
+	}
+	return l.refineCommandDocument()
 }
 
 // commandWroteDocument ends the pod whose command wrote its own error

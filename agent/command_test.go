@@ -278,27 +278,65 @@ main()
 	}
 }
 
-// pyflyteHelper is the helper mode pyflyte (helperEnv).
+// pyflyteHelper is the helper mode pyflyte (helperEnv): what
+// pyflyte-execute does for a failed Elastic task, with its workers' torch
+// error files where torch elastic keeps them
+// (<dir>/attempt_0/<local rank>/error.json). The argument is
+// dir|second|ms|line|exit[|ms|line…]: local rank 0 fails at second+ms
+// with line, each further ms|line pair is the next local rank's failure;
+// flytekit's document names rank 0 (torch's pick within one whole
+// second: the lowest rank) and lands in dir. exit is the command's exit
+// status, "<status>/<delay>" to exit after a delay, or "hang" to wait
+// for the agent's stop.
 func pyflyteHelper(arg string) int {
 	p := strings.Split(arg, "|")
 	sec, _ := strconv.ParseInt(p[1], 10, 64)
-	ms, _ := strconv.Atoi(p[2])
-	code, _ := strconv.Atoi(p[4])
 	tmp, err := os.MkdirTemp("", "torchelastic_")
 	if err != nil {
 		return 97
 	}
-	errorFile := filepath.Join(tmp, "error.json")
-	data := fmt.Sprintf(`{"message":{"message":%q,"extraInfo":{"py_callstack":"Traceback","timestamp":"%d"}}}`, p[3], sec)
-	at := time.Unix(sec, int64(ms)*int64(time.Millisecond))
-	time.Sleep(time.Until(at))
-	if os.WriteFile(errorFile, []byte(data), 0o644) != nil || os.Chtimes(errorFile, at, at) != nil {
-		return 97
+	ranks := append([]string{p[2], p[3]}, p[5:]...)
+	var errorFile string
+	var first time.Time
+	for r := 0; r+1 < len(ranks); r += 2 {
+		ms, _ := strconv.Atoi(ranks[r])
+		line := ranks[r+1]
+		at := time.Unix(sec, int64(ms)*int64(time.Millisecond))
+		dir := filepath.Join(tmp, "attempt_0", strconv.Itoa(r/2))
+		path := filepath.Join(dir, "error.json")
+		data := fmt.Sprintf(`{"message":{"message":%q,"extraInfo":{"py_callstack":"Traceback (most recent call last):\n  File \"train.py\"\n%s","timestamp":"%d"}}}`,
+			line, line, sec)
+		if os.MkdirAll(dir, 0o755) != nil || os.WriteFile(path, []byte(data), 0o644) != nil || os.Chtimes(path, at, at) != nil {
+			return 97
+		}
+		if r == 0 {
+			errorFile = path
+		}
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
 	}
-	doc, _ := kferrors.Encode(flytekitdoc.Failure(os.Getenv("_F_WN"), p[3], errorFile, at).Document(0))
+	ms0, _ := strconv.Atoi(p[2])
+	last := time.Unix(sec, int64(ms0)*int64(time.Millisecond))
+	for r := 2; r+1 < len(ranks); r += 2 {
+		ms, _ := strconv.Atoi(ranks[r])
+		if at := time.Unix(sec, int64(ms)*int64(time.Millisecond)); at.After(last) {
+			last = at
+		}
+	}
+	time.Sleep(time.Until(last))
+	doc, _ := kferrors.Encode(flytekitdoc.Failure(os.Getenv("_F_WN"), p[3], errorFile, first).Document(0))
 	if os.WriteFile(filepath.Join(p[0], flytekitdoc.Key()), doc, 0o644) != nil {
 		return 97
 	}
+	exit, delay, _ := strings.Cut(p[4], "/")
+	if exit == "hang" {
+		time.Sleep(time.Hour)
+	}
+	if d, err := time.ParseDuration(delay); err == nil {
+		time.Sleep(d)
+	}
+	code, _ := strconv.Atoi(exit)
 	return code
 }
 
@@ -435,5 +473,93 @@ if __name__ == "__main__":
 				}
 			}
 		})
+	}
+}
+
+// readRootCause reads the documents under dir as the plugin does.
+func readRootCause(t *testing.T, dir string) *outputreader.Report {
+	t.Helper()
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outputreader.Read(t.Context(), outputreader.NewBucketSource(b), nil)
+	if err != nil || r.RootCause == nil {
+		t.Fatalf("Read: %v, %+v", err, r)
+	}
+	return r
+}
+
+// Issue 27, item 1: the pod the master stops refines flytekit's document
+// too. job-worker-1 raised ValueError at .300 and its command exits 1 (the
+// master stops the job); job-worker-0's worker lost its peer at .400 and
+// its command waits until the agent stops it on the master's EXIT. Its
+// document, adopted on the way out, must carry .400, not torch's .000,
+// which would sort before .300.
+func TestCommandRefinesDocumentOfStoppedPod(t *testing.T) {
+	dir := t.TempDir()
+	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond})
+	sec := time.Now().Unix() + 3
+	run := func(pod string, rank int, ms, line, exit string) chan error {
+		cfg, out := helperConfig(t, 1, "pyflyte:"+strings.Join([]string{dir, strconv.FormatInt(sec, 10), ms, line, exit}, "|"))
+		cfg.Launcher, cfg.Pod, cfg.ErrorPrefix, cfg.NodeRank, cfg.MinNodes, cfg.MaxNodes = LauncherCommand, pod, "file://"+dir, rank, 2, 2
+		cfg.RdzvBackend, cfg.RdzvEndpoint, cfg.TokenFile = "c10d", endpoint, tokenFile
+		cfg.HeartbeatInterval = 100 * time.Millisecond
+		cfg.Env = append(cfg.Env, "_F_WN="+pod, "_F_DES=Earliest")
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			err := Run(ctx, cfg)
+			if err != nil {
+				t.Logf("%s: %v\n%s", pod, err, out)
+			}
+			done <- err
+		}()
+		return done
+	}
+	pod0 := run("job-worker-0", 0, "400", "RuntimeError: [gloo] Connection closed by peer [10.0.0.7]:33155", "hang")
+	pod1 := run("job-worker-1", 1, "300", "ValueError: batch 17 has NaN labels", "1/300ms")
+	var ee *ExitError
+	if err := <-pod1; !errors.As(err, &ee) || ee.Code != 1 {
+		t.Fatalf("job-worker-1: %v, want exit 1", err)
+	}
+	if err := <-pod0; !errors.As(err, &ee) || ee.Failure.Code != kferrors.CodeJobStopped {
+		t.Fatalf("job-worker-0: %v, want JobStopped", err)
+	}
+	r := readRootCause(t, dir)
+	if got := r.RootCause; got.Failure.Worker != "job-worker-1" || !got.Time().Equal(time.Unix(sec, 300_000_000)) {
+		t.Errorf("root cause %s %s at %s, want job-worker-1's at .300", got.Failure.Worker, got.Failure.Code, got.Time())
+	}
+	for _, d := range r.Others {
+		if d.Failure.Worker == "job-worker-0" && !d.Time().Equal(time.Unix(sec, 400_000_000)) {
+			t.Errorf("job-worker-0's document at %s, want .400", d.Time())
+		}
+	}
+}
+
+// Issue 27, item 2: two workers in one pod. Local rank 1 raised ValueError
+// at .300; rank 0 failed 14 ms later with gloo's error in the same whole
+// second, so torch (and flytekit) name rank 0. The pod's document carries
+// rank 1's time and exception.
+func TestCommandDocumentTakesEarliestLocalRank(t *testing.T) {
+	dir := t.TempDir()
+	sec := time.Now().Unix() + 2
+	arg := strings.Join([]string{dir, strconv.FormatInt(sec, 10), "314", "RuntimeError: [gloo] Connection closed by peer [10.0.0.7]:33155",
+		"0", "300", "ValueError: batch 17 has NaN labels"}, "|")
+	cfg, out := helperConfig(t, 1, "pyflyte:"+arg)
+	cfg.Launcher, cfg.Pod, cfg.ErrorPrefix = LauncherCommand, "job-worker-1", "file://"+dir
+	cfg.Env = append(cfg.Env, "_F_WN=job-worker-1", "_F_DES=Earliest")
+	if ee, _ := runBounded(t, t.Context(), cfg, 30*time.Second); ee != nil {
+		t.Fatalf("%v, want exit 0 as flytekit\n%s", ee, out)
+	}
+	r := readRootCause(t, dir)
+	got := r.RootCause
+	if !got.Time().Equal(time.Unix(sec, 300_000_000)) || got.Failure.Code != "ValueError" {
+		t.Errorf("document %s at %s, want rank 1's ValueError at .300\n%s", got.Failure.Code, got.Time(), out)
+	}
+	if msg := r.Message(); !strings.Contains(msg, "] ValueError: batch 17 has NaN labels\n") || !strings.Contains(msg, "Local rank 1") {
+		t.Errorf("UI message: %s", msg)
 	}
 }

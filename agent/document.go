@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	goerrors "errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,6 +86,14 @@ func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data 
 	}
 	if own, ok := workerDocument(ctx, b, worker, since); ok {
 		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", own, "worker", f.Worker)
+		if l.cfg.command() {
+			// However the pod ends (the command failed, the master's EXIT,
+			// a preemption, a hang), the command's document is refined
+			// before it stands for the pod.
+			if cf, refined, ok := l.refineFound(ctx, b, own); ok {
+				l.commandDoc, own = &cf, refined
+			}
+		}
 		return own, nil
 	}
 	err = kferrors.NewWriter(b, nil).Put(ctx, key, data)
@@ -153,32 +163,21 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 			continue
 		}
 		read++
-		data, err := kferrors.ReadDocument(ctx, b, obj.Key, 0)
+		data, err := kferrors.ReadDocument(ctx, b, obj.Key, maxCommandDocumentBytes)
 		if err != nil {
 			continue
 		}
-		if f, err := kferrors.DecodeFailure(data, 0); err == nil && f.Worker == worker && !f.Time.Before(since) {
+		if f, err := kferrors.DecodeFailure(data, maxCommandDocumentBytes); err == nil && f.Worker == worker && !f.Time.Before(since) {
 			return obj.Key, true
 		}
 	}
 	return "", false
 }
 
-// refineCommandDocument gives the document the command wrote itself for
-// this pod (flytekit's pyflyte-execute, docs/DESIGN.md §4.4: error-<uuid hex>.pb,
-// worker = the pod name, timestamp = torch's ProcessFailure.timestamp in
-// whole seconds) the sub-second time docs/DESIGN.md §3 wants. Torch's whole second
-// orders two pods that fail within one second by their names, so that the
-// secondary "[gloo] Connection closed by peer" of one pod can win over the
-// exception another pod raised. The worker's torch error file, named in the
-// message's root cause ("error_file: …"), is on this pod: its modification
-// time, within that second (kferrors.ReadTorchError refines torch's time
-// with it), is when the worker failed. The refined document is written
-// under our own name (its time in the key) and flytekit's is moved to
-// refined/ (kferrors.MoveDocument), so the reader sees one document per
-// pod, the copy written before the original is moved. The document found
-// (refined or not) is returned; ok is false when the command wrote none in
-// this attempt.
+// refineCommandDocument finds the document the command wrote itself for
+// this pod in this attempt and refines it (refineFound). The document
+// found (refined or not) is returned; ok is false when the command wrote
+// none in this attempt.
 func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool) {
 	if l.cfg.ErrorPrefix == "" || l.cfg.Pod == "" {
 		return f, "", false
@@ -197,27 +196,39 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 	if !ok {
 		return f, "", false
 	}
-	data, err := kferrors.ReadDocument(ctx, b, key, 0)
+	return l.refineFound(ctx, b, key)
+}
+
+// refineFound gives the document the command wrote itself for this pod
+// (flytekit's pyflyte-execute, docs/DESIGN.md §4.4: error-<uuid hex>.pb,
+// worker = the pod name, timestamp = torch's ProcessFailure.timestamp in
+// whole seconds) the sub-second time and the real exception docs/DESIGN.md
+// §3 wants, however the pod ends. Torch's whole second orders two pods
+// that fail within one second by their names, so that the secondary
+// "[gloo] Connection closed by peer" of one pod can win over the exception
+// another pod raised; and within a pod torch names the lowest local rank
+// of that second, not the one that raised. The pod's torch error files
+// (refineFromErrorFiles) say which rank failed first, when, and with what.
+// The refined document is written under our own name (its time in the
+// key) and flytekit's is moved to refined/ (kferrors.MoveDocument), so the
+// reader sees one document per pod, the copy written before the original
+// is moved. A document too large for the reader is rewritten so too, its
+// message capped. The document (refined or not) is returned; ok is false
+// when it cannot be read.
+func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string) (f kferrors.Failure, _ string, ok bool) {
+	data, err := kferrors.ReadDocument(ctx, b, key, maxCommandDocumentBytes)
 	if err != nil {
 		return f, key, false
 	}
-	if f, err = kferrors.DecodeFailure(data, 0); err != nil {
+	if f, err = kferrors.DecodeFailure(data, maxCommandDocumentBytes); err != nil {
 		return f, key, false
 	}
-	if f.Time.Nanosecond() != 0 {
-		return f, key, true // already sub-second
-	}
-	path := rootCauseErrorFile(f.Message)
-	if path == "" {
+	refined, how := refineFromErrorFiles(f, readErrorFiles(rootCauseErrorFile(f.Message)))
+	oversized := len(data) > kferrors.DefaultMaxDocumentBytes
+	if how == "" && !oversized {
+		l.log.Info("the command's error document stands as written", "key", key)
 		return f, key, true
 	}
-	te, _, err := kferrors.ReadTorchError(path)
-	if err != nil || te == nil || !te.Time.After(f.Time) || te.Time.Sub(f.Time) >= time.Second {
-		l.log.Info("the command's error document keeps torch's whole second", "key", key, "error_file", path)
-		return f, key, true
-	}
-	refined := f
-	refined.Time = te.Time
 	newKey, newData, err := kferrors.NewWriter(nil, nil).Prepare(refined)
 	if err == nil {
 		err = kferrors.NewWriter(b, nil).Put(ctx, newKey, newData)
@@ -229,9 +240,91 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 	if err := kferrors.MoveDocument(ctx, b, key, data, kferrors.RefinedPrefix); err != nil {
 		l.log.Error("cannot move the command's error document aside", "key", key, "to", kferrors.RefinedPrefix, "err", err)
 	}
-	l.log.Info("the command's error document refined to its worker's failure time", "key", key, "refined", newKey,
-		"time", refined.Time, "error_file", path)
+	l.log.Info("the command's error document refined", "key", key, "refined", newKey, "time", refined.Time,
+		"how", how, "bytes", len(data), "written_bytes", len(newData))
 	return refined, newKey, true
+}
+
+// maxCommandDocumentBytes bounds what the agent reads of the command's own
+// document: more than the reader takes (kferrors.DefaultMaxDocumentBytes),
+// so that a long exception text is still this pod's failure, rewritten
+// within the reader's limit, not a document nobody reads.
+const maxCommandDocumentBytes = 32 << 20
+
+// rankError is one local rank's torch error file, read.
+type rankError struct {
+	localRank int
+	path      string
+	err       *kferrors.TorchError
+}
+
+// readErrorFiles reads the torch error files of every local rank of the
+// attempt that named names one of: torch elastic writes
+// <log dir>/<run>/attempt_<N>/<local rank>/error.json, and the root cause
+// of flytekit's message names only the rank torch picked (the lowest in
+// the earliest whole second). Files that are missing or unreadable are
+// left out.
+func readErrorFiles(named string) []rankError {
+	if named == "" {
+		return nil
+	}
+	rankDir := filepath.Dir(named)
+	paths, _ := filepath.Glob(filepath.Join(filepath.Dir(rankDir), "*", filepath.Base(named)))
+	var out []rankError
+	for _, p := range paths {
+		rank, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil || rank < 0 {
+			continue
+		}
+		te, _, err := kferrors.ReadTorchError(p)
+		if err != nil || te == nil {
+			continue
+		}
+		out = append(out, rankError{localRank: rank, path: p, err: te})
+	}
+	return out
+}
+
+// refineFromErrorFiles is the pod's document f as its torch error files
+// tell it (pure): dated to the earliest failure among them within torch's
+// second (each file's time is torch's whole second refined by its mtime),
+// and, when that is another rank than the one torch named, with that
+// rank's exception as code and message, flytekit's text kept below it.
+// how says what changed ("" for nothing).
+func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failure, string) {
+	if f.Time.IsZero() || f.Time.Nanosecond() != 0 {
+		return f, "" // no whole second to refine
+	}
+	named := rootCauseErrorFile(f.Message)
+	var first *rankError
+	for i := range files {
+		r := &files[i]
+		t := r.err.Time
+		if !t.After(f.Time) || t.Sub(f.Time) >= time.Second {
+			continue // not of torch's second: another failure, or a clock that jumped
+		}
+		if first == nil || t.Before(first.err.Time) || (t.Equal(first.err.Time) && r.path == named) {
+			first = r
+		}
+	}
+	if first == nil {
+		return f, ""
+	}
+	refined := f
+	refined.Time = first.err.Time
+	if first.path == named || first.err.Message == "" {
+		return refined, "time"
+	}
+	refined.Code = first.err.ExceptionType()
+	var b strings.Builder
+	b.WriteString(first.err.Message)
+	if tb := strings.TrimSpace(first.err.Traceback); tb != "" && !strings.Contains(first.err.Message, tb) {
+		b.WriteString("\n\n" + tb)
+	}
+	fmt.Fprintf(&b, "\n\nLocal rank %d raised first, at %s (its error file %s); torch named another rank of the same second. "+
+		"flytekit's document:\n\n%s", first.localRank, first.err.Time.UTC().Format(time.RFC3339Nano), first.path, f.Message)
+	refined.Message = b.String()
+	return refined, "time and exception of local rank " + strconv.Itoa(first.localRank)
 }
 
 // rootCauseErrorFile is the torch error file that torch's ChildFailedError

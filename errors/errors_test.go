@@ -725,3 +725,21 @@ func TestPodOf(t *testing.T) {
 		t.Errorf("PodOfSanitized = %q", got)
 	}
 }
+
+// Issue 27, item 4: whatever a failure carries, what the writer stores is
+// under the reader's limit, with the head and tail of each text and the
+// cut said.
+func TestPrepareStaysUnderTheReadersLimit(t *testing.T) {
+	f := kferrors.UserError(strings.Repeat("C", 2<<20), "head "+strings.Repeat("x", 3<<20)+" ValueError: tail", strings.Repeat("w", 2<<20), time.Now())
+	_, data, err := kferrors.NewWriter(nil, &kferrors.WriterOptions{MessageCap: 8 << 20}).Prepare(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := kferrors.DecodeFailure(data, 0)
+	if err != nil || len(data) > kferrors.DefaultMaxDocumentBytes {
+		t.Fatalf("%d bytes: %v", len(data), err)
+	}
+	if !strings.HasPrefix(got.Message, "head ") || !strings.HasSuffix(got.Message, "ValueError: tail") || !strings.Contains(got.Message, "bytes elided") {
+		t.Errorf("message not cut head and tail: %q…", got.Message[:40])
+	}
+}

@@ -203,6 +203,10 @@ func NewWriter(bucket *blob.Bucket, opts *WriterOptions) *Writer {
 	return w
 }
 
+// maxLabelBytes caps a document's code and worker when the whole would
+// be over DefaultMaxDocumentBytes.
+const maxLabelBytes = 4 << 10
+
 // ErrExists is what Put returns, wrapped, when an object of that name exists
 // already, and WriteNew when every name it tried did.
 var ErrExists = goerrors.New("object exists")
@@ -213,6 +217,16 @@ var ErrExists = goerrors.New("object exists")
 // again, so that a retry never stores the document twice.
 func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
 	data, err = Encode(f.Document(w.messageCap))
+	if err == nil && len(data) > DefaultMaxDocumentBytes {
+		// Readers skip what is over their limit: what is written stays
+		// under it, the head and tail of each text kept, the cut said.
+		key := NewKey(f.Time, f.Worker, RandomSuffix())
+		f.Code, f.Worker = CapMessage(f.Code, maxLabelBytes), CapMessage(f.Worker, maxLabelBytes)
+		data, err = Encode(f.Document(DefaultMaxDocumentBytes / 2))
+		if err == nil {
+			return key, data, nil
+		}
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("encode error document: %w", err)
 	}

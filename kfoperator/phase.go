@@ -2,6 +2,7 @@ package kfoperator
 
 import (
 	"fmt"
+	"strings"
 
 	"time"
 
@@ -133,8 +134,16 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	}
 	ee := flyteio.ExecutionError(report.Merge(synthesized...))
 	if ee == nil {
-		if cond.Type == kubeflowv1.JobSucceeded {
+		if cond.Type == kubeflowv1.JobSucceeded && report.Skipped == 0 {
 			return pluginsCore.PhaseInfoSuccess(&info)
+		}
+		if cond.Type == kubeflowv1.JobSucceeded {
+			// A pod wrote an error document nobody could read (flytekit
+			// exits 0 after writing one): the task failed, with what
+			// little is known. A failed task never reads as a success.
+			details := fmt.Sprintf("the job's pods exited 0, but %d error documents could not be read: %s",
+				report.Skipped, skippedText(report.SkippedSample))
+			return pluginsCore.PhaseInfoFailure(UnreadableDocumentCode, details, &info)
 		}
 		details := fmt.Sprintf("Job failed:\n\t%v - %v", cond.Reason, cond.Message)
 		if n := report.Skipped; n > 0 {
@@ -147,4 +156,17 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 		phase = pluginsCore.PhaseRetryableFailure
 	}
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
+}
+
+// UnreadableDocumentCode is the failure of a job that succeeded by its pods'
+// exit codes but left error documents nobody could read.
+const UnreadableDocumentCode = "UnreadableErrorDocument"
+
+// skippedText names the skipped documents and why each was skipped.
+func skippedText(sample []outputreader.Skipped) string {
+	parts := make([]string, 0, len(sample))
+	for _, s := range sample {
+		parts = append(parts, fmt.Sprintf("%s (%v)", s.Key, s.Err))
+	}
+	return strings.Join(parts, "; ")
 }

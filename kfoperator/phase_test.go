@@ -333,3 +333,33 @@ func TestMergeIsTheMinimum(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Issue 27, item 4: a job whose pods exited 0 (flytekit does after writing
+// its document) and whose only document could not be read (over the
+// reader's limit) is a failure, never a success.
+func TestPhaseSucceededWithUnreadableDocumentFails(t *testing.T) {
+	ctx := context.Background()
+	b := memblob.OpenBucket(nil)
+	defer b.Close()
+	big := kferrors.UserError("USER:RuntimeError", strings.Repeat("x", 2<<20), "j-worker-0", at(0))
+	doc := big.Document(4 << 20)
+	data, err := kferrors.Encode(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteAll(ctx, "error-0123456789abcdef0123456789abcdef.pb", data, nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Phase(job(kubeflowv1.PyTorchJobKind, kubeflowv1.JobSucceeded, at(0), 0), nil, s, at(time.Minute), cfg, pluginsCore.TaskInfo{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Phase() == pluginsCore.PhaseSuccess || !p.Phase().IsFailure() || p.Err() == nil ||
+		!strings.Contains(p.Err().GetMessage(), "error-0123456789abcdef0123456789abcdef.pb") {
+		t.Fatalf("phase %v, error %v: want a failure naming the document", p.Phase(), p.Err())
+	}
+}

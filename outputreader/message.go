@@ -8,10 +8,14 @@ const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 // full list says exactly what the plugin's Summarize says.
 func (r *Report) Message() string { return r.Summary().Message() }
 
-func timeNote(s TimeSource) string {
-	switch s {
+// timeNote says where a shown time comes from when it is not the
+// document's own timestamp.
+func timeNote(d Document) string {
+	switch d.AtSource {
 	case TimeFromModified:
 		return " (upload time)"
+	case TimeFromModifiedClamped:
+		return " (upload time; the document said " + d.Failure.Time.UTC().Format(TimeLayout) + ", after it was written: its pod's clock ran ahead)"
 	case TimeFromListing:
 		return " (read time)"
 	}

@@ -81,6 +81,11 @@ const (
 	// Recoverable are unknown and its Worker is the sanitized worker of the
 	// name (kferrors.SanitizeWorker).
 	TimeFromName
+	// TimeFromModifiedClamped: the document's timestamp is later than its
+	// object's modification time, which ranks it instead. A failure cannot
+	// have happened after its document was written: the writer's clock ran
+	// ahead of the store's (Failure.Time keeps what the document said).
+	TimeFromModifiedClamped
 )
 
 func (s TimeSource) String() string {
@@ -93,6 +98,8 @@ func (s TimeSource) String() string {
 		return "listing"
 	case TimeFromName:
 		return "name"
+	case TimeFromModifiedClamped:
+		return "clamped"
 	}
 	return fmt.Sprintf("TimeSource(%d)", uint8(s))
 }

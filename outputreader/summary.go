@@ -64,7 +64,7 @@ func (s *Summary) Message() string {
 	}
 	// Tracebacks end in a newline; the tally goes right under the message.
 	code, msg := Shown(root.Failure.Code, root.Failure.Message)
-	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(root.AtSource),
+	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(*root),
 		kferrors.Headline(code, strings.TrimRight(msg, " \t\r\n")))
 	if line := s.tally.line(*root, s.Skipped); line != "" {
 		b.WriteString("\n")
@@ -196,11 +196,9 @@ func Summarize(ctx context.Context, src Source, opts *Options, extra ...kferrors
 		// Names after last are in key order, which is time order.
 		next := &keyHeap{}
 		err := src.List(ctx, func(obj Object) error {
-			t, isNamed := kferrors.TimeFromKey(obj.Key)
-			if isNamed && obj.Key > last.key && (!ok || !t.After(best)) {
-				if l, usable := z.peek(obj); usable {
-					next.keep(l, o.Concurrency)
-				}
+			// Those listed without a name time were opened already.
+			if l, usable := z.peek(obj); usable && !l.nameTime.IsZero() && obj.Key > last.key && (!ok || !l.nameTime.After(best)) {
+				next.keep(l, o.Concurrency)
 			}
 			return nil
 		})
@@ -357,9 +355,13 @@ func listingProblem(obj Object, maxBytes int) error {
 	return nil
 }
 
+// listedObject is what the listing tells of obj. A time-named document
+// written before the time in its name (its writer's clock ran ahead of the
+// store's) may rank before its name once opened (TimeFromModifiedClamped):
+// it is always opened, as a document named otherwise is.
 func listedObject(obj Object) listed {
 	l := listed{key: obj.Key, modified: obj.Modified}
-	if t, ok := kferrors.TimeFromKey(obj.Key); ok {
+	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !(kferrors.UsableTime(obj.Modified) && obj.Modified.Before(t)) {
 		l.nameTime = t
 	}
 	return l
@@ -394,6 +396,8 @@ func openDocument(ctx context.Context, src Source, o Options, listedAt time.Time
 	}
 	d = Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
 	switch {
+	case !f.Time.IsZero() && kferrors.UsableTime(l.modified) && f.Time.After(l.modified):
+		d.At, d.AtSource = l.modified.UTC(), TimeFromModifiedClamped
 	case !f.Time.IsZero():
 	case kferrors.UsableTime(l.modified):
 		// A modification time can be anything too (touch -d @0): only a

@@ -152,6 +152,8 @@ func timeText(d outputreader.Document) string {
 	switch d.AtSource {
 	case outputreader.TimeFromModified:
 		t += " (upload time)"
+	case outputreader.TimeFromModifiedClamped:
+		t += " (upload time; the document said " + d.Failure.Time.UTC().Format(outputreader.TimeLayout) + ")"
 	case outputreader.TimeFromListing:
 		t += " (read time)"
 	case outputreader.TimeFromName:
