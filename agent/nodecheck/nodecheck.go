@@ -201,7 +201,7 @@ func innerTimeout(d time.Duration) time.Duration { return d - min(max(d/5, time.
 //
 // elapsed = compute + allreduce, in seconds; error says why when ok is
 // false, self whether the failure is the node's own. Before it meets its
-// group a check prints a progress line, {"phase":"group","compute":…}, so
+// group a check prints a progress line, {"phase":"group"}, so
 // that a check killed at the deadline while it waits for its group is not
 // blamed for it.
 type checkLine struct {
