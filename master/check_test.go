@@ -24,7 +24,9 @@ var checkSeeds = flag.Int("check.n", 3000, "node-check histories TestCheckNamesO
 // LateMargin), and a job without one has no straggler and no faulty node.
 func TestCheckNamesOnlyTheSlowNode(t *testing.T) {
 	faulty := 0
-	defer func() { t.Logf("%d histories; the slow node named faulty rather than a straggler in %d", *checkSeeds, faulty) }()
+	defer func() {
+		t.Logf("%d histories; the slow node named faulty rather than a straggler in %d", *checkSeeds, faulty)
+	}()
 	for seed := range uint64(*checkSeeds) {
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
 		n := 2 + rng.IntN(7)
