@@ -24,6 +24,8 @@ func TestBenchPodDeletedBesideUpstream(t *testing.T) {
 		t.Skip("a benchmark: make bench-e2e")
 	}
 	base := newEnv(t, "bench")
+	// Four jobs one after the other: not one scenario's budget.
+	base.deadline = time.Now().Add(40 * time.Minute)
 	var rows []string
 	for _, fault := range []struct{ name, victim, survivor string }{
 		{"E3 worker 1's pod deleted", "worker-1", "worker-0"},

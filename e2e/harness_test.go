@@ -118,6 +118,9 @@ func newEnv(t *testing.T, ns string) *env {
 	// workers' init container waits for the master's DNS name with
 	// busybox, not a pulled alpine.
 	c.UseOperator(t, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
+	// Propeller's build (minutes on a cold machine, once) is no
+	// scenario's time.
+	testenv.BuildPropeller(t)
 	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
 		image: agentImage.name, ckpt: t.TempDir(), deadline: time.Now().Add(scenarioBudget)}
 	t.Cleanup(func() {

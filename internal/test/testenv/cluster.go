@@ -110,6 +110,8 @@ type Cluster struct {
 	mu    sync.Mutex
 	minio *MinIOProcess // on ClusterNodeIP, started by MinIO
 	stop  chan struct{} // ends the pod log mirror
+	// buckets counts the buckets MinIO made per name (under mu).
+	buckets map[string]int
 	// operator is the training operator UseOperator started, once.
 	operator    sync.Once
 	operatorErr error
@@ -745,6 +747,14 @@ func (c *Cluster) MinIO(t testing.TB) *MinIOServer {
 		}
 		return '-'
 	}, bucket), "-")
+	// The same test run again (-count) gets a bucket of its own: the
+	// last run's documents are not this one's.
+	if c.buckets == nil {
+		c.buckets = map[string]int{}
+	}
+	if c.buckets[bucket]++; c.buckets[bucket] > 1 {
+		bucket = fmt.Sprintf("%s-%d", bucket, c.buckets[bucket])
+	}
 	if err := c.minio.CreateBucket(t.Context(), bucket); err != nil {
 		t.Fatal(err)
 	}
