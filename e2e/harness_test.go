@@ -402,6 +402,12 @@ func (e *env) propeller() *testenv.Propeller {
 	return e.prop
 }
 
+// launched counts the workflows launched per name in this process.
+var launched struct {
+	sync.Mutex
+	n map[string]int
+}
+
 // launchWorkflow runs the task as Flyte does: the FlyteWorkflow flyteadmin
 // would create for a one-task execution named name (compiled by
 // propeller's own compiler), which propeller hands to the plugin. It
@@ -410,6 +416,17 @@ func (e *env) propeller() *testenv.Propeller {
 func (e *env) launchWorkflow(name string, tmpl *core.TaskTemplate) *job {
 	e.t.Helper()
 	e.propeller()
+	// The same scenario run again (-count) names its workflow, and so its
+	// job and pods, anew: the pod log mirror keeps the last run's logs
+	// under the old names, whose steps must not count.
+	launched.Lock()
+	if launched.n == nil {
+		launched.n = map[string]int{}
+	}
+	if launched.n[name]++; launched.n[name] > 1 {
+		name = fmt.Sprintf("%s-%d", name, launched.n[name])
+	}
+	launched.Unlock()
 	fw, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: e.ns, Name: name,
 		RawOutputPrefix: "s3://" + e.minio.Bucket + "/raw"})
 	if err != nil {
