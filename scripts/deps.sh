@@ -11,6 +11,16 @@ BIN=$CACHE/bin
 mkdir -p "$BIN" "$CACHE/logs"
 log() { printf '[deps] %s\n' "$*" >&2; }
 
+# apt_install LOG PACKAGE…: Debian's packages, one apt-get at a time (two
+# would fight over dpkg's lock), its output in $CACHE/logs/LOG.log.
+apt_install() {
+  local name=$1; shift
+  export DEBIAN_FRONTEND=noninteractive
+  local sudo=; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq >"$CACHE/logs/$name.log" 2>&1 &&
+    $sudo apt-get install -y -qq --no-install-recommends "$@" >>"$CACHE/logs/$name.log" 2>&1
+}
+
 need_apt() {
   local missing=()
   [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
@@ -23,20 +33,14 @@ need_apt() {
   command -v chromium >/dev/null || missing+=(chromium)
   [ ${#missing[@]} -eq 0 ] && return 0
   log "apt-get install ${missing[*]} (≈1 min)"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq >"$CACHE/logs/apt.log" 2>&1
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/apt.log" 2>&1
+  apt_install apt "${missing[@]}"
 }
 
 # Debian's torch alone: all that make demo needs beside the Go build.
 need_torch() {
   /usr/bin/python3 -c 'import torch' 2>/dev/null && return 0
   log "apt-get install python3-torch (≈1 min)"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq >"$CACHE/logs/apt.log" 2>&1
-  $SUDO apt-get install -y -qq --no-install-recommends python3-torch >>"$CACHE/logs/apt.log" 2>&1
+  apt_install apt python3-torch
 }
 
 need_minio() {
@@ -106,8 +110,7 @@ need_cluster() {
   return $rc
 }
 
-# The cluster's Debian packages, in one apt-get: two at once would fight
-# over dpkg's lock.
+# The cluster's Debian packages.
 need_cluster_apt() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
@@ -117,10 +120,7 @@ need_cluster_apt() {
   [ -x /bin/busybox ] || missing+=(busybox-static)
   [ ${#missing[@]} -eq 0 ] && return 0
   log "apt-get install ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq >"$CACHE/logs/cluster-apt.log" 2>&1
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$CACHE/logs/cluster-apt.log" 2>&1
+  apt_install cluster-apt "${missing[@]}"
 }
 
 # kubelet, kube-scheduler and kube-controller-manager, after the API
@@ -207,12 +207,7 @@ need_torch2() {
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   # One chain: `all` calls this under ||, where set -e does not stop a
   # failed step, and a half-made root must never be moved into place.
-  {
-    command -v debootstrap >/dev/null || {
-      $SUDO apt-get update -qq >"$log" 2>&1 &&
-        $SUDO apt-get install -y -qq --no-install-recommends debootstrap >>"$log" 2>&1
-    }
-  } &&
+  { command -v debootstrap >/dev/null || apt_install torch-sid debootstrap; } &&
     log "debootstrap sid with python3-torch into $root (≈5 min, 1.4 GB)" &&
     $SUDO rm -rf "$root.tmp" &&
     $SUDO debootstrap --variant=minbase sid "$root.tmp" http://deb.debian.org/debian >>"$log" 2>&1 &&
