@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 
@@ -389,7 +389,7 @@ func TestLeanUnauthenticatedConnClosed(t *testing.T) {
 // and said so in one log line, not one each; once one closes, another is
 // served.
 func TestLeanMaxConns(t *testing.T) {
-	var logged lockedBuffer
+	var logged testenv.SyncBuffer
 	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
 		Job: master.Config{JobID: "lean", MinNodes: 1, MaxNodes: 1}, Connections: master.ConnLimits{MaxConns: 2, AuthTimeout: time.Hour},
 		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
@@ -430,22 +430,4 @@ func TestLeanMaxConns(t *testing.T) {
 			t.Fatal("no new connection served 10 s after one closed")
 		}
 	}
-}
-
-// lockedBuffer is a log's output, written and read from any goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
