@@ -85,7 +85,14 @@ func TestNodeCheckExcludesFaultyNode(t *testing.T) {
 		}()
 	}
 	for i, ch := range results {
-		r := <-ch
+		var r res
+		select {
+		case r = <-ch:
+		case <-time.After(3 * time.Minute):
+			// A wrong verdict leaves the others waiting for a round:
+			// fail here, not at the package's timeout.
+			t.Fatalf("node %d still running after 3 minutes", i)
+		}
 		switch i {
 		case 1:
 			if r.ee == nil || r.ee.Failure.Code != kferrors.CodeNodeCheckFailed || r.ee.Code != kferrors.ExitNodeCheckFailed {

@@ -229,7 +229,9 @@ func (j *Job) checkTick(now time.Time) {
 	}
 	for _, r := range c.ranks {
 		if _, done := c.reports[r]; !done {
-			c.reports[r] = CheckReport{Self: true, Message: fmt.Sprintf("no report within the check timeout %s", j.cfg.CheckTimeout)}
+			// Not its own failure: a report late on a loaded node, whose
+			// partner broke the round, must still be cleared by it.
+			c.reports[r] = CheckReport{Message: fmt.Sprintf("no report within the check timeout %s", j.cfg.CheckTimeout)}
 		}
 	}
 	j.maybeFinishCheckRound(now)
@@ -375,9 +377,9 @@ func Verdicts(ranks []int, rounds [2]map[int]CheckReport, groups [2][][]int) map
 // alone cannot tell when the whole job is one group of three, or when a
 // slow node meets a new partner each round. It maps each late rank to the
 // latest Ready of the rest of its group. A member that never reached the
-// group failed by itself (nodecheck), and one that never reported is
-// charged by the master (checkTick), so every member here says when it was
-// ready, unless its agent is too old to: then nobody stands out.
+// group failed by itself (nodecheck); one that never reported, or an
+// agent too old to say when it was ready, makes nobody stand out: the
+// group is left to the pairing.
 func lateMembers(reports map[int]CheckReport, groups [][]int) map[int]time.Duration {
 	late := map[int]time.Duration{}
 	for _, g := range groups {
