@@ -566,8 +566,12 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 // after the agent read it), not from the agent's start: a helper's own
 // start is slow on a loaded machine, and under -race.
 func TestHangWatchdog(t *testing.T) {
-	cfg, out := helperConfig(t, 2, "hang,touch:3s")
-	cfg.HangTimeout = 700 * time.Millisecond
+	// The timeout is counted from a worker's start too: under -race on a
+	// loaded machine the helper takes over 700 ms to print its first line,
+	// and was then called hung before it said so. Worker 1 touches its
+	// progress file well past worker 0's hang.
+	cfg, out := helperConfig(t, 2, "hang,touch:8s")
+	cfg.HangTimeout = 2 * time.Second
 	silent := make(chan time.Time, 1)
 	go func() {
 		waitFor(t, out, "[default0]:helper hang", 20*time.Second)
@@ -580,10 +584,10 @@ func TestHangWatchdog(t *testing.T) {
 	}
 	lastLine := <-silent
 	if deadline := lastLine.Add(cfg.HangTimeout); ee.Failure.Time.After(deadline) {
-		t.Errorf("Hang dated %v, after its deadline %v (last output + 700ms)", ee.Failure.Time, deadline)
+		t.Errorf("Hang dated %v, after its deadline %v (last output + %v)", ee.Failure.Time, deadline, cfg.HangTimeout)
 	}
-	if d := returned.Sub(lastLine); d > 1800*time.Millisecond {
-		t.Errorf("hang detected and the workers stopped %v after the worker's last output, timeout 700ms", d)
+	if d := returned.Sub(lastLine); d > cfg.HangTimeout+1100*time.Millisecond {
+		t.Errorf("hang detected and the workers stopped %v after the worker's last output, timeout %v", d, cfg.HangTimeout)
 	}
 }
 
