@@ -329,7 +329,10 @@ func TestScenario2Straggler(t *testing.T) {
 // OOMKilled as a whole; the master relaunches its rank with twice the
 // memory, enforced by the same mechanism.
 func TestOOMDoublesMemory(t *testing.T) {
-	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1, Memory: 768 << 20}, 40, "oom:1@step=8")
+	// 200 steps (10 s): the allocation reaches the limit seconds after it
+	// starts on a loaded machine, and a job of 40 steps had ended by then,
+	// its replacement resuming at the last step with nothing left to train.
+	j := runJob(t, Options{MinNodes: 2, MaxNodes: 2, NProcPerNode: 1, Memory: 768 << 20}, 200, "oom:1@step=8")
 	j.succeeded()
 	j.expect("allocation", j.view, `oom: a process in job-worker-1's cgroup allocates past its limit of 768 MiB`)
 	j.expect("relaunch", j.view, `job-worker-2 replaces job-worker-1 as rank 1 after OOMKilled \(relaunch-more-memory, counted, memory 768 MiB → 1.5 GiB \(cgroup v\d\)\)`)
