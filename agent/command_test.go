@@ -390,15 +390,7 @@ func TestCommandRefinesFlytekitDocuments(t *testing.T) {
 	if len(top) != 2 || len(kept) != 2 {
 		t.Fatalf("documents %v, superseded %v: want one refined per pod, flytekit's two moved", top, kept)
 	}
-	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r, err := outputreader.Read(t.Context(), outputreader.NewBucketSource(b), nil)
-	if err != nil || r.RootCause == nil {
-		t.Fatalf("Read: %v", err)
-	}
+	r := readRootCause(t, dir)
 	if got := r.RootCause; got.Failure.Worker != "job-worker-1" || got.Failure.Code != flytekitdoc.Code ||
 		!got.Time().Equal(time.Unix(sec, 300_000_000)) {
 		t.Errorf("root cause %s %s at %s, want job-worker-1's at .300", got.Failure.Worker, got.Failure.Code, got.Time())
