@@ -306,7 +306,11 @@ func torchStoreProxySkipsRetry(t *testing.T, tc testenv.Torch) {
 	if tc.Version == "1.13" && direct < 500*time.Millisecond {
 		t.Errorf("without the proxy torch's client was answered %v after the store came up; want its ~1 s retry (has torch changed? then the proxy may not be needed)", direct)
 	}
-	if proxied < 0 || proxied > 300*time.Millisecond {
+	// The store listens before its constructor returns and the server
+	// prints "up", so a client answered at once can read a few
+	// milliseconds before it (CI measured -3.7 ms): only a large negative
+	// lag is a broken measurement.
+	if proxied < -100*time.Millisecond || proxied > 300*time.Millisecond {
 		t.Errorf("through the proxy torch's client was answered %v after the store came up; want at once", proxied)
 	}
 }
