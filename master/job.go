@@ -153,7 +153,9 @@ type Node struct {
 	Round int64
 	// AfterRound is, while Joining, the round the pod wants one after.
 	AfterRound int64
-	// JoinedAt is when the pod started waiting; LastSeen its latest call.
+	// JoinedAt is when the pod started waiting; LastSeen its latest call,
+	// moved later by any time since in which the master could not answer
+	// (Stalled).
 	JoinedAt, LastSeen time.Time
 	// Checked: this pod passed the node health check.
 	Checked bool
@@ -1339,6 +1341,47 @@ func (j *Job) Tick(now time.Time) {
 		return
 	}
 	j.tryForm(now)
+}
+
+// Stalled tells the job that the master could not answer for held, up to
+// now: its loop waited on the state (a write that did not go through, a
+// snapshot, the check that no newer master claimed it). No node can be
+// heard meanwhile, so that time is not counted as anyone's silence: every
+// live node's and claimant's heartbeat timeout, and a health check
+// round's deadline, move later by held less stallGrace. (Ordinary writes
+// are shorter than stallGrace and move nothing: a master that is busy
+// writing still answers every call within one.)
+func (j *Job) Stalled(held time.Duration, now time.Time) {
+	credit := held - j.stallGrace()
+	if credit <= 0 || j.stopped {
+		return
+	}
+	later := func(t time.Time) time.Time {
+		if t = t.Add(credit); t.After(now) {
+			return now
+		}
+		return t
+	}
+	for _, rec := range j.nodes {
+		if rec.State.alive() {
+			rec.LastSeen = later(rec.LastSeen)
+		}
+	}
+	for _, c := range j.claims {
+		c.lastSeen = later(c.lastSeen)
+	}
+	if j.check != nil {
+		j.check.deadline = j.check.deadline.Add(credit)
+	}
+	j.logf("warn", "the master could not answer while it waited on its state; that time is not counted as the nodes' silence",
+		"held", held, "heartbeat_timeouts_moved_by", credit)
+}
+
+// stallGrace is how long the state may hold the master before Stalled
+// moves anyone's timeout: the sweep's own period, within which a timeout
+// is noticed anyway.
+func (j *Job) stallGrace() time.Duration {
+	return min(sweepEvery, j.cfg.HeartbeatTimeout/4)
 }
 
 func (j *Job) sweepPeriod() time.Duration {

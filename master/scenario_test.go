@@ -31,6 +31,8 @@ import (
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
 //	tick                             time passes (timeouts, last call)
+//	stall 15s                        the master cannot answer for 15s (its state
+//	                                 write hangs), then goes on
 //	master-restart                   the master restarts from the records it
 //	                                 wrote (every step's dirty records)
 //	nodes                            every rank's record
@@ -247,6 +249,13 @@ func (s *scenario) run(command string) string {
 	case "tick":
 		s.job.Tick(s.now)
 		b.WriteString("tick")
+	case "stall":
+		// The loop waits on its state for d: nothing is applied meanwhile,
+		// then it tells the job, as Server.Run does.
+		d := s.dur(f[1])
+		s.now = s.now.Add(d)
+		s.job.Stalled(d, s.now)
+		fmt.Fprintf(&b, "stalled %s, t=%s", d, s.now.Sub(s.t0))
 	case "master-restart":
 		// From the batches written, as a restarted master loads them; a
 		// snapshot of the job as it was must restore the same.
