@@ -837,6 +837,20 @@ func (j *Job) joinClosed(n NodeInfo, afterRound int64, now time.Time) JoinAnswer
 		}
 	}
 	rec := j.nodes[rank]
+	if rec != nil && rec.Pod == n.Pod && rec.Incarnation != n.Incarnation && rec.State.alive() && rec.Exclusion == nil &&
+		j.latestMember(rank) && !j.isFenced(rank, n.Pod, n.Incarnation) {
+		// The pod's container restarted while it was a member: its
+		// training is lost, and no round can take it again. Told that job
+		// is done, it would exit 0 and its pod would pass for finished.
+		j.fence(rank, rec.Pod, rec.Incarnation)
+		n.Rank = rank
+		rec.NodeInfo = n
+		j.wake(rank)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousClosed, fmt.Sprintf(
+			"pod %s restarted (a new incarnation) while a member of round %d, after another node's workers succeeded: "+
+				"the rendezvous is closed and no round can take it", n.Pod, rec.Round), n.Pod, now), now)
+		return j.Answer(n.Pod, n.Incarnation, rank, afterRound)
+	}
 	if rec == nil || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation {
 		return JoinAnswer{Rank: rank, Excluded: j.outsider(rec, rank, n.Pod, n.Incarnation)}
 	}
