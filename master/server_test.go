@@ -672,11 +672,12 @@ func TestDuplicatePodFenced(t *testing.T) {
 		var g errgroup.Group
 		var rounds [2]*masterpb.Round
 		g.Go(func() (err error) { rounds[0], err = join(ctx, c, newer, 0); return err })
-		g.Go(func() (err error) { rounds[1], err = join(ctx, c, node(1), 1); return err })
 		res := <-told
 		if res.GetAction() != masterpb.HeartbeatResponse_EXIT || res.GetExit().GetCode() != "Replaced" || res.GetExit().GetRelaunch() {
 			t.Errorf("the older incarnation's held heartbeat: %v, want exit Replaced, no relaunch", res)
 		}
+		// The other member restarts into the round with the newer one.
+		g.Go(func() (err error) { rounds[1], err = join(ctx, c, node(1), 1); return err })
 		if err := g.Wait(); err != nil {
 			t.Fatal(err)
 		}
