@@ -70,7 +70,7 @@ func TestRestoreJobFromRecords(t *testing.T) {
 		}
 		// The members that were running are still in round 1 and are told
 		// to restart (a member is gone).
-		if a := r.HeartbeatAnswer(0, 1); a.Action != Restart {
+		if a := r.HeartbeatAnswer("w0", "1", 0, 1); a.Action != Restart {
 			t.Errorf("%s: rank 0 heartbeat after restore: %v", name, a.Action)
 		}
 	}
