@@ -157,6 +157,10 @@ type Node struct {
 	// moved later by any time since in which the master could not answer
 	// (Stalled).
 	JoinedAt, LastSeen time.Time
+	// LastCall is the time of its latest call to this master process;
+	// zero for a node restored from the state that has not called since
+	// (LastSeen is then the restart, its grace).
+	LastCall time.Time
 	// Checked: this pod passed the node health check.
 	Checked bool
 	// Relaunches is the rank's counted relaunches (across pods).
@@ -734,7 +738,7 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		j.count(rec, +1)
 		j.startWaiting(rec, n, afterRound, now)
 	case rec.Pod == n.Pod && rec.Incarnation == n.Incarnation:
-		rec.LastSeen = now
+		rec.LastSeen, rec.LastCall = now, now
 		switch {
 		case rec.Exclusion != nil || rec.State == Failed || rec.State == Succeeded:
 			// answered below: it must exit
@@ -854,7 +858,7 @@ func (j *Job) joinClosed(n NodeInfo, afterRound int64, now time.Time) JoinAnswer
 	if rec == nil || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation {
 		return JoinAnswer{Rank: rank, Excluded: j.outsider(rec, rank, n.Pod, n.Incarnation)}
 	}
-	rec.LastSeen = now
+	rec.LastSeen, rec.LastCall = now, now
 	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && rec.Round <= afterRound) {
 		j.closeOut(rec, now)
 	}
@@ -909,7 +913,7 @@ func (j *Job) startWaiting(rec *Node, n NodeInfo, afterRound int64, now time.Tim
 		rec.State = Joining
 		rec.AfterRound = afterRound
 		rec.JoinedAt = now
-		rec.LastSeen = now
+		rec.LastSeen, rec.LastCall = now, now
 	})
 	j.lastJoin = now
 	if j.check != nil && !j.check.participates(rec.Rank) {
@@ -939,7 +943,7 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		case j.stopped:
 			a.Excluded = j.stopExclusion()
 		case c.expired:
-			a.Excluded = c.exclusion(rec, j.cfg.PendTimeout)
+			a.Excluded = c.exclusion(rec, j.cfg.PendTimeout, j.cfg.HeartbeatTimeout)
 		default:
 			a.Waiting = j.nWaiting
 		}
@@ -1111,7 +1115,7 @@ func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (Heartbeat
 		}
 		return j.HeartbeatAnswer(n.Pod, n.Incarnation, n.Rank, round), nil
 	}
-	rec.LastSeen = now
+	rec.LastSeen, rec.LastCall = now, now
 	if step >= 0 {
 		rec.Step = step
 	}
@@ -1494,14 +1498,24 @@ type claim struct {
 	expired         bool
 }
 
-func (c *claim) exclusion(holder *Node, pend time.Duration) *Exclusion {
-	who := "another pod"
-	if holder != nil {
+// exclusion is what a claimant whose pend timeout ran out is told. It says
+// whether the holder still calls: after a master restart a holder that has
+// not called yet keeps its rank for the heartbeat timeout from the restart,
+// and "still calls the master" would send the user looking for a pod that
+// may be long gone.
+func (c *claim) exclusion(holder *Node, pend, heartbeatTimeout time.Duration) *Exclusion {
+	who, calls := "another pod", "still holds the rank"
+	switch {
+	case holder == nil:
+	case holder.LastCall.IsZero():
 		who = "pod " + holder.Pod
+		calls = fmt.Sprintf("still holds the rank, but has made no call since the master restarted: it keeps the rank until it has been silent for the heartbeat timeout (%s) from the restart", heartbeatTimeout)
+	default:
+		who = "pod " + holder.Pod
+		calls = "still holds the rank and calls the master (its latest call at " + holder.LastCall.UTC().Format(time.RFC3339) + ")"
 	}
 	return &Exclusion{Code: kferrors.CodeRankHeld, Message: fmt.Sprintf(
-		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod still holds the rank and calls the master",
-		c.n.Pod, pend, who, c.n.Rank)}
+		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod %s", c.n.Pod, pend, who, c.n.Rank, calls)}
 }
 
 // claim records (or renews) n's claim on the rank rec's live pod holds.
