@@ -100,7 +100,7 @@ func claimsOf(j *Job) map[int]claim {
 // strip drops the times a restore resets (the grace it gives).
 func strip(ns []Node) []Node {
 	for i := range ns {
-		ns[i].JoinedAt, ns[i].LastSeen = time.Time{}, time.Time{}
+		ns[i].JoinedAt, ns[i].LastSeen, ns[i].LastCall = time.Time{}, time.Time{}, time.Time{}
 	}
 	return ns
 }
