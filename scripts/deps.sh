@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|k8s|cluster|protoc|torch2]
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2]
 # (torch: Debian's python3-torch alone, for make demo; torch2: torch 2.14 in a
 # Debian sid root, run by scripts/torch-python 2.14; k8s: etcd, kube-apiserver,
 # CRDs, training operator, kwok; cluster: k8s and the one-node cluster)
@@ -47,6 +47,15 @@ need_minio() {
   [ -x "$BIN/minio" ] && return 0
   log "building MinIO into $BIN (≈3 min, test server only)"
   GOBIN="$BIN" GOFLAGS= go install github.com/minio/minio@latest >"$CACHE/logs/minio.log" 2>&1
+}
+
+# h2spec, the HTTP/2 conformance suite the master's transports are held to
+# (master/h2spec_test.go). v2.2.1 is the version the module proxy serves.
+need_h2spec() {
+  [ -x "$BIN/h2spec" ] && return 0
+  log "building h2spec into $BIN (≈30 s)"
+  GOBIN="$BIN" GOFLAGS= go install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible >"$CACHE/logs/h2spec.log" 2>&1 ||
+    { log "h2spec build failed (see $CACHE/logs/h2spec.log): its test will skip"; return 0; }
 }
 
 # The kube-apiserver for envtest: a wrapper module that requires
@@ -222,6 +231,7 @@ case $what in
   apt) need_apt ;;
   torch) need_torch ;;
   minio) need_minio ;;
+  h2spec) need_h2spec ;;
   protoc) need_protoc ;;
   torch2) need_torch2 ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
@@ -234,7 +244,7 @@ case $what in
     # Every long step at once, each skipped when cached: the builds share
     # the CPUs, the two debootstraps mostly wait on the network and the
     # disk. Measured cold on 2 cores: README.md.
-    need_minio & p1=$!
+    { need_minio; need_h2spec; } & p1=$!
     # The node's binaries after the API server (need_node_bins).
     { need_k8s && { need_node_bins || log "the node's binaries failed (see $CACHE/logs/kube-node.log): the e2e tests will skip"; }; } & p2=$!
     { need_operator && { need_coredns || log "no CoreDNS: the e2e tests will skip"; }; } & p3=$!
