@@ -59,6 +59,12 @@ const (
 	// CodeJobSucceeded: the job's workers succeeded while this node waited
 	// for a round; it has nothing left to do (torch: RendezvousClosedError).
 	CodeJobSucceeded = "JobSucceeded"
+
+	// CodeUnreadableDocument: a reader's failure for an error document it
+	// could not read (corrupt, empty, too large, refused): the pod that
+	// wrote it failed, with what could be read of it (RECOVERABLE,
+	// SYSTEM, as upstream's ErrorFileBadFormat).
+	CodeUnreadableDocument = "UnreadableErrorDocument"
 )
 
 // signalCodePrefix heads the code of a death by signal: SignalSIGSEGV.

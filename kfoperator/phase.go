@@ -48,12 +48,20 @@ func primaryContainer(kind string) string {
 // the terminal transition has not passed, the phase stays Running with a
 // reason saying so. After that, failed pods without a document get one
 // synthesized from their status. On Succeeded only the documents count
-// (flytekit pods exit 0 after writing one). Then the earliest failure
-// (outputreader.Less) decides: a recoverable root cause is a retryable
-// failure (its kind, SYSTEM or USER, on the ExecutionError), a
-// non-recoverable one a permanent failure. No failure at all: Succeeded is a
-// success, Failed a retryable failure with the operator's reason (upstream's
-// behaviour).
+// (flytekit pods exit 0 after writing one). A document nobody could read
+// is a failure of the pod that wrote it (outputreader's
+// kferrors.CodeUnreadableDocument, ranked by its write time, and counted
+// as that pod's document when its name carries the pod): a pod that wrote
+// a document never counts as succeeded, whatever its exit code. Then the
+// earliest failure (outputreader.Less) decides: a recoverable root cause
+// is a retryable failure (its kind, SYSTEM or USER, on the ExecutionError),
+// a non-recoverable one a permanent failure. No failure at all: Succeeded
+// is a success, Failed a retryable failure with the operator's reason
+// (upstream's behaviour). Documents that vanished while read (moved aside
+// by an agent between the listing and the read) count for nothing, but a
+// Succeeded job with such documents and no failure waits until the grace
+// has passed to be read again, and then fails (UnreadableDocumentCode):
+// a failed task never reads as a success.
 func Phase(job Job, pods []corev1.Pod, report *outputreader.Summary, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) (pluginsCore.PhaseInfo, error) {
 	info.OccurredAt = &now
 	suspended := job.RunPolicy.Suspend != nil && *job.RunPolicy.Suspend
@@ -138,16 +146,22 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 			return pluginsCore.PhaseInfoSuccess(&info)
 		}
 		if cond.Type == kubeflowv1.JobSucceeded {
-			// A pod wrote an error document nobody could read (flytekit
-			// exits 0 after writing one): the task failed, with what
-			// little is known. A failed task never reads as a success.
-			details := fmt.Sprintf("the job's pods exited 0, but %d error documents could not be read: %s",
+			// Every skipped document vanished while read (a document
+			// nobody could read would be the root cause): read again
+			// until the grace has passed, then fail with what is known.
+			// A failed task never reads as a success.
+			details := fmt.Sprintf("the job's pods exited 0, but %d error documents vanished while read: %s",
 				report.Skipped, skippedText(report.SkippedSample))
+			if now.Before(deadline) {
+				info.AdditionalReasons = append(info.AdditionalReasons, pluginsCore.ReasonInfo{
+					Reason: details + fmt.Sprintf(" (reading again, deciding at %s at the latest)", deadline.UTC().Format(time.RFC3339)), OccurredAt: &now})
+				return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+1, &info)
+			}
 			return pluginsCore.PhaseInfoFailure(UnreadableDocumentCode, details, &info)
 		}
 		details := fmt.Sprintf("Job failed:\n\t%v - %v", cond.Reason, cond.Message)
 		if n := report.Skipped; n > 0 {
-			details += fmt.Sprintf("\n\t%d unreadable error documents skipped", n)
+			details += fmt.Sprintf("\n\t%d error documents vanished while read", n)
 		}
 		return pluginsCore.PhaseInfoRetryableFailure(string(flyteerr.DownstreamSystemError), details, &info)
 	}
@@ -158,9 +172,11 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
 }
 
-// UnreadableDocumentCode is the failure of a job that succeeded by its pods'
-// exit codes but left error documents nobody could read.
-const UnreadableDocumentCode = "UnreadableErrorDocument"
+// UnreadableDocumentCode is the failure of a document nobody could read
+// (outputreader makes it the failure of the pod that wrote it), and of a
+// job that succeeded by its pods' exit codes but whose error documents
+// vanished while read until the grace passed.
+const UnreadableDocumentCode = kferrors.CodeUnreadableDocument
 
 // skippedText names the skipped documents and why each was skipped.
 func skippedText(sample []outputreader.Skipped) string {
