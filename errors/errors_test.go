@@ -62,7 +62,13 @@ func TestParseTorchErrorRefinesSeconds(t *testing.T) {
 	if te.ExceptionType() != "ValueError" || !te.Time.Equal(whole.Add(420*time.Millisecond)) {
 		t.Fatalf("got %+v type %s", te, te.ExceptionType())
 	}
-	// An mtime outside the recorded second (file copied later) is not trusted.
+	// A file written just after the recorded second ended: the failure
+	// was at that second's very end, not at its start.
+	te, _ = kferrors.ParseTorchError(data, whole.Add(time.Second+300*time.Microsecond))
+	if !te.Time.Equal(whole.Add(time.Second - time.Nanosecond)) {
+		t.Fatalf("mtime just after the second: %v, want the second's last nanosecond", te.Time)
+	}
+	// An mtime further off (file copied later) is not trusted.
 	te, _ = kferrors.ParseTorchError(data, whole.Add(5*time.Second))
 	if !te.Time.Equal(whole) {
 		t.Fatalf("mtime outside the second must not win: %v", te.Time)
