@@ -44,9 +44,11 @@ func primaryContainer(kind string) string {
 // means no documents).
 //
 // On Failed: while fewer failed pods have a document than failed (listed
-// pods, or the job status's count when that is larger), and the grace since
-// the terminal transition has not passed, the phase stays Running with a
-// reason saying so. After that, failed pods without a document get one
+// pods, or the job status's count when that is larger), or a listed pod
+// that runs the agent has not ended yet (it may still be uploading the
+// earliest document: the job fails at the first pod the master stopped),
+// and the grace since the terminal transition has not passed, the phase
+// stays Running with a reason saying so. After that, failed pods without a document get one
 // synthesized from their status. On Succeeded only the documents count
 // (flytekit pods exit 0 after writing one). A document nobody could read
 // is a failure of the pod that wrote it (outputreader's
@@ -106,6 +108,22 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	if cond.Type == kubeflowv1.JobSucceeded {
 		pods = nil
 	}
+	// A pod that runs the agent and has not ended may still be writing its
+	// document: the job turns Failed at the first pod that exits 1 (one the
+	// master stopped), while the pod that raised first may still be
+	// refining its command's document, whose whole second would otherwise
+	// decide (docs/DESIGN.md §3).
+	writing, ended := 0, 0
+	for i := range pods {
+		p := &pods[i]
+		switch {
+		case !runsAgent(p):
+		case PodFailed(p) || p.Status.Phase == corev1.PodSucceeded:
+			ended++
+		default:
+			writing++
+		}
+	}
 	for i := range pods {
 		p := &pods[i]
 		if !PodFailed(p) {
@@ -126,12 +144,17 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	// policy) count towards the status's failed pods.
 	have += max(0, min(report.Pods()-have, expected-listedFailed))
 	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
-	if have < expected && now.Before(deadline) {
-		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported (deciding at %s at the latest)",
-			have, expected, deadline.UTC().Format(time.RFC3339))
+	if (have < expected || writing > 0) && now.Before(deadline) {
+		still := ""
+		if writing > 0 {
+			still = fmt.Sprintf(", %d pods still running", writing)
+		}
+		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported%s (deciding at %s at the latest)",
+			have, expected, still, deadline.UTC().Format(time.RFC3339))
 		info.AdditionalReasons = append(info.AdditionalReasons, pluginsCore.ReasonInfo{Reason: msg, OccurredAt: &now})
-		// A new version per arriving document, so propeller records it.
-		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+uint32(have)+1, &info)
+		// A new version per arriving document or ended pod, so propeller
+		// records it.
+		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+uint32(have+ended)+1, &info)
 	}
 	var synthesized []kferrors.Failure
 	primary := primaryContainer(job.Kind)
@@ -170,6 +193,18 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 		phase = pluginsCore.PhaseRetryableFailure
 	}
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
+}
+
+// runsAgent reports whether p runs kfelastic's agent (an elastic job's
+// worker: the agent's install container), which uploads the pod's document
+// before it exits.
+func runsAgent(p *corev1.Pod) bool {
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == initContainer {
+			return true
+		}
+	}
+	return false
 }
 
 // UnreadableDocumentCode is the failure of a document nobody could read

@@ -436,3 +436,35 @@ func TestPhaseSucceededWithVanishedDocuments(t *testing.T) {
 		t.Fatalf("after the grace: phase %v %v, want a failure %s", p.Phase(), err, UnreadableDocumentCode)
 	}
 }
+
+// Issue 27, late uploads: the job turns Failed at the first pod the master
+// stopped (exit 1) while the pod that raised first may still be refining
+// and uploading its command's document; its unrefined one (torch's whole
+// second) must not decide meanwhile. A pod that runs the agent and has not
+// ended is waited for, within the grace.
+func TestPhaseWaitsForPodsStillRunningTheAgent(t *testing.T) {
+	s := readSummary(t, kferrors.SystemFailure(kferrors.CodeJobStopped, "stopped", "j-worker-1", at(2*time.Second)))
+	agentPod := func(p corev1.Pod) corev1.Pod {
+		p.Spec.InitContainers = []corev1.Container{{Name: initContainer}}
+		return p
+	}
+	running := agentPod(corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "j-worker-0"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	pods := []corev1.Pod{agentPod(failedPod("j-worker-1", "Error", 1, at(3*time.Second))), running}
+	j := job(kubeflowv1.PyTorchJobKind, kubeflowv1.JobFailed, at(3*time.Second), 1)
+	p, err := Phase(j, pods, s, at(4*time.Second), cfg, pluginsCore.TaskInfo{})
+	if err != nil || p.Phase() != pluginsCore.PhaseRunning || len(p.Info().AdditionalReasons) == 0 ||
+		!strings.Contains(p.Info().AdditionalReasons[0].Reason, "1 pods still running") {
+		t.Fatalf("phase %v %v %+v: want Running while j-worker-0 may still upload", p.Phase(), err, p.Info())
+	}
+	// Without the agent (a plain PyTorchJob's pod) nothing is waited for.
+	pods[1].Spec.InitContainers = nil
+	if p, err := Phase(j, pods, s, at(4*time.Second), cfg, pluginsCore.TaskInfo{}); err != nil || !p.Phase().IsFailure() {
+		t.Fatalf("phase %v %v: want a decision", p.Phase(), err)
+	}
+	// After the grace, the decision is made with what there is.
+	pods[1].Spec.InitContainers = []corev1.Container{{Name: initContainer}}
+	if p, err := Phase(j, pods, s, at(time.Minute), cfg, pluginsCore.TaskInfo{}); err != nil || !p.Phase().IsFailure() ||
+		p.Err().GetCode() != kferrors.CodeJobStopped {
+		t.Fatalf("phase %v %v: want the JobStopped failure after the grace", p.Phase(), err)
+	}
+}
