@@ -749,3 +749,33 @@ func TestPrepareStaysUnderTheReadersLimit(t *testing.T) {
 		t.Errorf("message not cut head and tail: %q…", got.Message[:40])
 	}
 }
+
+// PartialFailure reads what it can of a document cut short (a reader reads
+// only the head of one too large) or corrupt after some fields.
+func TestPartialFailure(t *testing.T) {
+	f := kferrors.UserError("USER:RuntimeError", "Trace:\n\n    Traceback (most recent call last):\n"+strings.Repeat("    frame\n", 1000), "job-worker-1", t0)
+	data, err := kferrors.Encode(f.Document(1 << 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := data[:200]
+	p, ok := kferrors.PartialFailure(head)
+	if !ok || p.Code != f.Code || !strings.HasPrefix(f.Message, p.Message) || len(p.Message) < 150 || p.Worker != "" {
+		t.Fatalf("head: %+v %v", p, ok)
+	}
+	if p, ok := kferrors.PartialFailure(data); !ok || p.Code != f.Code || p.Message != f.Message || p.Worker != f.Worker {
+		t.Fatalf("whole: %+v %v", p, ok)
+	}
+	// A string cut inside a UTF-8 sequence is made valid.
+	g := kferrors.UserError("E", "caf\u00e9", "w", t0)
+	gd, _ := kferrors.Encode(g.Document(0))
+	cut := gd[:strings.Index(string(gd), "caf")+4]
+	if p, ok := kferrors.PartialFailure(cut); !ok || p.Message != "caf\uFFFD" {
+		t.Fatalf("cut: %+v %v", p, ok)
+	}
+	for _, bad := range [][]byte{nil, []byte("junk"), {0x12, 0x01, 0x0a}, {0x0a, 0xff}} {
+		if p, ok := kferrors.PartialFailure(bad); ok {
+			t.Errorf("%q: %+v", bad, p)
+		}
+	}
+}
