@@ -3,5 +3,5 @@
 package agent
 
 // Under the race detector each TestChain case costs five times as much:
-// half the cases keep the test within a few seconds.
-func init() { chainCases = 1500 }
+// a third of the cases keep the test within a few seconds.
+func init() { chainCases = 1000 }

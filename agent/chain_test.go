@@ -25,13 +25,13 @@ import (
 )
 
 // chainCases is TestChain's default number of cases: 3000 (about 3 s on
-// one core), fewer under the race detector (chain_race_test.go), which
+// one core), 1000 under the race detector (chain_race_test.go), which
 // makes each case five times slower.
 var chainCases = 3000
 
 var (
 	chainSeed = flag.Uint64("chain.seed", 0, "TestChain: run only the case of this seed (0: every case)")
-	chainN    = flag.Int("chain.n", 0, "TestChain: how many cases (0: 3000, 1500 under the race detector)")
+	chainN    = flag.Int("chain.n", 0, "TestChain: how many cases (0: 3000, 1000 under the race detector)")
 )
 
 // TestChain is the property test of issue 27: generated failure timelines
@@ -59,8 +59,10 @@ var (
 // A pod whose clock runs ahead can make the answer unknowable (only the
 // store's write time bounds its failure, and a late upload bounds it
 // late), and a stop that reaches the raising pod before its flytekit wrote
-// its document loses the exception (lost); such cases are counted, not
-// checked, and must stay under a fifth. Everything else must name
+// its document loses the exception (lost: the agent stops the command at
+// once and does not read torch's error files without flytekit's document
+// naming them, a gap of the product); such cases are counted and only
+// checked to fail, and must stay under a fifth. Everything else must name
 // the first exception. A failure prints its seed: rerun it with
 // go test ./agent -run TestChain -chain.seed=SEED -v.
 func TestChain(t *testing.T) {
@@ -80,19 +82,19 @@ func TestChain(t *testing.T) {
 	checked, unknowable, lost, failed := 0, 0, 0, 0
 	for _, seed := range seeds {
 		tl := genTimeline(seed)
-		if tl.lost() || !tl.knowable() {
-			if tl.lost() {
-				lost++
-			} else {
-				unknowable++
-			}
-			if *chainSeed == 0 {
-				continue
-			}
-			t.Logf("seed %d: the first failure cannot be known from what is stored (lost %v); checked anyway", seed, tl.lost())
+		exact := !tl.lost() && tl.knowable()
+		switch {
+		case tl.lost():
+			lost++
+		case !exact:
+			unknowable++
+		default:
+			checked++
 		}
-		checked++
-		if err := runChain(t.Context(), tl); err != nil {
+		if !exact && *chainSeed != 0 {
+			t.Logf("seed %d: the first failure cannot be known from what is stored (lost %v): only a failure is checked", seed, tl.lost())
+		}
+		if err := runChain(t.Context(), tl, exact); err != nil {
 			failed++
 			if failed <= 10 {
 				t.Errorf("seed %d: %v\n%s\nrerun: go test ./agent -run 'TestChain$' -chain.seed=%d -v", seed, err, tl, seed)
@@ -104,7 +106,7 @@ func TestChain(t *testing.T) {
 	if failed > 10 {
 		t.Errorf("%d more cases failed", failed-10)
 	}
-	t.Logf("%d cases: %d checked, %d unknowable (a pod's clock ahead), %d lost (stopped before flytekit wrote), %d failed, in %v",
+	t.Logf("%d cases: %d checked exactly, %d unknowable (a pod's clock ahead), %d lost (stopped before flytekit wrote) checked to fail, %d failed, in %v",
 		len(seeds), checked, unknowable, lost, failed, time.Since(start).Round(time.Millisecond))
 	if *chainSeed == 0 && (unknowable+lost)*5 > len(seeds) {
 		t.Errorf("%d of %d cases not checked: the generator checks too little", unknowable+lost, len(seeds))
@@ -202,7 +204,8 @@ func genTimeline(seed uint64) *chainTimeline {
 		for tick.Before(first) {
 			tick = tick.Add(monitor)
 		}
-		pod.written = tick.Add(dur(5*time.Millisecond, 50*time.Millisecond))
+		// flytekit formats the traceback and PUTs its document (fsspec).
+		pod.written = tick.Add(dur(5*time.Millisecond, 300*time.Millisecond))
 		pod.exited = pod.written.Add(dur(5*time.Millisecond, 30*time.Millisecond))
 		// torch's failures: the ranks failed by the tick; the others are
 		// stopped. Files written by then (or while torch stops the rest)
@@ -356,8 +359,9 @@ func (s storedAt) List(ctx context.Context, yield func(outputreader.Object) erro
 }
 
 // runChain runs tl's documents through the agent's document logic, the
-// reader and the phase mapping, and checks the answer.
-func runChain(ctx context.Context, tl *chainTimeline) error {
+// reader and the phase mapping, and checks the answer: a failure, and, if
+// exact, the first exception's.
+func runChain(ctx context.Context, tl *chainTimeline, exact bool) error {
 	b := memblob.OpenBucket(nil)
 	defer b.Close()
 	// written: key → store time; gone: key → time it was moved aside.
@@ -469,6 +473,12 @@ func runChain(ctx context.Context, tl *chainTimeline) error {
 		if info.Phase() == pluginsCore.PhaseRunning {
 			continue
 		}
+		if !exact {
+			if !info.Phase().IsFailure() {
+				return fmt.Errorf("at %s: phase %v, want a failure", now.Format(outputreader.TimeLayout), info.Phase())
+			}
+			return nil
+		}
 		return tl.check(info, s, now)
 	}
 }
@@ -479,8 +489,8 @@ func (tl *chainTimeline) check(info pluginsCore.PhaseInfo, s *outputreader.Summa
 	prim := tl.pods[tl.primary]
 	want := prim.ranks[tl.rank]
 	wantExc, _, _ := strings.Cut(want.line, ":")
-	if !info.Phase().IsFailure() || info.Err() == nil {
-		return fmt.Errorf("at %s: phase %v, want a failure", now.Format(outputreader.TimeLayout), info.Phase())
+	if info.Phase() != pluginsCore.PhasePermanentFailure || info.Err() == nil {
+		return fmt.Errorf("at %s: phase %v, want a permanent failure (a user's exception)", now.Format(outputreader.TimeLayout), info.Phase())
 	}
 	root := s.RootCause
 	if root == nil {
