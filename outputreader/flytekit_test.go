@@ -172,6 +172,16 @@ ValueError: loss is NaN at step 20
 		}
 	}
 
+	// An Elastic task's exception of a megabyte, its message capped inside
+	// the exception's line (as the agent rewrites such a document): the
+	// line's head names it, cut to 1 KiB.
+	capped := kferrors.CapMessage(flytekitdoc.Message("ValueError: loss is NaN; batch "+strings.Repeat("[nan, nan] ", 100_000), "/tmp/e.json", at),
+		kferrors.DefaultMessageCap)
+	if exc, line, ok := outputreader.WrappedException(flytekitdoc.Code, capped); !ok || exc != "ValueError" ||
+		!strings.HasPrefix(line, "ValueError: loss is NaN; batch [nan, nan]") || len(line) > 1<<10 {
+		t.Errorf("capped: got %q %.80q (%d bytes) %v, want ValueError", exc, line, len(line), ok)
+	}
+
 	// The UI message and the tally show it, the document keeps flytekit's code.
 	b := memblob.OpenBucket(nil)
 	defer b.Close()

@@ -3,6 +3,8 @@ package outputreader
 import (
 	"regexp"
 	"strings"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
 // flytekit writes the documents of an Elastic task's failures itself
@@ -136,6 +138,25 @@ func torchRootCause(message string) (exception, line string, ok bool) {
 	if i := strings.Index(tb, "====="); i >= 0 {
 		tb = tb[:i]
 	}
+	if exc, line, ok := lastException(tb); ok {
+		return exc, line, true
+	}
+	// A message capped inside the exception's own text (an exception of a
+	// megabyte, kferrors.CapMessage): its line starts before the marker.
+	if i := strings.Index(tb, "\n… ["); i >= 0 && strings.HasPrefix(strings.TrimLeft(tb[i+len("\n… ["):], "0123456789"), " bytes elided] …") {
+		if exc, line, ok := lastException(tb[:i]); ok {
+			return exc, kferrors.CapMessage(line, maxWrappedLine), true
+		}
+	}
+	return "", "", false
+}
+
+// maxWrappedLine caps an exception line cut out of a capped message.
+const maxWrappedLine = 1 << 10
+
+// lastException is the exception of a traceback's last line: a Python
+// exception ("ValueError: …") or torch's signal line.
+func lastException(tb string) (exception, line string, ok bool) {
 	lines := strings.Split(tb, "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		l := strings.TrimSpace(lines[i])
