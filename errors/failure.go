@@ -49,6 +49,12 @@ const (
 	// CodeDeadlineExceeded: the pod outlived its activeDeadlineSeconds.
 	CodeDeadlineExceeded = "DeadlineExceeded"
 
+	// CodeUnreadableDocument: a reader's failure for an error document it
+	// could not read (corrupt, empty, too large, refused): the pod that
+	// wrote it failed, with what could be read of it (RECOVERABLE,
+	// SYSTEM, as upstream's ErrorFileBadFormat).
+	CodeUnreadableDocument = "UnreadableErrorDocument"
+
 	// Codes the master gives a node it excludes.
 	CodeJobStopped = "JobStopped"
 	// CodeReplaced: the node's rank is held by another pod now.
@@ -59,12 +65,6 @@ const (
 	// CodeJobSucceeded: the job's workers succeeded while this node waited
 	// for a round; it has nothing left to do (torch: RendezvousClosedError).
 	CodeJobSucceeded = "JobSucceeded"
-
-	// CodeUnreadableDocument: a reader's failure for an error document it
-	// could not read (corrupt, empty, too large, refused): the pod that
-	// wrote it failed, with what could be read of it (RECOVERABLE,
-	// SYSTEM, as upstream's ErrorFileBadFormat).
-	CodeUnreadableDocument = "UnreadableErrorDocument"
 )
 
 // signalCodePrefix heads the code of a death by signal: SignalSIGSEGV.
