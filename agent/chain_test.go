@@ -206,7 +206,8 @@ func genTimeline(seed uint64) *chainTimeline {
 		}
 		// flytekit formats the traceback and PUTs its document (fsspec).
 		pod.written = tick.Add(dur(5*time.Millisecond, 300*time.Millisecond))
-		pod.exited = pod.written.Add(dur(5*time.Millisecond, 30*time.Millisecond))
+		// Real flytekit 1.16 takes 1-2 s from its document to its exit.
+		pod.exited = pod.written.Add(dur(time.Second, 2*time.Second))
 		// torch's failures: the ranks failed by the tick; the others are
 		// stopped. Files written by then (or while torch stops the rest)
 		// are there for the agent.
