@@ -223,9 +223,8 @@ func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string) (f k
 	if f, err = kferrors.DecodeFailure(data, maxCommandDocumentBytes); err != nil {
 		return f, key, false
 	}
-	refined, how := refineFromErrorFiles(f, readErrorFiles(rootCauseErrorFile(f.Message)))
-	oversized := len(data) > kferrors.DefaultMaxDocumentBytes
-	if how == "" && !oversized {
+	refined, how, rewrite := commandDocument(f, len(data), readErrorFiles(rootCauseErrorFile(f.Message)))
+	if !rewrite {
 		l.log.Info("the command's error document stands as written", "key", key)
 		return f, key, true
 	}
@@ -243,6 +242,18 @@ func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string) (f k
 	l.log.Info("the command's error document refined", "key", key, "refined", newKey, "time", refined.Time,
 		"how", how, "bytes", len(data), "written_bytes", len(newData))
 	return refined, newKey, true
+}
+
+// commandDocument is what stands for the pod, decided from the command's
+// own document f (size bytes stored) and its pod's torch error files
+// (pure; refineFound does the I/O around it): f refined by the error files
+// (refineFromErrorFiles; how says what changed, "" for nothing), and
+// whether it is rewritten under our name: when refined, or when f is over
+// the reader's limit (kferrors.DefaultMaxDocumentBytes; the rewrite caps
+// it).
+func commandDocument(f kferrors.Failure, size int, files []rankError) (refined kferrors.Failure, how string, rewrite bool) {
+	refined, how = refineFromErrorFiles(f, files)
+	return refined, how, how != "" || size > kferrors.DefaultMaxDocumentBytes
 }
 
 // maxCommandDocumentBytes bounds what the agent reads of the command's own

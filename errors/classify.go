@@ -120,7 +120,9 @@ type TorchError struct {
 	Message   string
 	Traceback string
 	// Time is the error's time: torch's whole second refined by the file's
-	// modification time when that falls inside the same second.
+	// modification time when that falls inside the same second, or the
+	// second's last nanosecond when the file was written within the next
+	// (see refineSeconds).
 	Time time.Time
 }
 
@@ -206,8 +208,15 @@ func epochSeconds(raw json.RawMessage) time.Time {
 
 // refineSeconds combines torch's time (whole seconds) with the file's mtime:
 // the mtime wins if it lies in [t, t+1s], the second the error was recorded
-// in; otherwise (clock skew, file copied) torch's time stands. Without a
-// usable torch time the usable mtime stands in, else zero.
+// in. An mtime within the next second is a file written just after the
+// recorded second ended (an exception at its very end): the failure was in
+// that second and before the write, so the second's last nanosecond is its
+// tightest bound, never the second's start, up to a second earlier than the
+// truth, which would rank it before a peer's real earlier failure (the
+// property test of the whole chain, agent/chain_test.go, found that). An
+// mtime further off (clock skew, file copied) is not trusted: torch's time
+// stands. Without a usable torch time the usable mtime stands in, else
+// zero.
 func refineSeconds(whole, mtime time.Time) time.Time {
 	if !UsableTime(mtime) {
 		mtime = time.Time{}
@@ -215,8 +224,12 @@ func refineSeconds(whole, mtime time.Time) time.Time {
 	if whole.IsZero() {
 		return mtime.UTC()
 	}
-	if !mtime.IsZero() && !mtime.Before(whole) && mtime.Sub(whole) <= time.Second {
+	switch {
+	case mtime.IsZero() || mtime.Before(whole):
+	case mtime.Sub(whole) <= time.Second:
 		return mtime.UTC()
+	case mtime.Sub(whole) <= 2*time.Second:
+		return whole.Add(time.Second - time.Nanosecond)
 	}
 	return whole
 }

@@ -135,3 +135,57 @@ func DecodeFailure(data []byte, maxBytes int) (Failure, error) {
 	}
 	return FromDocument(doc)
 }
+
+// PartialFailure reads what it can of a document Decode refuses: one cut
+// short (a reader takes only the head of one too large), or corrupt after
+// some fields. It reads the ContainerError's fields in order up to the first
+// it cannot, and keeps code, message and worker as far as they go (a string
+// cut short is kept cut, made valid UTF-8); kind, origin and timestamp are
+// left out, as nothing after a corrupt byte can be trusted to be what it
+// seems. ok is false when not one of the three could be read.
+func PartialFailure(data []byte) (f Failure, ok bool) {
+	num, typ, n := protowire.ConsumeTag(data)
+	if n < 0 || num != 1 || typ != protowire.BytesType {
+		return f, false
+	}
+	data = data[n:]
+	size, n := protowire.ConsumeVarint(data)
+	if n < 0 {
+		return f, false
+	}
+	data = data[n:]
+	if uint64(len(data)) > size {
+		data = data[:size]
+	}
+	for len(data) > 0 {
+		num, typ, n := protowire.ConsumeTag(data)
+		if n < 0 {
+			break
+		}
+		data = data[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
+				break
+			}
+			data = data[n:]
+			continue
+		}
+		size, n := protowire.ConsumeVarint(data)
+		if n < 0 {
+			break
+		}
+		data = data[n:]
+		v := data[:min(uint64(len(data)), size)]
+		data = data[len(v):]
+		s := strings.ToValidUTF8(string(v), "\uFFFD")
+		switch num {
+		case 1:
+			f.Code = s
+		case 2:
+			f.Message = s
+		case 6:
+			f.Worker = s
+		}
+	}
+	return f, f.Code != "" || f.Message != "" || f.Worker != ""
+}

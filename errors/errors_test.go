@@ -62,7 +62,13 @@ func TestParseTorchErrorRefinesSeconds(t *testing.T) {
 	if te.ExceptionType() != "ValueError" || !te.Time.Equal(whole.Add(420*time.Millisecond)) {
 		t.Fatalf("got %+v type %s", te, te.ExceptionType())
 	}
-	// An mtime outside the recorded second (file copied later) is not trusted.
+	// A file written just after the recorded second ended: the failure
+	// was at that second's very end, not at its start.
+	te, _ = kferrors.ParseTorchError(data, whole.Add(time.Second+300*time.Microsecond))
+	if !te.Time.Equal(whole.Add(time.Second - time.Nanosecond)) {
+		t.Fatalf("mtime just after the second: %v, want the second's last nanosecond", te.Time)
+	}
+	// An mtime further off (file copied later) is not trusted.
 	te, _ = kferrors.ParseTorchError(data, whole.Add(5*time.Second))
 	if !te.Time.Equal(whole) {
 		t.Fatalf("mtime outside the second must not win: %v", te.Time)
@@ -764,5 +770,35 @@ func TestPrepareStaysUnderTheReadersLimit(t *testing.T) {
 	}
 	if !strings.HasPrefix(got.Message, "head ") || !strings.HasSuffix(got.Message, "ValueError: tail") || !strings.Contains(got.Message, "bytes elided") {
 		t.Errorf("message not cut head and tail: %q…", got.Message[:40])
+	}
+}
+
+// PartialFailure reads what it can of a document cut short (a reader reads
+// only the head of one too large) or corrupt after some fields.
+func TestPartialFailure(t *testing.T) {
+	f := kferrors.UserError("USER:RuntimeError", "Trace:\n\n    Traceback (most recent call last):\n"+strings.Repeat("    frame\n", 1000), "job-worker-1", t0)
+	data, err := kferrors.Encode(f.Document(1 << 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := data[:200]
+	p, ok := kferrors.PartialFailure(head)
+	if !ok || p.Code != f.Code || !strings.HasPrefix(f.Message, p.Message) || len(p.Message) < 150 || p.Worker != "" {
+		t.Fatalf("head: %+v %v", p, ok)
+	}
+	if p, ok := kferrors.PartialFailure(data); !ok || p.Code != f.Code || p.Message != f.Message || p.Worker != f.Worker {
+		t.Fatalf("whole: %+v %v", p, ok)
+	}
+	// A string cut inside a UTF-8 sequence is made valid.
+	g := kferrors.UserError("E", "caf\u00e9", "w", t0)
+	gd, _ := kferrors.Encode(g.Document(0))
+	cut := gd[:strings.Index(string(gd), "caf")+4]
+	if p, ok := kferrors.PartialFailure(cut); !ok || p.Message != "caf\uFFFD" {
+		t.Fatalf("cut: %+v %v", p, ok)
+	}
+	for _, bad := range [][]byte{nil, []byte("junk"), {0x12, 0x01, 0x0a}, {0x0a, 0xff}} {
+		if p, ok := kferrors.PartialFailure(bad); ok {
+			t.Errorf("%q: %+v", bad, p)
+		}
 	}
 }

@@ -49,6 +49,12 @@ const (
 	// CodeDeadlineExceeded: the pod outlived its activeDeadlineSeconds.
 	CodeDeadlineExceeded = "DeadlineExceeded"
 
+	// CodeUnreadableDocument: a reader's failure for an error document it
+	// could not read (corrupt, empty, too large, refused): the pod that
+	// wrote it failed, with what could be read of it (RECOVERABLE,
+	// SYSTEM, as upstream's ErrorFileBadFormat).
+	CodeUnreadableDocument = "UnreadableErrorDocument"
+
 	// Codes the master gives a node it excludes.
 	CodeJobStopped = "JobStopped"
 	// CodeReplaced: the node's rank is held by another pod now.

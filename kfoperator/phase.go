@@ -44,16 +44,26 @@ func primaryContainer(kind string) string {
 // means no documents).
 //
 // On Failed: while fewer failed pods have a document than failed (listed
-// pods, or the job status's count when that is larger), and the grace since
-// the terminal transition has not passed, the phase stays Running with a
-// reason saying so. After that, failed pods without a document get one
+// pods, or the job status's count when that is larger), or a listed pod
+// that runs the agent has not ended yet (it may still be uploading the
+// earliest document: the job fails at the first pod the master stopped),
+// and the grace since the terminal transition has not passed, the phase
+// stays Running with a reason saying so. After that, failed pods without a document get one
 // synthesized from their status. On Succeeded only the documents count
-// (flytekit pods exit 0 after writing one). Then the earliest failure
-// (outputreader.Less) decides: a recoverable root cause is a retryable
-// failure (its kind, SYSTEM or USER, on the ExecutionError), a
-// non-recoverable one a permanent failure. No failure at all: Succeeded is a
-// success, Failed a retryable failure with the operator's reason (upstream's
-// behaviour).
+// (flytekit pods exit 0 after writing one). A document nobody could read
+// is a failure of the pod that wrote it (outputreader's
+// kferrors.CodeUnreadableDocument, ranked by its write time, and counted
+// as that pod's document when its name carries the pod): a pod that wrote
+// a document never counts as succeeded, whatever its exit code. Then the
+// earliest failure (outputreader.Less) decides: a recoverable root cause
+// is a retryable failure (its kind, SYSTEM or USER, on the ExecutionError),
+// a non-recoverable one a permanent failure. No failure at all: Succeeded
+// is a success, Failed a retryable failure with the operator's reason
+// (upstream's behaviour). Documents that vanished while read (moved aside
+// by an agent between the listing and the read) count for nothing, but a
+// Succeeded job with such documents and no failure waits until the grace
+// has passed to be read again, and then fails (UnreadableDocumentCode):
+// a failed task never reads as a success.
 func Phase(job Job, pods []corev1.Pod, report *outputreader.Summary, now time.Time, cfg PhaseConfig, info pluginsCore.TaskInfo) (pluginsCore.PhaseInfo, error) {
 	info.OccurredAt = &now
 	suspended := job.RunPolicy.Suspend != nil && *job.RunPolicy.Suspend
@@ -98,6 +108,22 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	if cond.Type == kubeflowv1.JobSucceeded {
 		pods = nil
 	}
+	// A pod that runs the agent and has not ended may still be writing its
+	// document: the job turns Failed at the first pod that exits 1 (one the
+	// master stopped), while the pod that raised first may still be
+	// refining its command's document, whose whole second would otherwise
+	// decide (docs/DESIGN.md §3).
+	writing, ended := 0, 0
+	for i := range pods {
+		p := &pods[i]
+		switch {
+		case !runsAgent(p):
+		case PodFailed(p) || p.Status.Phase == corev1.PodSucceeded:
+			ended++
+		default:
+			writing++
+		}
+	}
 	for i := range pods {
 		p := &pods[i]
 		if !PodFailed(p) {
@@ -118,12 +144,17 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	// policy) count towards the status's failed pods.
 	have += max(0, min(report.Pods()-have, expected-listedFailed))
 	deadline := cond.LastTransitionTime.Add(cfg.LateDocumentGrace)
-	if have < expected && now.Before(deadline) {
-		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported (deciding at %s at the latest)",
-			have, expected, deadline.UTC().Format(time.RFC3339))
+	if (have < expected || writing > 0) && now.Before(deadline) {
+		still := ""
+		if writing > 0 {
+			still = fmt.Sprintf(", %d pods still running", writing)
+		}
+		msg := fmt.Sprintf("waiting for error documents: %d of %d failed pods have reported%s (deciding at %s at the latest)",
+			have, expected, still, deadline.UTC().Format(time.RFC3339))
 		info.AdditionalReasons = append(info.AdditionalReasons, pluginsCore.ReasonInfo{Reason: msg, OccurredAt: &now})
-		// A new version per arriving document, so propeller records it.
-		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+uint32(have)+1, &info)
+		// A new version per arriving document or ended pod, so propeller
+		// records it.
+		return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+uint32(have+ended)+1, &info)
 	}
 	var synthesized []kferrors.Failure
 	primary := primaryContainer(job.Kind)
@@ -138,16 +169,22 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 			return pluginsCore.PhaseInfoSuccess(&info)
 		}
 		if cond.Type == kubeflowv1.JobSucceeded {
-			// A pod wrote an error document nobody could read (flytekit
-			// exits 0 after writing one): the task failed, with what
-			// little is known. A failed task never reads as a success.
-			details := fmt.Sprintf("the job's pods exited 0, but %d error documents could not be read: %s",
+			// Every skipped document vanished while read (a document
+			// nobody could read would be the root cause): read again
+			// until the grace has passed, then fail with what is known.
+			// A failed task never reads as a success.
+			details := fmt.Sprintf("the job's pods exited 0, but %d error documents vanished while read: %s",
 				report.Skipped, skippedText(report.SkippedSample))
+			if now.Before(deadline) {
+				info.AdditionalReasons = append(info.AdditionalReasons, pluginsCore.ReasonInfo{
+					Reason: details + fmt.Sprintf(" (reading again, deciding at %s at the latest)", deadline.UTC().Format(time.RFC3339)), OccurredAt: &now})
+				return pluginsCore.PhaseInfoRunning(pluginsCore.DefaultPhaseVersion+1, &info)
+			}
 			return pluginsCore.PhaseInfoFailure(UnreadableDocumentCode, details, &info)
 		}
 		details := fmt.Sprintf("Job failed:\n\t%v - %v", cond.Reason, cond.Message)
 		if n := report.Skipped; n > 0 {
-			details += fmt.Sprintf("\n\t%d unreadable error documents skipped", n)
+			details += fmt.Sprintf("\n\t%d error documents vanished while read", n)
 		}
 		return pluginsCore.PhaseInfoRetryableFailure(string(flyteerr.DownstreamSystemError), details, &info)
 	}
@@ -158,9 +195,23 @@ func terminalPhase(job Job, cond kubeflowv1.JobCondition, pods []corev1.Pod, rep
 	return pluginsCore.PhaseInfoFailed(phase, ee.ExecutionError, &info)
 }
 
-// UnreadableDocumentCode is the failure of a job that succeeded by its pods'
-// exit codes but left error documents nobody could read.
-const UnreadableDocumentCode = "UnreadableErrorDocument"
+// runsAgent reports whether p runs kfelastic's agent (an elastic job's
+// worker: the agent's install container), which uploads the pod's document
+// before it exits.
+func runsAgent(p *corev1.Pod) bool {
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == initContainer {
+			return true
+		}
+	}
+	return false
+}
+
+// UnreadableDocumentCode is the failure of a document nobody could read
+// (outputreader makes it the failure of the pod that wrote it), and of a
+// job that succeeded by its pods' exit codes but whose error documents
+// vanished while read until the grace passed.
+const UnreadableDocumentCode = kferrors.CodeUnreadableDocument
 
 // skippedText names the skipped documents and why each was skipped.
 func skippedText(sample []outputreader.Skipped) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/quick"
@@ -336,12 +337,13 @@ func TestMergeIsTheMinimum(t *testing.T) {
 
 // Issue 27, item 4: a job whose pods exited 0 (flytekit does after writing
 // its document) and whose only document could not be read (over the
-// reader's limit) is a failure, never a success.
+// reader's limit) is a failure, never a success: the document is a failure
+// of the pod that wrote it, with what could be read of it.
 func TestPhaseSucceededWithUnreadableDocumentFails(t *testing.T) {
 	ctx := context.Background()
 	b := memblob.OpenBucket(nil)
 	defer b.Close()
-	big := kferrors.UserError("USER:RuntimeError", strings.Repeat("x", 2<<20), "j-worker-0", at(0))
+	big := kferrors.UserError("USER:RuntimeError", "Trace:\n\n    Traceback (most recent call last):\n"+strings.Repeat("x", 2<<20), "j-worker-0", at(0))
 	doc := big.Document(4 << 20)
 	data, err := kferrors.Encode(doc)
 	if err != nil {
@@ -358,8 +360,111 @@ func TestPhaseSucceededWithUnreadableDocumentFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Phase() == pluginsCore.PhaseSuccess || !p.Phase().IsFailure() || p.Err() == nil ||
-		!strings.Contains(p.Err().GetMessage(), "error-0123456789abcdef0123456789abcdef.pb") {
-		t.Fatalf("phase %v, error %v: want a failure naming the document", p.Phase(), p.Err())
+	if p.Phase() != pluginsCore.PhaseRetryableFailure || p.Err() == nil || p.Err().GetCode() != UnreadableDocumentCode {
+		t.Fatalf("phase %v, error %v: want a retryable failure %s (as upstream's ErrorFileBadFormat)", p.Phase(), p.Err(), UnreadableDocumentCode)
+	}
+	for _, want := range []string{"error-0123456789abcdef0123456789abcdef.pb", "(" + strconv.Itoa(len(data)) + " bytes)", "too large",
+		`code "USER:RuntimeError"`, "Traceback (most recent call last):"} {
+		if !strings.Contains(p.Err().GetMessage(), want) {
+			t.Errorf("message lacks %q:\n%s", want, p.Err().GetMessage())
+		}
+	}
+}
+
+// A failed pod whose document (one of ours, naming the pod) is corrupt has
+// reported: the mapping does not wait for it, and its failure, ranked by
+// the document's write time, is the root cause when no readable one is
+// earlier.
+func TestPhaseFailedPodWithCorruptDocumentReported(t *testing.T) {
+	ctx := context.Background()
+	b := memblob.OpenBucket(nil)
+	defer b.Close()
+	key := kferrors.NewKey(at(0), "j-worker-1/0", kferrors.RandomSuffix())
+	if err := b.WriteAll(ctx, key, []byte("\x0a\x05\x0a\x03Val garbage"), nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := outputreader.Summarize(ctx, outputreader.NewBucketSource(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.HasPod("j-worker-1") || s.Pods() != 1 {
+		t.Fatalf("HasPod %v, Pods %d: the corrupt document names its pod", s.HasPod("j-worker-1"), s.Pods())
+	}
+	pods := []corev1.Pod{failedPod("j-worker-1", "Error", 1, at(time.Second))}
+	p, err := Phase(job(kubeflowv1.PyTorchJobKind, kubeflowv1.JobFailed, at(time.Second), 1), pods, s, at(2*time.Second), cfg, pluginsCore.TaskInfo{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Phase().IsFailure() || p.Err() == nil || p.Err().GetCode() != UnreadableDocumentCode || p.Err().GetWorker() != "j-worker-1.0" ||
+		!strings.Contains(p.Err().GetMessage(), key) {
+		t.Fatalf("phase %v, error %v: want the corrupt document's failure, without waiting", p.Phase(), p.Err())
+	}
+}
+
+// vanishing lists its documents but finds none of them when read: an agent
+// moved them aside (refined/, superseded/) between the two.
+type vanishing struct{ outputreader.Source }
+
+func (vanishing) Read(context.Context, string, int) ([]byte, error) {
+	return nil, outputreader.ErrNotFound
+}
+
+// Documents that vanished while read are no failure of anyone, but a
+// Succeeded job with nothing else is read again until the grace has
+// passed, and then fails: a failed task never reads as a success.
+func TestPhaseSucceededWithVanishedDocuments(t *testing.T) {
+	ctx := context.Background()
+	b := memblob.OpenBucket(nil)
+	defer b.Close()
+	if _, err := kferrors.NewWriter(b, nil).Write(ctx, kferrors.UserError("ValueError", "ValueError: x", "j-worker-0", at(0))); err != nil {
+		t.Fatal(err)
+	}
+	s, err := outputreader.Summarize(ctx, vanishing{outputreader.NewBucketSource(b)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.RootCause != nil || s.Skipped != 1 {
+		t.Fatalf("root cause %v, %d skipped: a vanished document is no failure", s.RootCause, s.Skipped)
+	}
+	j := job(kubeflowv1.PyTorchJobKind, kubeflowv1.JobSucceeded, at(0), 0)
+	p, err := Phase(j, nil, s, at(time.Second), cfg, pluginsCore.TaskInfo{})
+	if err != nil || p.Phase() != pluginsCore.PhaseRunning {
+		t.Fatalf("within the grace: phase %v %v, want Running (read again)", p.Phase(), err)
+	}
+	p, err = Phase(j, nil, s, at(time.Minute), cfg, pluginsCore.TaskInfo{})
+	if err != nil || !p.Phase().IsFailure() || p.Err().GetCode() != UnreadableDocumentCode {
+		t.Fatalf("after the grace: phase %v %v, want a failure %s", p.Phase(), err, UnreadableDocumentCode)
+	}
+}
+
+// Issue 27, late uploads: the job turns Failed at the first pod the master
+// stopped (exit 1) while the pod that raised first may still be refining
+// and uploading its command's document; its unrefined one (torch's whole
+// second) must not decide meanwhile. A pod that runs the agent and has not
+// ended is waited for, within the grace.
+func TestPhaseWaitsForPodsStillRunningTheAgent(t *testing.T) {
+	s := readSummary(t, kferrors.SystemFailure(kferrors.CodeJobStopped, "stopped", "j-worker-1", at(2*time.Second)))
+	agentPod := func(p corev1.Pod) corev1.Pod {
+		p.Spec.InitContainers = []corev1.Container{{Name: initContainer}}
+		return p
+	}
+	running := agentPod(corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "j-worker-0"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	pods := []corev1.Pod{agentPod(failedPod("j-worker-1", "Error", 1, at(3*time.Second))), running}
+	j := job(kubeflowv1.PyTorchJobKind, kubeflowv1.JobFailed, at(3*time.Second), 1)
+	p, err := Phase(j, pods, s, at(4*time.Second), cfg, pluginsCore.TaskInfo{})
+	if err != nil || p.Phase() != pluginsCore.PhaseRunning || len(p.Info().AdditionalReasons) == 0 ||
+		!strings.Contains(p.Info().AdditionalReasons[0].Reason, "1 pods still running") {
+		t.Fatalf("phase %v %v %+v: want Running while j-worker-0 may still upload", p.Phase(), err, p.Info())
+	}
+	// Without the agent (a plain PyTorchJob's pod) nothing is waited for.
+	pods[1].Spec.InitContainers = nil
+	if p, err := Phase(j, pods, s, at(4*time.Second), cfg, pluginsCore.TaskInfo{}); err != nil || !p.Phase().IsFailure() {
+		t.Fatalf("phase %v %v: want a decision", p.Phase(), err)
+	}
+	// After the grace, the decision is made with what there is.
+	pods[1].Spec.InitContainers = []corev1.Container{{Name: initContainer}}
+	if p, err := Phase(j, pods, s, at(time.Minute), cfg, pluginsCore.TaskInfo{}); err != nil || !p.Phase().IsFailure() ||
+		p.Err().GetCode() != kferrors.CodeJobStopped {
+		t.Fatalf("phase %v %v: want the JobStopped failure after the grace", p.Phase(), err)
 	}
 }

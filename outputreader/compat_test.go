@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/ioutils"
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/k8s"
 	"github.com/flyteorg/flyte/flytestdlib/promutils"
@@ -117,7 +118,9 @@ func TestAgreesWithUpstreamEarliestReader(t *testing.T) {
 }
 
 // TestOutputReaderWithoutDocuments: no documents gives upstream's
-// "ErrorFileNotFound", recoverable; corrupt ones "ErrorFileBadFormat".
+// "ErrorFileNotFound", recoverable; a corrupt one, where upstream says
+// "ErrorFileBadFormat", is the failure of its pod, recoverable as
+// upstream's (kferrors.CodeUnreadableDocument).
 func TestOutputReaderWithoutDocuments(t *testing.T) {
 	ctx := context.Background()
 	ds, err := storage.NewDataStore(&storage.Config{Type: storage.TypeMemory}, promutils.NewTestScope())
@@ -138,7 +141,7 @@ func TestOutputReaderWithoutDocuments(t *testing.T) {
 	}
 	putRaw(t, ds, prefix, "error-abc.pb", []byte("junk"))
 	ee, err = reader.ReadError(ctx)
-	if err != nil || ee.Code != flyteio.CodeUnreadableDocuments || !ee.IsRecoverable {
+	if err != nil || ee.Code != kferrors.CodeUnreadableDocument || !ee.IsRecoverable || ee.Kind != core.ExecutionError_SYSTEM {
 		t.Fatalf("%+v %v", ee, err)
 	}
 }

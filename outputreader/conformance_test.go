@@ -345,7 +345,7 @@ func TestConformance(t *testing.T) {
 				}
 			})
 
-			t.Run("corrupt empty oversized documents are skipped and counted", func(t *testing.T) {
+			t.Run("corrupt empty oversized documents are skipped and count as failures", func(t *testing.T) {
 				s := be.open(t)
 				ours(t, s, kferrors.UserError("RuntimeError", "boom", "job-worker-3", t0.Add(time.Second)))
 				s.put(t, "error-corrupt.pb", []byte{0xff, 0xff, 0xff})
@@ -371,17 +371,41 @@ func TestConformance(t *testing.T) {
 						t.Errorf("%s skipped with %v, want %v", sk.Key, sk.Err, want[sk.Key])
 					}
 				}
-				if !strings.Contains(r.Message(), "Skipped 5 unreadable documents.") {
-					t.Fatalf("message: %s", r.Message())
+				if msg := r.Message(); !strings.Contains(msg, "5× "+kferrors.CodeUnreadableDocument) || strings.Contains(msg, "Skipped") {
+					t.Fatalf("message: %s", msg)
+				}
+				// Each is a failure too, after the readable root cause (each was
+				// written after it happened), with what could be read of it.
+				unreadable := map[string]outputreader.Document{}
+				for _, d := range r.Others {
+					if d.Unreadable != nil {
+						unreadable[d.Key] = d
+					}
+				}
+				if len(unreadable) != len(want) {
+					t.Fatalf("%d unreadable documents among the failures, want %d", len(unreadable), len(want))
+				}
+				for k, d := range unreadable {
+					if d.Failure.Code != kferrors.CodeUnreadableDocument || !d.Failure.Recoverable || !goerrors.Is(d.Unreadable, want[k]) {
+						t.Errorf("%s: %+v", k, d)
+					}
+				}
+				if w := unreadable[kferrors.NewKey(t0, "job-worker-9", "0000000000000000")].Failure.Worker; w != "job-worker-9" {
+					t.Errorf("a corrupt document named by its worker is that worker's failure, got %q", w)
 				}
 			})
 
-			t.Run("only corrupt documents give no root cause but a count", func(t *testing.T) {
+			t.Run("only corrupt documents: the root cause is their failure", func(t *testing.T) {
 				s := be.open(t)
 				s.put(t, "error.pb", []byte("junk"))
 				r := read(t, s)
-				if r.RootCause != nil || len(r.Skipped) != 1 {
+				if r.RootCause == nil || r.RootCause.Unreadable == nil || len(r.Skipped) != 1 ||
+					r.RootCause.Failure.Code != kferrors.CodeUnreadableDocument || !r.RootCause.Failure.Recoverable {
 					t.Fatalf("%+v", r)
+				}
+				if msg := r.Message(); !strings.Contains(msg, "error document error.pb (4 bytes) could not be read: corrupt error document") ||
+					!strings.HasSuffix(msg, "Its first bytes:\n\njunk") {
+					t.Errorf("message:\n%s", msg)
 				}
 				if ok, err := outputreader.HasDocuments(context.Background(), s.src); !ok || err != nil {
 					t.Fatalf("HasDocuments = %v, %v", ok, err)

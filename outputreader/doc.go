@@ -23,8 +23,16 @@
 // Report.Others and Report.Workers. A document without timestamp is ranked by
 // its object's modification time (TimeFromModified), or, where the backend
 // tells none, by the time it was listed (TimeFromListing) — never as 1970.
-// Corrupt, empty, oversized and vanished documents are skipped and reported
-// in Report.Skipped; only listing and I/O errors fail a Read.
+// Corrupt, empty, oversized, vanished and unreadable documents are skipped
+// and reported in Report.Skipped; only listing and I/O errors fail a Read.
+// Every skipped one but a vanished one is still a failure of the pod that
+// wrote it (Document.Unreadable: code kferrors.CodeUnreadableDocument, its
+// worker from its name, a message with what could be read of it), ranked
+// by its object's modification time, an upper bound of the failure: a pod
+// that wrote a document never counts as succeeded (Summary.HasPod).
+//
+// flytekit's wrapper codes (USER:RuntimeError) are shown as the exception
+// they wrap (WrappedException, Shown) in the UI message and the tally.
 //
 // Cost. One listing, then reads in rounds of at most Options.Concurrency in
 // parallel. Read's memory holds one small summary per document (key, worker,

@@ -42,9 +42,9 @@ func TestMessageGolden(t *testing.T) {
 		{"not opened, same worker again, skipped", outputreader.Report{RootCause: root,
 			Others: []outputreader.Document{
 				other("job-worker-1", "DistNetworkError", true), other("job-worker-2", "", false), other("job-worker-3", "", false)},
-			Skipped: []outputreader.Skipped{{Key: "error.pb", Err: kferrors.ErrCorrupt}}},
+			Skipped: []outputreader.Skipped{{Key: "error.pb", Err: outputreader.ErrNotFound}}},
 			"[job-worker-1, 2026-11-21T10:00:01.123456789Z] RuntimeError: CUDA error: device-side assert triggered\n" +
-				"Also failed: 2 other workers, 3 other documents (1× DistNetworkError, 2 later, not opened). Skipped 1 unreadable document. Earliest failure shown."},
+				"Also failed: 2 other workers, 3 other documents (1× DistNetworkError, 2 later, not opened). Skipped 1 document that vanished while read. Earliest failure shown."},
 		{"legacy root", outputreader.Report{RootCause: &outputreader.Document{
 			Key: "error.pb", Failure: kferrors.UserError("OldError", "", "", time.Time{}), At: at, AtSource: outputreader.TimeFromModified}},
 			"[error.pb, 2026-11-21T10:00:01.123456789Z (upload time)] OldError"},

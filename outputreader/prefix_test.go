@@ -5,6 +5,7 @@ import (
 	goerrors "errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -85,8 +86,15 @@ func TestFilePrefixBadEntriesAreSkipped(t *testing.T) {
 				t.Errorf("%s: Summarize skipped %s: %v", prefix, s.Key, s.Err)
 			}
 		}
-		if r.RootCause == nil || r.RootCause.Key != first || len(r.Others) != 1 || r.Others[0].Key != second {
+		// Each bad entry is a failure too (a pod may have written it), ranked
+		// by its write time, after the documents' own failures.
+		if r.RootCause == nil || r.RootCause.Key != first || len(r.Others) != 1+len(r.Skipped) || r.Others[0].Key != second {
 			t.Fatalf("%s: root %+v, others %+v", prefix, r.RootCause, r.Others)
+		}
+		for _, d := range r.Others[1:] {
+			if d.Unreadable == nil || d.Failure.Code != kferrors.CodeUnreadableDocument || strings.Contains(d.Failure.Message, "outside the prefix") {
+				t.Errorf("%s: %s: %+v", prefix, d.Key, d)
+			}
 		}
 		want := map[string]bool{"error-fifo.pb": true}
 		for name := range links {

@@ -123,6 +123,15 @@ type Document struct {
 	// Exception is, for flytekit's wrapper code, the exception it stands
 	// for (WrappedException), kept when the message is not.
 	Exception string
+	// Unreadable, when set, is why the document could not be read (it
+	// wraps kferrors.ErrCorrupt, ErrEmpty, ErrTooLarge, ErrMissingError or
+	// ErrUnreadable). It still counts as a failure of the pod that wrote
+	// it: Failure is made from what could be read (code
+	// kferrors.CodeUnreadableDocument, the worker its name or bytes
+	// carry, a message saying which document, its size, why and what it
+	// said), ranked by its write time (TimeFromModified, an upper bound),
+	// else the listing time. It is listed in Skipped as well.
+	Unreadable error
 }
 
 // Time is the time d is ranked by: At, else its Failure's time, else its
@@ -164,7 +173,10 @@ func compare(a, b Document) int {
 
 // Skipped is a document Read could not use; Err wraps kferrors.ErrCorrupt,
 // ErrEmpty, ErrTooLarge, ErrMissingError, ErrNotFound (vanished) or
-// ErrUnreadable (a link, a special file, no access).
+// ErrUnreadable (a link, a special file, no access). Each but a vanished
+// one is a failure too (Document.Unreadable): its pod wrote a document, so
+// its pod failed. A vanished document was moved aside (superseded/,
+// refined/) or deleted after the listing: it counts for nothing.
 type Skipped struct {
 	Key string
 	Err error
@@ -178,7 +190,8 @@ type Report struct {
 	RootCause *Document
 	// Others are every other failure, in the total order, without messages.
 	Others []Document
-	// Skipped are the unusable documents, by key.
+	// Skipped are the unusable documents, by key. Those not vanished are
+	// failures in RootCause or Others too (Document.Unreadable).
 	Skipped []Skipped
 	// Opened counts the documents actually read (the rest were ranked by
 	// name, see TimeFromName).
@@ -205,6 +218,7 @@ func (r *Report) Workers() int {
 // listed is what the listing tells of one document.
 type listed struct {
 	key      string
+	size     int64 // -1 when the listing does not say
 	modified time.Time
 	nameTime time.Time // zero unless the key is one of our time-named keys
 }
@@ -226,20 +240,24 @@ type listed struct {
 // Which documents are opened depends only on the stored data, so the Report
 // is the same on every Read of the same data.
 //
-// Sizes and empty documents known from the listing are skipped without
-// reading. Corrupt, empty, oversized, vanished and unreadable documents
-// (ErrUnreadable: one bad entry) are skipped and reported; an error of the
-// store itself (a listing that fails, no answer within
-// Options.CallTimeout) fails the Read.
+// Empty documents and unusable entries known from the listing are not
+// read; of a document the listing says is too large only the head is.
+// Corrupt, empty, oversized, vanished and unreadable documents
+// (ErrUnreadable: one bad entry) are skipped and reported, and every one
+// but a vanished one counts as a failure of its pod (Document.Unreadable),
+// ranked by its write time; an error of the store itself (a listing that
+// fails, no answer within Options.CallTimeout) fails the Read.
 func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Failure) (*Report, error) {
 	o := opts.withDefaults()
 	src = WithCallTimeout(src, o.CallTimeout)
 	listedAt := o.Now().UTC()
+	c := &collector{messageCap: o.MessageCap}
 	var named, unnamed []listed
 	var skipped []Skipped
 	err := src.List(ctx, func(obj Object) error {
-		if err := listingProblem(obj, o.MaxDocumentBytes); err != nil {
+		if err := listingProblem(obj); err != nil {
 			skipped = append(skipped, Skipped{Key: obj.Key, Err: err})
+			c.add(unreadableDocument(listedObject(obj), obj.Size, nil, err, listedAt))
 			return nil
 		}
 		if l := listedObject(obj); !l.nameTime.IsZero() {
@@ -255,7 +273,6 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	// Fixed-width nanoseconds: key order is time order.
 	slices.SortFunc(named, func(a, b listed) int { return strings.Compare(a.key, b.key) })
 
-	c := &collector{messageCap: o.MessageCap}
 	for _, f := range extra {
 		c.add(synthesizedDocument(f, listedAt))
 	}
@@ -360,9 +377,10 @@ func (c *collector) open(ctx context.Context, src Source, o Options, listedAt ti
 			}
 			if skip != nil {
 				c.skip(skip.Key, skip.Err)
-				return nil
 			}
-			c.add(d)
+			if skip == nil || d.Unreadable != nil {
+				c.add(d)
+			}
 			return nil
 		})
 	}

@@ -30,10 +30,14 @@ type Summary struct {
 	// Opened counts the documents actually read.
 	Opened int
 	// Skipped counts the unusable documents; SkippedSample names the first
-	// few of them by key.
+	// few of them by key. Each but a vanished one is a failure as well
+	// (Document.Unreadable), counted as its pod's document.
 	Skipped       int
 	SkippedSample []Skipped
-	tally         tally
+	// vanished counts the skipped documents that vanished while read
+	// (ErrNotFound), the only ones that are no failure.
+	vanished int
+	tally    tally
 	// listedAt ranks merged failures without a usable time, as Summarize
 	// and Read rank theirs.
 	listedAt time.Time
@@ -66,7 +70,7 @@ func (s *Summary) Message() string {
 	code, msg := Shown(root.Failure.Code, root.Failure.Message)
 	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(*root),
 		kferrors.Headline(code, strings.TrimRight(msg, " \t\r\n")))
-	if line := s.tally.line(*root, s.Skipped); line != "" {
+	if line := s.tally.line(*root, s.vanished); line != "" {
 		b.WriteString("\n")
 		b.WriteString(line)
 	}
@@ -81,17 +85,19 @@ func (s *Summary) IsRecoverable() bool {
 // Documents is the number of usable documents, the root cause included.
 func (s *Summary) Documents() int { return s.tally.docs }
 
-// Workers is the number of distinct workers with a usable document
+// Workers is the number of distinct workers with a document, readable or not
 // (compared sanitized, as Report.Workers does); a lower bound beyond
 // MaxTallyWorkers.
 func (s *Summary) Workers() int { return s.tally.workers.len() }
 
-// Pods is the number of distinct pods with a usable document (see PodOf);
-// a lower bound beyond MaxTallyWorkers.
+// Pods is the number of distinct pods with a document, readable or not
+// (see PodOf; an unreadable one counts for the pod its name or bytes
+// carry); a lower bound beyond MaxTallyWorkers.
 func (s *Summary) Pods() int { return s.tally.pods.len() }
 
-// HasPod reports whether pod (a pod name) or one of its workers has a usable
-// document. When more than MaxTallyWorkers pods have documents, a pod the
+// HasPod reports whether pod (a pod name) or one of its workers has a
+// document, readable or not: a pod that wrote one has reported, even when
+// nobody can read it (Document.Unreadable). When more than MaxTallyWorkers pods have documents, a pod the
 // tally had no room for is assumed to have one: with that many documents,
 // waiting for or synthesizing one more cannot change the outcome's kind.
 func (s *Summary) HasPod(pod string) bool {
@@ -121,6 +127,11 @@ func (s *Summary) Merge(extra ...kferrors.Failure) *Summary {
 func (r *Report) Summary() *Summary {
 	s := &Summary{RootCause: r.RootCause, Opened: r.Opened, Skipped: len(r.Skipped), listedAt: r.listedAt}
 	s.SkippedSample = r.Skipped[:min(len(r.Skipped), maxSkippedSample)]
+	for _, sk := range r.Skipped {
+		if goerrors.Is(sk.Err, ErrNotFound) {
+			s.vanished++
+		}
+	}
 	if r.RootCause != nil {
 		s.tally.add(*r.RootCause)
 	}
@@ -215,19 +226,21 @@ type summarizer struct {
 	o        Options
 	listedAt time.Time
 
-	mu      sync.Mutex
-	tally   tally
-	best    *Document // message kept, capped
-	opened  int
-	skipped int
-	sample  []Skipped // the maxSkippedSample smallest keys, sorted
+	mu       sync.Mutex
+	tally    tally
+	best     *Document // message kept, capped
+	opened   int
+	skipped  int
+	vanished int
+	sample   []Skipped // the maxSkippedSample smallest keys, sorted
 }
 
 // listed turns a listed object into a candidate, or counts it skipped when
 // the listing alone shows it unusable (empty, too large).
 func (z *summarizer) listed(obj Object) (listed, bool) {
-	if err := listingProblem(obj, z.o.MaxDocumentBytes); err != nil {
+	if err := listingProblem(obj); err != nil {
 		z.skip(obj.Key, err)
+		z.consider(unreadableDocument(listedObject(obj), obj.Size, nil, err, z.listedAt))
 		return listed{}, false
 	}
 	return listedObject(obj), true
@@ -236,7 +249,7 @@ func (z *summarizer) listed(obj Object) (listed, bool) {
 // peek is listed without counting: for a second listing of objects the
 // first one counted already.
 func (z *summarizer) peek(obj Object) (listed, bool) {
-	if listingProblem(obj, z.o.MaxDocumentBytes) != nil {
+	if listingProblem(obj) != nil {
 		return listed{}, false
 	}
 	return listedObject(obj), true
@@ -246,6 +259,9 @@ func (z *summarizer) skip(key string, err error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.skipped++
+	if goerrors.Is(err, ErrNotFound) {
+		z.vanished++
+	}
 	i, _ := slices.BinarySearchFunc(z.sample, key, func(s Skipped, k string) int { return strings.Compare(s.Key, k) })
 	if i < maxSkippedSample {
 		z.sample = slices.Insert(z.sample, i, Skipped{Key: key, Err: err})
@@ -279,9 +295,10 @@ func (z *summarizer) open(ctx context.Context, src Source, l listed) error {
 	z.mu.Unlock()
 	if skip != nil {
 		z.skip(skip.Key, skip.Err)
-		return nil
 	}
-	z.consider(d)
+	if skip == nil || d.Unreadable != nil {
+		z.consider(d)
+	}
 	return nil
 }
 
@@ -305,7 +322,8 @@ func (z *summarizer) bestTime() (time.Time, bool) {
 }
 
 func (z *summarizer) summary() *Summary {
-	return &Summary{RootCause: z.best, Opened: z.opened, Skipped: z.skipped, SkippedSample: z.sample, tally: z.tally, listedAt: z.listedAt}
+	return &Summary{RootCause: z.best, Opened: z.opened, Skipped: z.skipped, SkippedSample: z.sample, vanished: z.vanished, tally: z.tally,
+		listedAt: z.listedAt}
 }
 
 // keyHeap keeps the n smallest keys it is offered: a max-heap on key.
@@ -342,15 +360,14 @@ func (h *keyHeap) sorted() []listed {
 
 // listingProblem is why a listed object is unusable without reading it:
 // the listing says it is no document to open (Object.Unusable: a link, a
-// special file), or it is empty or too large.
-func listingProblem(obj Object, maxBytes int) error {
+// special file), or it is empty. One the listing says is too large is
+// found so by openDocument, which reads its head for what it says.
+func listingProblem(obj Object) error {
 	switch {
 	case obj.Unusable != nil:
 		return obj.Unusable
 	case obj.Size == 0:
 		return kferrors.ErrEmpty
-	case obj.Size > int64(maxBytes):
-		return fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, obj.Size, maxBytes)
 	}
 	return nil
 }
@@ -360,7 +377,7 @@ func listingProblem(obj Object, maxBytes int) error {
 // store's) may rank before its name once opened (TimeFromModifiedClamped):
 // it is always opened, as a document named otherwise is.
 func listedObject(obj Object) listed {
-	l := listed{key: obj.Key, modified: obj.Modified}
+	l := listed{key: obj.Key, size: obj.Size, modified: obj.Modified}
 	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !(kferrors.UsableTime(obj.Modified) && obj.Modified.Before(t)) {
 		l.nameTime = t
 	}
@@ -380,19 +397,41 @@ func synthesizedDocument(f kferrors.Failure, listedAt time.Time) Document {
 
 // openDocument reads and decodes one listed document. read reports whether
 // the bytes were read; an unusable document (vanished, unreadable, too
-// large, corrupt) comes back as skip; err is for the failures that fail a
-// whole read.
+// large, corrupt) comes back as skip, and, unless it vanished, d is the
+// failure it stands for (unreadableDocument: d.Unreadable is set); err is
+// for the failures that fail a whole read. Of a document the listing says
+// is too large only the head is read (that read does not count as read).
 func openDocument(ctx context.Context, src Source, o Options, listedAt time.Time, l listed) (d Document, skip *Skipped, read bool, err error) {
+	if l.size > int64(o.MaxDocumentBytes) {
+		why := fmt.Errorf("%w: %d bytes, limit %d", kferrors.ErrTooLarge, l.size, o.MaxDocumentBytes)
+		head, err := src.Read(ctx, l.key, unreadableHeadBytes)
+		switch {
+		case goerrors.Is(err, ErrNotFound):
+			return Document{}, &Skipped{Key: l.key, Err: err}, false, nil
+		case goerrors.Is(err, ErrUnreadable):
+			head = nil
+		case err != nil:
+			return Document{}, nil, false, fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
+		}
+		head = head[:min(len(head), unreadableHeadBytes)]
+		return unreadableDocument(l, l.size, head, why, listedAt), &Skipped{Key: l.key, Err: why}, false, nil
+	}
 	data, err := src.Read(ctx, l.key, o.MaxDocumentBytes)
 	switch {
-	case goerrors.Is(err, ErrNotFound), goerrors.Is(err, ErrUnreadable), goerrors.Is(err, kferrors.ErrTooLarge):
+	case goerrors.Is(err, ErrNotFound):
 		return Document{}, &Skipped{Key: l.key, Err: err}, false, nil
+	case goerrors.Is(err, ErrUnreadable), goerrors.Is(err, kferrors.ErrTooLarge):
+		return unreadableDocument(l, l.size, nil, err, listedAt), &Skipped{Key: l.key, Err: err}, false, nil
 	case err != nil:
 		return Document{}, nil, false, fmt.Errorf("read error document %s under %s: %w", l.key, src, err)
 	}
 	f, err := kferrors.DecodeFailure(data, o.MaxDocumentBytes)
 	if err != nil {
-		return Document{}, &Skipped{Key: l.key, Err: err}, true, nil
+		size := l.size
+		if size < 0 && len(data) <= o.MaxDocumentBytes {
+			size = int64(len(data))
+		}
+		return unreadableDocument(l, size, data[:min(len(data), unreadableHeadBytes)], err, listedAt), &Skipped{Key: l.key, Err: err}, true, nil
 	}
 	d = Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
 	switch {

@@ -90,8 +90,10 @@ func (t *tally) clone() tally {
 	return c
 }
 
-// line is the one line about every failure but root, and the skipped ones.
-func (t *tally) line(root Document, skipped int) string {
+// line is the one line about every failure but root (the unreadable
+// documents among them), and the skipped documents that count as no
+// failure: vanished, the documents that vanished while read.
+func (t *tally) line(root Document, vanished int) string {
 	var parts []string
 	if others := t.docs - 1; others > 0 {
 		codes := maps.Clone(t.codes)
@@ -141,8 +143,8 @@ func (t *tally) line(root Document, skipped int) string {
 		}
 		parts = append(parts, fmt.Sprintf("Also failed: %s (%s).", what, strings.Join(items, ", ")))
 	}
-	if skipped > 0 {
-		parts = append(parts, fmt.Sprintf("Skipped %s.", plural(skipped, "unreadable document", "unreadable documents")))
+	if vanished > 0 {
+		parts = append(parts, fmt.Sprintf("Skipped %s.", plural(vanished, "document that vanished while read", "documents that vanished while read")))
 	}
 	if len(parts) == 0 {
 		return ""

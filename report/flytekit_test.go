@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/events"
 	"github.com/kfelastic/kfelastic/internal/test/flytekitdoc"
 	"github.com/kfelastic/kfelastic/outputreader"
@@ -54,5 +55,25 @@ func TestFlytekitDocumentsAndAgentEventsShareALane(t *testing.T) {
 	}
 	if strings.Contains(page, "USER:RuntimeError: Trace") {
 		t.Error("flytekit's wrapper code shown with its message's first line")
+	}
+}
+
+// Issue 27: a flytekit document whose "Message:" section names the user's
+// exception (a task that is not Elastic) is shown with that exception as
+// its code, as the UI message shows it.
+func TestFlytekitTaskExceptionShownAsCode(t *testing.T) {
+	trace := "Traceback (most recent call last):\n  File \"/app/train.py\", line 41, in train\n    raise ValueError(\"loss is NaN at step 20\")\nValueError: loss is NaN at step 20\n"
+	rootF := kferrors.UserError(flytekitdoc.Code, flytekitdoc.TaskMessage(trace, "ValueError: loss is NaN at step 20"), "job-worker-1", t0)
+	root := doc("error-"+strings.Repeat("a1", 16)+".pb", rootF)
+	in := report.Input{Prefix: "file:///out", Current: &outputreader.Report{RootCause: &root, Opened: 1}}
+	page, d := parse(t, in)
+	if got := text(byID(d, "root-lane")); !strings.Contains(got, "ROOT CAUSE · ValueError: loss is NaN at step 20") {
+		t.Errorf("root lane %q", got)
+	}
+	if got := text(byID(d, "ui-message")); !strings.HasPrefix(got, "[job-worker-1, 2026-11-21T10:00:01.123456789Z] ValueError: loss is NaN at step 20") {
+		t.Errorf("UI message %q", got)
+	}
+	if !strings.Contains(page, "code <b>ValueError</b>") || strings.Contains(page, "USER:RuntimeError: Trace") {
+		t.Error("flytekit's wrapper code shown instead of the exception it wraps")
 	}
 }

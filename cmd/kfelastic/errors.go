@@ -142,7 +142,9 @@ func runErrors(ctx context.Context, c errorsConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if r.RootCause == nil && len(r.Skipped) > 0 {
+	if len(r.Skipped) > 0 && (r.RootCause == nil || r.RootCause.Unreadable != nil) {
+		// Every document is unreadable: the root cause shown is one of
+		// them (outputreader.Document.Unreadable), if any.
 		return &exitError{code: exitNoUsableDocuments, msg: fmt.Sprintf("no usable error document under %s: %d skipped", c.URL, len(r.Skipped))}
 	}
 	return nil
@@ -227,7 +229,9 @@ func indent(s, by string) string {
 // errorsJSON is the --json output: one object.
 type errorsJSON struct {
 	Prefix string `json:"prefix"`
-	// Outcome is "root-cause", "no-documents" or "no-usable-documents".
+	// Outcome is "root-cause", "no-documents" or "no-usable-documents"
+	// (every document skipped; Message is then an unreadable one's
+	// failure, unless they all vanished).
 	Outcome     string        `json:"outcome"`
 	Message     string        `json:"message,omitempty"`
 	Recoverable *bool         `json:"recoverable,omitempty"`
@@ -257,12 +261,16 @@ type skippedJSON struct {
 
 func writeErrorsJSON(out io.Writer, url string, r *outputreader.Report) error {
 	j := errorsJSON{Prefix: url, Workers: r.Workers(), Opened: r.Opened, Documents: []docJSON{}, Skipped: []skippedJSON{}}
-	switch {
-	case r.RootCause != nil:
-		j.Outcome, j.Message = "root-cause", r.Message()
+	if r.RootCause != nil {
+		j.Message = r.Message()
 		rec := r.RootCause.Failure.Recoverable
 		j.Recoverable = &rec
+	}
+	switch {
+	case r.RootCause != nil && r.RootCause.Unreadable == nil:
+		j.Outcome = "root-cause"
 	case len(r.Skipped) > 0:
+		// The root cause, if any, is an unreadable document's failure.
 		j.Outcome = "no-usable-documents"
 	default:
 		j.Outcome = "no-documents"

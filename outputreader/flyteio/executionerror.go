@@ -16,7 +16,9 @@ import (
 const (
 	// CodeNoDocuments: no error document at all under the prefix.
 	CodeNoDocuments = "ErrorFileNotFound"
-	// CodeUnreadableDocuments: documents exist, none could be used.
+	// CodeUnreadableDocuments: documents were listed, none could be used:
+	// every one vanished while read (an unreadable one is a failure of its
+	// own, outputreader.Document.Unreadable).
 	CodeUnreadableDocuments = "ErrorFileBadFormat"
 )
 

@@ -90,3 +90,11 @@ func indent(s string) string {
 	}
 	return strings.Join(lines, "")
 }
+
+// TaskMessage is flytekit's message (get_traceback_str) for an exception a
+// task raised outside torch's elastic launch, as a task that is not
+// Elastic raises it: the exception's traceback and its "<type>: <value>",
+// each indented by four spaces.
+func TaskMessage(trace, value string) string {
+	return "Trace:\n\n" + indent(trace) + "\nMessage:\n\n" + indent(value)
+}
