@@ -9,7 +9,10 @@ set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
 BIN=$CACHE/bin
 mkdir -p "$BIN" "$CACHE/logs"
-log() { printf '[deps] %s\n' "$*" >&2; }
+log() { printf '[deps %s] %s\n' "$(date -u +%T)" "$*" >&2; }
+# took LABEL START RC: says how long a step that did work took (from
+# $SECONDS at START), for the cold figures in README.md; returns RC.
+took() { [ $((SECONDS - $2)) -ge 3 ] && log "$1: done in $((SECONDS - $2)) s (rc $3)"; return "$3"; }
 
 # apt_install LOG PACKAGE…: Debian's packages, one apt-get at a time (two
 # would fight over dpkg's lock), its output in $CACHE/logs/LOG.log.
@@ -244,16 +247,20 @@ case $what in
     # Every long step at once, each skipped when cached: the builds share
     # the CPUs, the two debootstraps mostly wait on the network and the
     # disk. Measured cold on 2 cores: README.md.
-    { need_minio; need_h2spec; } & p1=$!
+    start=$SECONDS
+    { t=$SECONDS; rc=0; need_minio && need_h2spec || rc=$?; took "MinIO, h2spec" $t $rc; } & p1=$!
     # The node's binaries after the API server (need_node_bins).
-    { need_k8s && { need_node_bins || log "the node's binaries failed (see $CACHE/logs/kube-node.log): the e2e tests will skip"; }; } & p2=$!
-    { need_operator && { need_coredns || log "no CoreDNS: the e2e tests will skip"; }; } & p3=$!
+    { t=$SECONDS; rc=0; need_k8s && { need_node_bins || log "the node's binaries failed (see $CACHE/logs/kube-node.log): the e2e tests will skip"; } || rc=$?
+      took "kube-apiserver, the node's binaries" $t $rc; } & p2=$!
+    { t=$SECONDS; rc=0; need_operator && { need_coredns || log "no CoreDNS: the e2e tests will skip"; } || rc=$?
+      took "the operator, kwok, CoreDNS" $t $rc; } & p3=$!
     # torch 2.14 for the 2.x side of the torch tests; without it those
     # tests skip with a note, so a failed debootstrap does not fail the run.
-    { need_torch2 || log "no torch 2.14 root (see $CACHE/logs/torch-sid.log): its tests will skip"; } & p4=$!
-    { need_worker_root || log "no worker root (see $CACHE/logs/worker-root.log): the e2e tests will skip"; } & p5=$!
+    { t=$SECONDS; need_torch2 || log "no torch 2.14 root (see $CACHE/logs/torch-sid.log): its tests will skip"; took "torch 2.14 root" $t 0; } & p4=$!
+    { t=$SECONDS; need_worker_root || log "no worker root (see $CACHE/logs/worker-root.log): the e2e tests will skip"; took "worker root" $t 0; } & p5=$!
     need_crds
     wait $p1; wait $p2; wait $p3; wait $p4; wait $p5
+    took "all dependencies" $start 0
     ;;
-  *) echo "usage: $0 [all|apt|torch|minio|k8s|cluster|protoc|torch2]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2]" >&2; exit 2 ;;
 esac
