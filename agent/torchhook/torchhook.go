@@ -36,6 +36,7 @@ import (
 	_ "embed"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -48,6 +49,10 @@ const (
 	PreloadEnv = "KFELASTIC_SPAWN_PRELOAD"
 	// PollEnv is c10d's rendezvous poll interval in seconds.
 	PollEnv = "KFELASTIC_RDZV_POLL"
+	// ParentEnv is the pid of the process that starts the command (the
+	// caller of Env): the hook runs only in the topmost Python below it,
+	// never below a command's Python that ran without it (python -I, -E, -S).
+	ParentEnv = "KFELASTIC_HOOK_PARENT"
 )
 
 // Install writes the hook into dir/torchhook (created if needed) and
@@ -73,7 +78,7 @@ type Options struct {
 
 // Env adds the hook in folder (from Install) to a command's environment:
 // folder first on PYTHONPATH, and the variables of o. Nothing when o asks
-// for nothing.
+// for nothing. The command must be a child of the calling process.
 func Env(env map[string]string, folder string, o Options) {
 	if folder == "" || (o.Preload == "" && o.Poll == "") {
 		return
@@ -89,4 +94,5 @@ func Env(env map[string]string, folder string, o Options) {
 	if o.Poll != "" {
 		env[PollEnv] = o.Poll
 	}
+	env[ParentEnv] = strconv.Itoa(os.Getpid())
 }
