@@ -12,15 +12,19 @@
 #     own start, and
 #     makes torch elastic's MultiprocessContext with start_method "spawn"
 #     (flytekit's default) start its workers from that forkserver instead,
-#     each with the command's whole environment as it is when the workers
-#     start (what a spawned interpreter inherits), and imports torch._dynamo
+#     each with the command's environment, umask and rlimits as they are
+#     when it starts (what a spawned interpreter inherits; spawn stays where
+#     that cannot be), and imports torch._dynamo
 #     in the command too while its first workers train (torch's log
 #     formatter imports it at the first failed worker's log);
 #   - with KFELASTIC_RDZV_POLL (seconds; set when the rendezvous store is the
 #     kfelastic master's, through the agent's relay), has c10d's rendezvous
 #     poll that store that often while it waits, instead of once a second;
 #   - takes the variables and this folder out of the environment, so that no
-#     interpreter below the command does any of it again.
+#     interpreter below the command does any of it again; a fork of the
+#     command forgets the forkserver.
+# Below a Python that ran without it (python -I, -E, -S as the command) it
+# only takes itself out of the environment (KFELASTIC_HOOK_PARENT).
 # Everywhere it then runs the sitecustomize it hides (Debian's, an image's).
 # It never fails the command: whatever goes wrong leaves spawn as it was.
 
