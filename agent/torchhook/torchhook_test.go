@@ -153,7 +153,8 @@ def work(out, method):
     with open("/proc/self/status") as f:
         umask = [int(l.split()[1], 8) for l in f if l.startswith("Umask:")][0]
     seen = {"parent": parent, "secret": os.environ.get("SECRET", "-"), "umask": umask,
-            "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
+            "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)), "want_nofile": json.loads(os.environ["WANT_NOFILE"]),
+            "groups": os.getgroups(), "want_groups": json.loads(os.environ["WANT_GROUPS"])}
     if method == "fork":
         p = multiprocessing.get_context("forkserver").Process(target=os.getpid)
         p.start()
@@ -164,14 +165,26 @@ def work(out, method):
 
 
 if __name__ == "__main__":  # not in the fork worker's forkserver, which imports this module
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     os.environ.pop("SECRET")
     os.umask(0o077)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (999, 1999))
+    method, _, change = sys.argv[3].partition("-")
+    nofile = (999, 1999)
+    try:
+        if change == "raised":  # past the forkserver's hard limit
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            nofile = (hard + 1, hard + 1)
+        elif change == "groups":  # no longer the forkserver's
+            os.setgroups([12345])
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+    except (ValueError, OSError):
+        sys.exit(77)  # no CAP_SYS_RESOURCE, CAP_SETGID
+    os.environ["WANT_NOFILE"] = json.dumps(nofile)
+    os.environ["WANT_GROUPS"] = json.dumps(os.getgroups())
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="hook", rdzv_backend="c10d",
                        rdzv_endpoint="127.0.0.1:" + sys.argv[2], max_restarts=0, monitor_interval=0.1,
-                       start_method=sys.argv[3])
-    elastic_launch(cfg, work)(sys.argv[1], sys.argv[3])
+                       start_method=method)
+    elastic_launch(cfg, work)(sys.argv[1], method)
 `
 
 // A hooked worker is what torch's start method would have made it. With
@@ -180,7 +193,10 @@ if __name__ == "__main__":  # not in the fork worker's forkserver, which imports
 // the command's start (a credential the command took out stays out). With
 // fork (a user's choice in flytekit's Elastic) it is the command's fork,
 // and multiprocessing's forkserver works in it: it is not the hook's, whose
-// parent the worker is not (ChildProcessError: No child processes).
+// parent the worker is not (ChildProcessError: No child processes). Where
+// the command raised a hard limit past the server's (CAP_SYS_RESOURCE) or
+// changed its groups, which no fork of the server can take, the worker is
+// spawned, with a line.
 func TestHookWorkerSeesCommandState(t *testing.T) {
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
 		dir := t.TempDir()
@@ -192,8 +208,9 @@ func TestHookWorkerSeesCommandState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, method := range []string{"spawn", "fork"} {
+		for _, method := range []string{"spawn", "fork", "spawn-raised", "spawn-groups"} {
 			t.Run(method, func(t *testing.T) {
+				fallback := strings.Contains(method, "-") // spawn-raised, spawn-groups
 				out := filepath.Join(dir, method+".json")
 				env := map[string]string{"SECRET": "hunter2"}
 				torchhook.Env(env, folder, torchhook.Options{Preload: "torch"})
@@ -202,15 +219,20 @@ func TestHookWorkerSeesCommandState(t *testing.T) {
 				for k, v := range env {
 					cmd.Env = append(cmd.Env, k+"="+v)
 				}
-				if b, err := cmd.CombinedOutput(); err != nil || strings.Contains(string(b), "kfelastic torch hook") {
+				b, err := cmd.CombinedOutput()
+				if fallback && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 77 {
+					t.Skip("raising a hard rlimit takes CAP_SYS_RESOURCE, changing groups CAP_SETGID")
+				}
+				if err != nil || strings.Contains(string(b), "kfelastic torch hook") != fallback {
 					t.Fatalf("%v\n%s", err, b)
 				}
 				w := readJSON(t, out)
-				if method == "spawn" && !strings.Contains(w["parent"].(string), "multiprocessing.forkserver") {
-					t.Errorf("the worker was not forked from the hook's forkserver: %v", w)
+				if forked := strings.Contains(w["parent"].(string), "multiprocessing.forkserver"); method == "spawn" && !forked || fallback && forked {
+					t.Errorf("want the worker forked from the hook's forkserver with spawn, spawned when the command raised a hard limit or changed its groups: %v", w)
 				}
-				if w["secret"] != "-" || w["umask"] != float64(0o077) || fmt.Sprint(w["nofile"]) != "[999 1999]" {
-					t.Errorf("the worker saw %v; want SECRET unset, umask 077, RLIMIT_NOFILE (999, 1999), as the command at launch", w)
+				if w["secret"] != "-" || w["umask"] != float64(0o077) || fmt.Sprint(w["nofile"]) != fmt.Sprint(w["want_nofile"]) ||
+					fmt.Sprint(w["groups"]) != fmt.Sprint(w["want_groups"]) {
+					t.Errorf("the worker saw %v; want SECRET unset, umask 077, the command's RLIMIT_NOFILE and groups at launch", w)
 				}
 				if method == "fork" && w["forkserver_child"] != float64(0) {
 					t.Errorf("a forkserver Process in a fork worker: %v", w)
