@@ -271,10 +271,12 @@ func TestHookKeepsPythonPath(t *testing.T) {
 
 // A command's Python that ran without the hook (python -I, -E, -S) has it
 // nowhere: its Python children neither start a forkserver preloading torch
-// nor pass the hook on.
+// nor pass the hook on. Below a launcher that passes the hook on
+// (pyflyte-fast-execute) the hook still runs in its Python child.
 func TestHookNotBelowIsolatedPython(t *testing.T) {
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
-		folder, err := torchhook.Install(t.TempDir())
+		dir := t.TempDir()
+		folder, err := torchhook.Install(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,6 +304,25 @@ print(json.dumps({"forkserver": fs is not None and fs._forkserver._forkserver_pi
 			if got["forkserver"] != false || fmt.Sprint(got["env"]) != "[]" || got["pythonpath"] != nil {
 				t.Errorf("python %s: its child ran the hook or passes it on: %v", flag, got)
 			}
+		}
+		passOn := filepath.Join(dir, "pyflyte-fast-execute")
+		if err := os.WriteFile(passOn, []byte(command+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		torchhook.Env(env, folder, torchhook.Options{Preload: "json"})
+		cmd := exec.Command(tc.Python, passOn)
+		cmd.Env = os.Environ()
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		b, err := cmd.CombinedOutput()
+		var got map[string]any
+		if err != nil || json.Unmarshal(b, &got) != nil {
+			t.Fatalf("pyflyte-fast-execute: %v\n%s", err, b)
+		}
+		if got["forkserver"] != true || fmt.Sprint(got["env"]) != "[]" || got["pythonpath"] != nil {
+			t.Errorf("below pyflyte-fast-execute the hook did not run, or passes itself on: %v", got)
 		}
 	})
 }
