@@ -106,7 +106,10 @@ def _below_python(top):
             return False
         if pid <= 1 or _is_python(pid):
             return True
-        pid = _ppid(pid)
+        try:
+            pid = _ppid(pid)
+        except (OSError, ValueError, IndexError):
+            return True
     return True
 
 
@@ -122,8 +125,11 @@ def _patch(api):
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)
         a = bound.arguments
-        if a.get("start_method") == "spawn" and _ours():
-            why = _forkable()
+        try:
+            why = _forkable() if a.get("start_method") == "spawn" and _ours() else None
+        except Exception as e:
+            why = repr(e)
+        if why is not None:
             if why:
                 _say(f"workers spawned: {why} after the forkserver started")
             else:
