@@ -12,15 +12,19 @@
 #     own start, and
 #     makes torch elastic's MultiprocessContext with start_method "spawn"
 #     (flytekit's default) start its workers from that forkserver instead,
-#     each with the command's whole environment as it is when the workers
-#     start (what a spawned interpreter inherits), and imports torch._dynamo
+#     each with the command's environment, umask and rlimits as they are
+#     when it starts (what a spawned interpreter inherits; spawn stays where
+#     that cannot be), and imports torch._dynamo
 #     in the command too while its first workers train (torch's log
 #     formatter imports it at the first failed worker's log);
 #   - with KFELASTIC_RDZV_POLL (seconds; set when the rendezvous store is the
 #     kfelastic master's, through the agent's relay), has c10d's rendezvous
 #     poll that store that often while it waits, instead of once a second;
 #   - takes the variables and this folder out of the environment, so that no
-#     interpreter below the command does any of it again.
+#     interpreter below the command does any of it again; a fork of the
+#     command forgets the forkserver.
+# Below a Python that ran without it (python -I, -E, -S as the command) it
+# only takes itself out of the environment (KFELASTIC_HOOK_PARENT).
 # Everywhere it then runs the sitecustomize it hides (Debian's, an image's).
 # It never fails the command: whatever goes wrong leaves spawn as it was.
 
@@ -31,6 +35,10 @@ _ENV = "KFELASTIC_SPAWN_PRELOAD"
 _TARGET = "torch.distributed.elastic.multiprocessing.api"
 _RDZV = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _POLL_ENV = "KFELASTIC_RDZV_POLL"
+# The pid of the process that set the variables (the agent, or a launcher in
+# _PASS_ON that passes them on): the hook runs only in the topmost Python
+# below it.
+_PARENT_ENV = "KFELASTIC_HOOK_PARENT"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Launchers that run the real command as a child; the hook waits for it.
 _PASS_ON = ("pyflyte-fast-execute",)
@@ -68,7 +76,41 @@ def _torchrun(prog):
 
 
 def _without_here(path):
-    return os.pathsep.join(p for p in path.split(os.pathsep) if p and os.path.abspath(p) != _HERE)
+    # Empty entries stay: each is the current folder for Python.
+    return os.pathsep.join(p for p in path.split(os.pathsep) if not p or os.path.abspath(p) != _HERE)
+
+
+def _ppid(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _is_python(pid):
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return os.path.basename(exe).startswith("python") or exe == os.path.realpath(sys.executable)
+
+
+def _below_python(top):
+    # Whether a Python lies between this interpreter and `top`, the process
+    # that set the variables (or this one is not below it at all). That
+    # Python did not take them out, so it ran without the hook: `python -I`,
+    # `-E` or `-S`, or a hashbang with them. It was the command; the hook is
+    # then nowhere, rather than in each of its Python children (a forkserver
+    # importing torch in every one).
+    pid = os.getppid()
+    for _ in range(256):
+        if pid == top:
+            return False
+        if pid <= 1 or _is_python(pid):
+            return True
+        try:
+            pid = _ppid(pid)
+        except (OSError, ValueError, IndexError):
+            return True
+    return True
 
 
 def _patch(api):
@@ -83,12 +125,17 @@ def _patch(api):
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)
         a = bound.arguments
-        if a.get("start_method") == "spawn" and isinstance(a.get("envs"), dict):
-            a["start_method"] = "forkserver"
-            # A forkserver's child has the server's environment, from the
-            # command's start; a spawned worker the command's of now.
-            base = dict(os.environ)
-            a["envs"] = {r: {**base, **e} for r, e in a["envs"].items()}
+        try:
+            why = _forkable() if a.get("start_method") == "spawn" and _ours() else None
+        except Exception as e:
+            why = repr(e)
+        if why is not None:
+            if why:
+                _say(f"workers spawned: {why} after the forkserver started")
+            else:
+                # Each worker gets the command's environment, umask and
+                # rlimits as they are when it starts (_LaunchState).
+                a["start_method"] = "forkserver"
         init(*bound.args, **bound.kwargs)
 
     __init__.__wrapped__ = init
@@ -102,6 +149,14 @@ def _patch(api):
 
     cls._start = _start
     cls._kfelastic_forkserver = True
+
+
+def _ours():
+    # Whether multiprocessing's forkserver here is still the hook's: not in
+    # a fork of the command (forget, in _start_forkserver).
+    from multiprocessing import forkserver
+
+    return _server.get("pid") is not None and forkserver._forkserver._forkserver_pid == _server["pid"]
 
 
 _warming = []
@@ -200,13 +255,15 @@ class _Finder:
 
 def _start_forkserver(preload):
     import multiprocessing
-    from multiprocessing import context, forkserver
+    from multiprocessing import context, forkserver, spawn
 
     modules = [m for m in preload.split(",") if m]
     if "torch" in modules and "torch._dynamo" not in modules:
         # torch 2.x imports it at a model's first forward (≈800 modules);
         # a failed preload is skipped by the forkserver.
         modules.append("torch._dynamo")
+    server = forkserver._forkserver
+    before = list(server._preload_modules)
     multiprocessing.set_forkserver_preload(modules)
     # Starting the server fixes multiprocessing's default start method as a
     # side effect (its preparation data asks for it); undo that, so that the
@@ -217,23 +274,138 @@ def _start_forkserver(preload):
         forkserver.ensure_running()
     finally:
         default._actual_context = chosen
+    _server.update(pid=server._forkserver_pid, limits=_limits(), ids=_ids())
+
+    def forget():
+        # A fork of the command (torch's start_method "fork", os.fork) is
+        # not the server's parent: multiprocessing there would wait for it
+        # (ChildProcessError) and send it requests. It starts its own, as it
+        # would without the hook, and its workers are not the hook's.
+        if server._forkserver_pid != _server.get("pid"):
+            return
+        try:
+            os.close(server._forkserver_alive_fd)
+        except OSError:
+            pass
+        fresh = type(server)().__dict__
+        fresh["_preload_modules"] = before if server._preload_modules is modules else server._preload_modules
+        server.__dict__.update(fresh)
+
+    os.register_at_fork(after_in_child=forget)
+    # Each forked worker takes the command's state of the moment, as a
+    # spawned interpreter would: its preparation data carries it.
+    get = spawn.get_preparation_data
+
+    def get_preparation_data(name):
+        data = get(name)
+        data["kfelastic_launch_state"] = _LaunchState()
+        return data
+
+    spawn.get_preparation_data = get_preparation_data
 
 
-def _install():
-    preload, poll = os.environ.get(_ENV), os.environ.get(_POLL_ENV)
-    if preload is None and poll is None:
-        return
-    prog = _argv0()
-    if os.path.basename(prog) in _PASS_ON:
-        return
-    os.environ.pop(_ENV, None)
-    os.environ.pop(_POLL_ENV, None)
+# The hook's forkserver: its pid, and the rlimits and ids it was started
+# with (the command's then).
+_server = {}
+
+
+def _limits():
+    import resource
+
+    limits = {}
+    for n in dir(resource):
+        if n.startswith("RLIMIT_"):
+            try:
+                limits[n] = resource.getrlimit(getattr(resource, n))
+            except (ValueError, OSError):
+                pass
+    return limits
+
+
+def _ids():
+    return os.getresuid(), os.getresgid(), sorted(os.getgroups())
+
+
+def _umask():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _forkable():
+    # Why a fork of the hook's forkserver cannot be what a spawned worker
+    # would be now, or "": the command raised a hard rlimit (a child of the
+    # server cannot) or changed its ids since the server started.
+    if _ids() != _server.get("ids"):
+        return "the command changed its user or groups"
+    inf = -1  # resource.RLIM_INFINITY
+    for n, (_, hard) in _limits().items():
+        was = _server["limits"].get(n, (inf, inf))[1]
+        if was != inf and (hard == inf or hard > was):
+            return f"the command raised {n}"
+    return ""
+
+
+# Run in the forkserver's child as it unpickles its preparation data, before
+# it imports the command's main module: the command's environment, umask and
+# rlimits of the moment of the request. Only there: a spawned child has them.
+_APPLY = r"""
+import os, resource, sys
+if os.getppid() == server:
+    os.environ.clear()
+    os.environ.update(env)
+    os.umask(umask)
+    for n, want in limits.items():
+        try:
+            if resource.getrlimit(getattr(resource, n)) != want:
+                resource.setrlimit(getattr(resource, n), want)
+        except (AttributeError, ValueError, OSError) as e:
+            sys.stderr.write(f"kfelastic torch hook: the worker keeps its {n}: {e!r}\n")
+"""
+
+
+class _LaunchState:
+    """The command's state, pickled when a forkserver request is sent."""
+
+    def __reduce__(self):
+        state = {"server": _server.get("pid"), "env": dict(os.environ), "umask": _umask(), "limits": _limits()}
+        return (exec, (_APPLY, state))
+
+
+def _take_out():
+    # The variables and this folder out of the environment and sys.path:
+    # nothing below this interpreter sees the hook.
+    for name in (_ENV, _POLL_ENV, _PARENT_ENV):
+        os.environ.pop(name, None)
     rest = _without_here(os.environ.get("PYTHONPATH", ""))
     if rest:
         os.environ["PYTHONPATH"] = rest
     else:
         os.environ.pop("PYTHONPATH", None)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+
+def _install():
+    preload, poll = os.environ.get(_ENV), os.environ.get(_POLL_ENV)
+    if preload is None and poll is None:
+        return
+    top = os.environ.get(_PARENT_ENV)
+    if top and _below_python(int(top)):
+        _take_out()
+        return
+    prog = _argv0()
+    if os.path.basename(prog) in _PASS_ON:
+        if top:
+            os.environ[_PARENT_ENV] = str(os.getpid())
+        return
+    _take_out()
     if poll:
         _PATCHES[_RDZV] = lambda m: _patch_poll(m, float(poll))
     if preload is not None and not _torchrun(prog):

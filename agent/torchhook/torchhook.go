@@ -16,7 +16,11 @@
 // imports, and has torch elastic's MultiprocessContext use it where it was
 // told "spawn". A worker is then a fork of that server: it still imports
 // the task's module afresh and gets its own environment and files as torch
-// gives them, only without importing torch again. Python 3.14 made the
+// gives them, only without importing torch again: each request carries the
+// command's environment, umask and rlimits of the moment, which the forked
+// child takes before it imports the task's module, as a spawned interpreter
+// would have them (spawn stays where a fork cannot have them). A fork of the
+// command (torch's start method "fork") forgets the server. Python 3.14 made the
 // forkserver multiprocessing's default on Linux; flytekit asks for spawn to
 // be safe from a parent's threads and CUDA, which the forkserver, a fresh
 // single-threaded interpreter, is safe from too.
@@ -26,7 +30,10 @@
 // through the agent's relay.
 //
 // It is off with --fork-server=false (Preload) and without a relay (Poll).
-// It starts no forkserver under torchrun, whose workers are subprocesses;
+// It runs only in the topmost Python below the caller of Env (ParentEnv):
+// below a command's Python that ran without it (python -I, -E, -S) it is
+// nowhere. It starts no forkserver under torchrun, whose workers are
+// subprocesses;
 // it never fails the command (whatever goes wrong leaves torch as it was,
 // with a line on stderr), runs the sitecustomize it hides, and takes itself
 // out of the environment, so that nothing below the command sees it.
@@ -36,6 +43,7 @@ import (
 	_ "embed"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -48,6 +56,10 @@ const (
 	PreloadEnv = "KFELASTIC_SPAWN_PRELOAD"
 	// PollEnv is c10d's rendezvous poll interval in seconds.
 	PollEnv = "KFELASTIC_RDZV_POLL"
+	// ParentEnv is the pid of the process that starts the command (the
+	// caller of Env): the hook runs only in the topmost Python below it,
+	// never below a command's Python that ran without it (python -I, -E, -S).
+	ParentEnv = "KFELASTIC_HOOK_PARENT"
 )
 
 // Install writes the hook into dir/torchhook (created if needed) and
@@ -73,7 +85,7 @@ type Options struct {
 
 // Env adds the hook in folder (from Install) to a command's environment:
 // folder first on PYTHONPATH, and the variables of o. Nothing when o asks
-// for nothing.
+// for nothing. The command must be a child of the calling process.
 func Env(env map[string]string, folder string, o Options) {
 	if folder == "" || (o.Preload == "" && o.Poll == "") {
 		return
@@ -89,4 +101,5 @@ func Env(env map[string]string, folder string, o Options) {
 	if o.Poll != "" {
 		env[PollEnv] = o.Poll
 	}
+	env[ParentEnv] = strconv.Itoa(os.Getpid())
 }

@@ -2,6 +2,7 @@ package torchhook_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,4 +137,192 @@ func readJSON(t *testing.T, path string) map[string]any {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// state.py launches one worker as flytekit's Elastic does, with the start
+// method of argv[3], after it took a credential out of its environment,
+// narrowed its umask and lowered RLIMIT_NOFILE. The worker records what it
+// saw, and, with fork, whether a forkserver Process of its own runs.
+const state = `import json, os, resource, sys
+
+
+def work(out, method):
+    import multiprocessing
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    with open("/proc/self/status") as f:
+        umask = [int(l.split()[1], 8) for l in f if l.startswith("Umask:")][0]
+    seen = {"parent": parent, "secret": os.environ.get("SECRET", "-"), "umask": umask,
+            "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)), "want_nofile": json.loads(os.environ["WANT_NOFILE"]),
+            "groups": os.getgroups(), "want_groups": json.loads(os.environ["WANT_GROUPS"])}
+    if method == "fork":
+        p = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+        p.start()
+        p.join()
+        seen["forkserver_child"] = p.exitcode
+    with open(out, "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":  # not in the fork worker's forkserver, which imports this module
+    os.environ.pop("SECRET")
+    os.umask(0o077)
+    method, _, change = sys.argv[3].partition("-")
+    nofile = (999, 1999)
+    try:
+        if change == "raised":  # past the forkserver's hard limit
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            nofile = (hard + 1, hard + 1)
+        elif change == "groups":  # no longer the forkserver's
+            os.setgroups([12345])
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+    except (ValueError, OSError):
+        sys.exit(77)  # no CAP_SYS_RESOURCE, CAP_SETGID
+    os.environ["WANT_NOFILE"] = json.dumps(nofile)
+    os.environ["WANT_GROUPS"] = json.dumps(os.getgroups())
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="hook", rdzv_backend="c10d",
+                       rdzv_endpoint="127.0.0.1:" + sys.argv[2], max_restarts=0, monitor_interval=0.1,
+                       start_method=method)
+    elastic_launch(cfg, work)(sys.argv[1], method)
+`
+
+// A hooked worker is what torch's start method would have made it. With
+// spawn it is forked from the hook's forkserver yet sees the command's
+// environment, umask and rlimits as they are when it starts, not those of
+// the command's start (a credential the command took out stays out). With
+// fork (a user's choice in flytekit's Elastic) it is the command's fork,
+// and multiprocessing's forkserver works in it: it is not the hook's, whose
+// parent the worker is not (ChildProcessError: No child processes). Where
+// the command raised a hard limit past the server's (CAP_SYS_RESOURCE) or
+// changed its groups, which no fork of the server can take, the worker is
+// spawned, with a line.
+func TestHookWorkerSeesCommandState(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		dir := t.TempDir()
+		script := filepath.Join(dir, "state.py")
+		if err := os.WriteFile(script, []byte(state), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		folder, err := torchhook.Install(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, method := range []string{"spawn", "fork", "spawn-raised", "spawn-groups"} {
+			t.Run(method, func(t *testing.T) {
+				fallback := strings.Contains(method, "-") // spawn-raised, spawn-groups
+				out := filepath.Join(dir, method+".json")
+				env := map[string]string{"SECRET": "hunter2"}
+				torchhook.Env(env, folder, torchhook.Options{Preload: "torch"})
+				cmd := exec.Command(tc.Python, script, out, strconv.Itoa(testenv.FreePort(t)), method)
+				cmd.Env = os.Environ()
+				for k, v := range env {
+					cmd.Env = append(cmd.Env, k+"="+v)
+				}
+				b, err := cmd.CombinedOutput()
+				if fallback && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 77 {
+					t.Skip("raising a hard rlimit takes CAP_SYS_RESOURCE, changing groups CAP_SETGID")
+				}
+				if err != nil || strings.Contains(string(b), "kfelastic torch hook") != fallback {
+					t.Fatalf("%v\n%s", err, b)
+				}
+				w := readJSON(t, out)
+				if forked := strings.Contains(w["parent"].(string), "multiprocessing.forkserver"); method == "spawn" && !forked || fallback && forked {
+					t.Errorf("want the worker forked from the hook's forkserver with spawn, spawned when the command raised a hard limit or changed its groups: %v", w)
+				}
+				if w["secret"] != "-" || w["umask"] != float64(0o077) || fmt.Sprint(w["nofile"]) != fmt.Sprint(w["want_nofile"]) ||
+					fmt.Sprint(w["groups"]) != fmt.Sprint(w["want_groups"]) {
+					t.Errorf("the worker saw %v; want SECRET unset, umask 077, the command's RLIMIT_NOFILE and groups at launch", w)
+				}
+				if method == "fork" && w["forkserver_child"] != float64(0) {
+					t.Errorf("a forkserver Process in a fork worker: %v", w)
+				}
+			})
+		}
+	})
+}
+
+// PYTHONPATH keeps its entries exactly for the command's children, empty
+// ones (the current folder) included, with the hook taken out.
+func TestHookKeepsPythonPath(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		folder, err := torchhook.Install(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{":/lib", "/lib:", "/a::/b", "/a"} {
+			env := map[string]string{"PYTHONPATH": path}
+			torchhook.Env(env, folder, torchhook.Options{Poll: "0.1"})
+			cmd := exec.Command(tc.Python, "-c", "import os; print(os.environ.get('PYTHONPATH'))")
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			b, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, b)
+			}
+			if got := strings.TrimSpace(string(b)); got != path {
+				t.Errorf("PYTHONPATH %q: the command's children get %q", path, got)
+			}
+		}
+	})
+}
+
+// A command's Python that ran without the hook (python -I, -E, -S) has it
+// nowhere: its Python children neither start a forkserver preloading torch
+// nor pass the hook on. Below a launcher that passes the hook on
+// (pyflyte-fast-execute) the hook still runs in its Python child.
+func TestHookNotBelowIsolatedPython(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		dir := t.TempDir()
+		folder, err := torchhook.Install(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		child := `import json, os, sys
+fs = sys.modules.get("multiprocessing.forkserver")
+print(json.dumps({"forkserver": fs is not None and fs._forkserver._forkserver_pid is not None,
+                  "env": sorted(k for k in os.environ if k.startswith("KFELASTIC_")), "pythonpath": os.environ.get("PYTHONPATH")}))`
+		command := "import subprocess, sys; subprocess.run([sys.executable, '-c', " + strconv.Quote(child) + "], check=True)"
+		for _, flag := range []string{"-I", "-E", "-S"} {
+			env := map[string]string{}
+			torchhook.Env(env, folder, torchhook.Options{Preload: "torch", Poll: "0.1"})
+			cmd := exec.Command(tc.Python, flag, "-c", command)
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			b, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", flag, err, b)
+			}
+			var got map[string]any
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatalf("%s: %v\n%s", flag, err, b)
+			}
+			if got["forkserver"] != false || fmt.Sprint(got["env"]) != "[]" || got["pythonpath"] != nil {
+				t.Errorf("python %s: its child ran the hook or passes it on: %v", flag, got)
+			}
+		}
+		passOn := filepath.Join(dir, "pyflyte-fast-execute")
+		if err := os.WriteFile(passOn, []byte(command+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		torchhook.Env(env, folder, torchhook.Options{Preload: "json"})
+		cmd := exec.Command(tc.Python, passOn)
+		cmd.Env = os.Environ()
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		b, err := cmd.CombinedOutput()
+		var got map[string]any
+		if err != nil || json.Unmarshal(b, &got) != nil {
+			t.Fatalf("pyflyte-fast-execute: %v\n%s", err, b)
+		}
+		if got["forkserver"] != true || fmt.Sprint(got["env"]) != "[]" || got["pythonpath"] != nil {
+			t.Errorf("below pyflyte-fast-execute the hook did not run, or passes itself on: %v", got)
+		}
+	})
 }
