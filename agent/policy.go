@@ -316,6 +316,17 @@ func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
 		p.phase = phaseDone
 		return []Action{Exit{Code: 0}}
 	}
+	if ev.Code == kferrors.CodeRendezvousClosed && p.phase == phaseRendezvous && len(p.failures) > 0 {
+		// The workers failed and the pod joined again to restart them, but
+		// another node's workers succeeded meanwhile: the master closed the
+		// rendezvous and no round will come (torch: RendezvousClosedError).
+		// The pod ends at once with what failed, its workers' own error.
+		acts := p.finish(podRootCause(p.failures))
+		if ev.NoRelaunch {
+			acts[len(acts)-1] = Exit{Code: 1}
+		}
+		return acts
+	}
 	code := ev.Code
 	if code == "" {
 		code = kferrors.CodeRendezvousTimeout

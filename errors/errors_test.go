@@ -320,6 +320,29 @@ func TestOpenPrefixErrors(t *testing.T) {
 	}
 }
 
+// An unknown query parameter of a file:// URL is named alone, before any
+// I/O, not in fileblob's error listing parameters the user never wrote;
+// the ones fileblob knows still pass.
+func TestFileURLUnknownParameter(t *testing.T) {
+	dir := t.TempDir()
+	err := kferrors.CheckURL("file://" + dir + "?bogus=1")
+	if err == nil || !strings.Contains(err.Error(), `unknown query parameter "bogus"`) ||
+		strings.Contains(err.Error(), "no_tmp_dir=true") || strings.Contains(err.Error(), "metadata=skip") {
+		t.Errorf("CheckURL: %v; want the unknown parameter named, and no parameter the user did not write", err)
+	}
+	if b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir+"?bogus=1", false); err == nil || strings.Contains(err.Error(), "no_tmp_dir=true") {
+		if b != nil {
+			b.Close()
+		}
+		t.Errorf("OpenPrefix: %v", err)
+	}
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir+"?create_dir=true", true)
+	if err != nil {
+		t.Fatalf("a parameter fileblob knows: %v", err)
+	}
+	b.Close()
+}
+
 func TestSupersedeMovesOnlyThePodsEarlierDocuments(t *testing.T) {
 	ctx := context.Background()
 	forEachBucket(t, func(t *testing.T, b *blob.Bucket) {

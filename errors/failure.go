@@ -59,6 +59,11 @@ const (
 	// CodeJobSucceeded: the job's workers succeeded while this node waited
 	// for a round; it has nothing left to do (torch: RendezvousClosedError).
 	CodeJobSucceeded = "JobSucceeded"
+	// CodeRendezvousClosed: a member of the latest round joined again to
+	// restart its workers after another node's workers succeeded; no round
+	// can form any more (torch: RendezvousClosedError). The agent documents
+	// its workers' own error instead when they failed.
+	CodeRendezvousClosed = "RendezvousClosed"
 )
 
 // signalCodePrefix heads the code of a death by signal: SignalSIGSEGV.

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -140,8 +142,21 @@ func parseURL(rawURL string) (*url.URL, error) {
 	case u.Fragment != "" || strings.HasSuffix(rawURL, "#"):
 		return nil, fmt.Errorf("%q: the path ends at \"#\" (a fragment, which a file:///absolute/path does not have); escape it as %%23", rawURL)
 	}
+	// Checked here, before OpenPrefix adds its own: fileblob's error for
+	// an unknown parameter lists the whole query, parameters the user
+	// never wrote (metadata=skip&no_tmp_dir=true) among them.
+	for _, k := range slices.Sorted(maps.Keys(u.Query())) {
+		if !slices.Contains(fileURLParams, k) {
+			return nil, fmt.Errorf("%q: unknown query parameter %q (a file:// prefix takes %s; escape a \"?\" in the path as %%3F)",
+				rawURL, k, strings.Join(fileURLParams, ", "))
+		}
+	}
 	return u, nil
 }
+
+// fileURLParams are the query parameters a file:// URL may carry, the ones
+// gocloud.dev's fileblob knows.
+var fileURLParams = []string{"base_url", "create_dir", "dir_file_mode", "metadata", "no_tmp_dir", "secret_key_path"}
 
 // Irregular says why a listed object is not a document anyone should open,
 // or "" when it may be one. Only file:// buckets tell (fileblob lists with

@@ -11,9 +11,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
@@ -74,11 +78,22 @@ type Options struct {
 	// <job>-ps-<i>, <job>-worker-<i> with TF_CONFIG, recreated under their
 	// own name; MinNodes and MaxNodes are its replica count.
 	TF *TF
+	// MaxWorkers bounds the job's workers, MAX pods × workers per pod: 0
+	// is what this machine holds (MachineWorkers), < 0 no bound.
+	MaxWorkers int
+}
+
+// Validate says what Run would refuse in o, before anything starts.
+func (o Options) Validate() error {
+	return o.defaults()
 }
 
 func (o *Options) defaults() error {
 	if o.Job == "" {
 		o.Job = "local"
+	}
+	if errs := validation.IsDNS1123Label(o.Job); len(errs) > 0 {
+		return fmt.Errorf("--job %q: pods are named <job>-worker-<i>, so the job's name must be a DNS label: %s", o.Job, strings.Join(errs, "; "))
 	}
 	if o.TF != nil {
 		o.MinNodes, o.MaxNodes, o.NProcPerNode = o.TF.Replicas(), o.TF.Replicas(), 1
@@ -96,6 +111,12 @@ func (o *Options) defaults() error {
 	if o.Slots <= 0 {
 		o.Slots = o.MaxNodes
 	}
+	if longest := o.Job + "-worker-" + strconv.Itoa(o.MaxNodes-1); len(longest) > validation.DNS1123LabelMaxLength {
+		return fmt.Errorf("--job %q: its pods' names (%s) would be longer than %d characters; shorten it", o.Job, longest, validation.DNS1123LabelMaxLength)
+	}
+	if err := checkWorkers(o.MaxNodes*o.NProcPerNode, o.MaxWorkers); err != nil {
+		return err
+	}
 	if o.Launcher == "" {
 		o.Launcher = "agent"
 	}
@@ -111,6 +132,8 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("the kfelastic binary: %w", err)
 		}
 		o.Binary = exe
+	} else if err := checkExecutable(o.Binary); err != nil {
+		return fmt.Errorf("--binary: %w", err)
 	}
 	if o.MaxRelaunches == 0 {
 		o.MaxRelaunches = 3

@@ -228,10 +228,7 @@ func (j *Job) Started(name string, pid int, now time.Time) {
 	if j.failing[p.Rank] {
 		j.ready.FailOnJoin = append(j.ready.FailOnJoin, name)
 	}
-	for _, c := range j.later[p.Rank] {
-		j.inject(c, name, p.Rank)
-	}
-	delete(j.later, p.Rank)
+	j.deliver(*p, false)
 	if j.cfg.TF != nil {
 		// A TF replica has no rounds (TF_CONFIG fixes its cluster): once
 		// recreated and started, it is back in its place.
@@ -309,6 +306,46 @@ func (j *Job) trains(p Pod, size int64, at time.Time) {
 		j.recovered[old] = true
 		j.ready.Supersede = append(j.ready.Supersede, Supersession{Old: old, By: p.Name, Before: at})
 	}
+	j.deliver(p, true)
+}
+
+// deliver gives p the chaos that waited for its rank: once it started, the
+// actions that act on any running pod; once it trains (member), also
+// those that need it to be in the job (needsMember).
+func (j *Job) deliver(p Pod, member bool) {
+	var keep []Chaos
+	for _, c := range j.later[p.Rank] {
+		if needsMember(c.Action) && !member {
+			keep = append(keep, c)
+			continue
+		}
+		j.inject(c, p.Name, p.Rank)
+	}
+	if len(keep) == 0 {
+		delete(j.later, p.Rank)
+	} else {
+		j.later[p.Rank] = keep
+	}
+}
+
+// needsMember: the action must wait until its pod has joined a round.
+// Deleted, cut off or killed before the master knew it, a pod is replaced
+// by nobody (the master relaunches only ranks it knows), and the job waited
+// ≈10 minutes for the master's timeouts; a worker to kill or drive out of
+// memory does not exist before the round.
+func needsMember(a Action) bool {
+	switch a {
+	case DeletePod, KillWorker, CutNetwork, OOM:
+		return true
+	}
+	return false
+}
+
+// member reports whether the pod trains: it was in a completed round (a
+// TF replica once started).
+func (j *Job) member(name string) bool {
+	st := j.status[name]
+	return st != nil && st.groupWorldSize > 0
 }
 
 // Carry carries out a relaunch decision as the training operator would: a
@@ -386,12 +423,22 @@ func (j *Job) fire(i int, now time.Time) {
 		j.ready.RestartMaster = true
 		return
 	}
-	if cur := j.book.Current(c.Node); cur != nil && cur.State == Running {
+	cur := j.book.Current(c.Node)
+	running := cur != nil && cur.State == Running
+	if running && (!needsMember(c.Action) || j.member(cur.Name)) {
 		j.inject(c, cur.Name, c.Node)
 		return
 	}
 	j.later[c.Node] = append(j.later[c.Node], c)
-	j.note("chaos", "%s: rank %d has no running pod; it applies to the next one", c, c.Node)
+	if running {
+		j.note("chaos", "%s: %s has not joined a round yet; it fires once it has", c, cur.Name)
+		return
+	}
+	when := ""
+	if needsMember(c.Action) {
+		when = " once it has joined a round"
+	}
+	j.note("chaos", "%s: rank %d has no running pod; it applies to the next one%s", c, c.Node, when)
 }
 
 func (j *Job) inject(c Chaos, pod string, rank int) {

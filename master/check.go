@@ -193,7 +193,7 @@ func (j *Job) ReportCheck(n NodeInfo, seq int64, round int, rep CheckReport, now
 	if err != nil {
 		return err
 	}
-	rec.LastSeen = now
+	rec.LastSeen, rec.LastCall = now, now
 	c := j.check
 	if c == nil || c.seq != seq || c.round != round || !c.participates(rec.Rank) {
 		return nil

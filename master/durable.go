@@ -96,6 +96,9 @@ type durableLog struct {
 	// before the next try, so that a store that refuses snapshots is not
 	// sent the whole state again with every batch.
 	snapshotDelay int
+	// beforeAppend, when set, runs before each batch is written (tests:
+	// Options.stateWriteHook).
+	beforeAppend func(context.Context) error
 }
 
 func seqKey(dir string, seq uint64) string {
@@ -471,6 +474,11 @@ func (d *durableLog) read(ctx context.Context, key string, seq uint64, snapshot 
 // append writes one batch; it is durable when append returns nil: on a
 // file:// state the file and its folder are fsynced first.
 func (d *durableLog) append(ctx context.Context, records []*masterpb.StateRecord) error {
+	if d.beforeAppend != nil {
+		if err := d.beforeAppend(ctx); err != nil {
+			return err
+		}
+	}
 	seq := d.seq + 1
 	if d.seg != nil {
 		off := d.seg.off

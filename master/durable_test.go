@@ -70,7 +70,7 @@ func TestRestoreJobFromRecords(t *testing.T) {
 		}
 		// The members that were running are still in round 1 and are told
 		// to restart (a member is gone).
-		if a := r.HeartbeatAnswer(0, 1); a.Action != Restart {
+		if a := r.HeartbeatAnswer("w0", "1", 0, 1); a.Action != Restart {
 			t.Errorf("%s: rank 0 heartbeat after restore: %v", name, a.Action)
 		}
 	}
@@ -100,7 +100,7 @@ func claimsOf(j *Job) map[int]claim {
 // strip drops the times a restore resets (the grace it gives).
 func strip(ns []Node) []Node {
 	for i := range ns {
-		ns[i].JoinedAt, ns[i].LastSeen = time.Time{}, time.Time{}
+		ns[i].JoinedAt, ns[i].LastSeen, ns[i].LastCall = time.Time{}, time.Time{}, time.Time{}
 	}
 	return ns
 }

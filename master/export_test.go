@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"path/filepath"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
@@ -23,6 +24,13 @@ func StateBatches(dir string) (int, error) {
 		n += len(r.frames)
 	}
 	return n, nil
+}
+
+// WithStateWriteHook is o with hook run before each write of a batch of
+// the state: a test's storage stall or failure.
+func WithStateWriteHook(o Options, hook func(context.Context) error) Options {
+	o.stateWriteHook = hook
+	return o
 }
 
 // LeanReceiving is the bytes the lean transport of s holds for the

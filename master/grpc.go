@@ -322,7 +322,7 @@ func (v *service) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest)
 			rank = s.job.byPod[n.Pod]
 		}
 		c.eval = func(s *Server) bool {
-			a := s.job.HeartbeatAnswer(rank, round)
+			a := s.job.HeartbeatAnswer(n.Pod, n.Incarnation, rank, round)
 			if a.Action == Continue {
 				return false
 			}

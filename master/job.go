@@ -124,7 +124,9 @@ const (
 	Joining NodeState = "joining"
 	// Running: a member of the latest round, training.
 	Running NodeState = "running"
-	// Succeeded: its agent left with its workers done.
+	// Succeeded: its agent left with its workers done; or it waited for a
+	// round when another node's workers succeeded, and was told the job is
+	// done (its Exclusion is JobSucceeded).
 	Succeeded NodeState = "succeeded"
 	// Failed: its agent left with a failure, was excluded, or went silent.
 	Failed NodeState = "failed"
@@ -151,8 +153,14 @@ type Node struct {
 	Round int64
 	// AfterRound is, while Joining, the round the pod wants one after.
 	AfterRound int64
-	// JoinedAt is when the pod started waiting; LastSeen its latest call.
+	// JoinedAt is when the pod started waiting; LastSeen its latest call,
+	// moved later by any time since in which the master could not answer
+	// (Stalled).
 	JoinedAt, LastSeen time.Time
+	// LastCall is the time of its latest call to this master process;
+	// zero for a node restored from the state that has not called since
+	// (LastSeen is then the restart, its grace).
+	LastCall time.Time
 	// Checked: this pod passed the node health check.
 	Checked bool
 	// Relaunches is the rank's counted relaunches (across pods).
@@ -352,6 +360,12 @@ type Job struct {
 	// claims are replacement pods waiting for a rank that a live pod still
 	// holds, by rank (claim).
 	claims map[int]*claim
+	// fenced are, by rank, the pod incarnations ("pod/incarnation") that
+	// held it and were replaced, newest last (at most maxFenced): one
+	// calling again is told to exit, never given the rank back, so that two
+	// live containers under one pod name cannot take it from each other
+	// without end. Not durable: a restarted master forgets them (fence).
+	fenced map[int][]string
 	latest *Round
 	// lastJoin is the time of the latest join into the waiting set; the
 	// last call runs from it.
@@ -395,7 +409,7 @@ func NewJob(cfg Config) (*Job, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Job{cfg: cfg, nodes: map[int]*Node{}, byPod: map[string]int{}, claims: map[int]*claim{}}, nil
+	return &Job{cfg: cfg, nodes: map[int]*Node{}, byPod: map[string]int{}, claims: map[int]*claim{}, fenced: map[int][]string{}}, nil
 }
 
 // Config is the job's configuration, defaults filled in.
@@ -578,16 +592,25 @@ func (j *Job) recount() {
 
 // roundOutdated: the latest round lost a member (restarting, failed, gone
 // silent), or nodes wait that the round has room for (scale up, in units
-// of NodeUnit). Members that succeeded are not missed.
+// of NodeUnit). Members that succeeded are not missed. Once the rendezvous
+// is closed no round is outdated: no other can form, and a member told to
+// restart could only fail.
 func (j *Job) roundOutdated() bool {
-	if j.latest == nil || j.stopped {
+	if j.latest == nil || j.stopped || j.closed() {
 		return false
 	}
 	if j.latestDown > 0 {
 		return true
 	}
-	return j.check == nil && j.nSucceeded == 0 && j.latestAlive < j.cfg.MaxNodes && j.nWaiting >= j.cfg.NodeUnit
+	return j.check == nil && j.latestAlive < j.cfg.MaxNodes && j.nWaiting >= j.cfg.NodeUnit
 }
+
+// closed reports whether the rendezvous is closed: a node's workers
+// succeeded (torch's agent closes it then). From then on no round forms,
+// no member is told to restart, no rank is relaunched, and a pod that
+// joins is told the job is done (docs/DESIGN.md §5.2). A succeeded node's
+// record is never replaced, so this holds across a master restart.
+func (j *Job) closed() bool { return j.nSucceeded > 0 }
 
 // latestMember reports whether rank is a member of the latest round.
 func (j *Job) latestMember(rank int) bool {
@@ -681,6 +704,9 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 	if afterRound < 0 {
 		return JoinAnswer{}, fmt.Errorf("%w: after_round %d is negative", ErrInvalid, afterRound)
 	}
+	if j.closed() {
+		return j.joinClosed(n, afterRound, now), nil
+	}
 	if n.Rank < 0 {
 		r, err := j.chooseRank(n.Pod)
 		if err != nil {
@@ -695,6 +721,15 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		}
 	}
 	rec := j.nodes[n.Rank]
+	if rec != nil && (rec.Pod != n.Pod || rec.Incarnation != n.Incarnation) && j.isFenced(n.Rank, n.Pod, n.Incarnation) {
+		// An incarnation a newer one of its pod replaced: it would take
+		// the rank back, and the newer one would take it again, without
+		// end (a pod deleted by force while its container still ran,
+		// recreated under its name). It must exit.
+		j.logf("warn", "a replaced incarnation of a pod joined again; it is told to exit", "rank", n.Rank, "pod", n.Pod,
+			"incarnation", n.Incarnation, "holder_incarnation", rec.Incarnation)
+		return JoinAnswer{Rank: n.Rank, Excluded: j.outsider(rec, n.Rank, n.Pod, n.Incarnation)}, nil
+	}
 	switch {
 	case rec == nil:
 		rec = &Node{NodeInfo: n, State: Failed}
@@ -703,7 +738,7 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		j.count(rec, +1)
 		j.startWaiting(rec, n, afterRound, now)
 	case rec.Pod == n.Pod && rec.Incarnation == n.Incarnation:
-		rec.LastSeen = now
+		rec.LastSeen, rec.LastCall = now, now
 		switch {
 		case rec.Exclusion != nil || rec.State == Failed || rec.State == Succeeded:
 			// answered below: it must exit
@@ -739,6 +774,9 @@ func (j *Job) replace(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 			"relaunched", rec.Relaunching)
 	} else {
 		j.logf("info", "pod restarted", "rank", n.Rank, "pod", n.Pod)
+		if rec.Incarnation != n.Incarnation {
+			j.fence(rec.Rank, rec.Pod, rec.Incarnation)
+		}
 	}
 	j.byPod[n.Pod] = n.Rank
 	j.update(rec, func(rec *Node) {
@@ -747,7 +785,126 @@ func (j *Job) replace(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 		rec.Checked = false
 		rec.Step = 0
 	})
+	j.wake(rec.Rank) // the calls the old incarnation holds are answered now
 	j.startWaiting(rec, n, afterRound, now)
+}
+
+// maxFenced bounds the replaced incarnations remembered per rank.
+const maxFenced = 8
+
+// fence remembers that pod's incarnation no longer holds rank: if it calls
+// again it is told to exit (outsider), never given the rank back. A pod's
+// restarted container never calls again; a second live container under the
+// pod's name would, and take the rank back.
+func (j *Job) fence(rank int, pod, incarnation string) {
+	f := append(slices.Clone(j.fenced[rank]), pod+"/"+incarnation)
+	j.fenced[rank] = f[max(0, len(f)-maxFenced):]
+}
+
+func (j *Job) isFenced(rank int, pod, incarnation string) bool {
+	return slices.Contains(j.fenced[rank], pod+"/"+incarnation)
+}
+
+// outsider is what a pod incarnation that does not hold rank (rec holds
+// it, or nobody) and claims nothing is told: the job is done, once the
+// rendezvous is closed (unless a newer incarnation of the same pod
+// replaced it); otherwise that the rank is another's (Replaced).
+func (j *Job) outsider(rec *Node, rank int, pod, incarnation string) *Exclusion {
+	if j.closed() && !j.isFenced(rank, pod, incarnation) {
+		return jobSucceededExclusion()
+	}
+	switch {
+	case rec == nil:
+		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by nobody", rank)}
+	case rec.Pod == pod && j.isFenced(rank, pod, incarnation):
+		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf(
+			"rank %d is held by a newer incarnation of pod %s: two containers ran under one pod name (a pod deleted "+
+				"by force while its container still ran, recreated under its name); this older one is fenced off", rank, pod)}
+	}
+	return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by pod %s", rank, rec.Pod)}
+}
+
+func jobSucceededExclusion() *Exclusion {
+	return &Exclusion{Code: kferrors.CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
+}
+
+// joinClosed answers a join once the rendezvous is closed: a member of the
+// latest round asking again for it gets it; one that restarts its workers
+// is ended at once (closeOut); any other pod (a late pod, a replacement)
+// is told the job is done and is not recorded: it takes no rank, forms no
+// round and outdates nobody's.
+func (j *Job) joinClosed(n NodeInfo, afterRound int64, now time.Time) JoinAnswer {
+	rank := n.Rank
+	if rank < 0 {
+		if r, ok := j.byPod[n.Pod]; ok {
+			rank = r
+		}
+	}
+	rec := j.nodes[rank]
+	if rec != nil && rec.Pod == n.Pod && rec.Incarnation != n.Incarnation && rec.State.alive() && rec.Exclusion == nil &&
+		j.latestMember(rank) && !j.isFenced(rank, n.Pod, n.Incarnation) {
+		// The pod's container restarted while it was a member: its
+		// training is lost, and no round can take it again. Told that job
+		// is done, it would exit 0 and its pod would pass for finished.
+		j.fence(rank, rec.Pod, rec.Incarnation)
+		n.Rank = rank
+		rec.NodeInfo = n
+		j.wake(rank)
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousClosed, fmt.Sprintf(
+			"pod %s restarted (a new incarnation) while a member of round %d, after another node's workers succeeded: "+
+				"the rendezvous is closed and no round can take it", n.Pod, rec.Round), n.Pod, now), now)
+		return j.Answer(n.Pod, n.Incarnation, rank, afterRound)
+	}
+	if rec == nil || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation {
+		return JoinAnswer{Rank: rank, Excluded: j.outsider(rec, rank, n.Pod, n.Incarnation)}
+	}
+	rec.LastSeen, rec.LastCall = now, now
+	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && rec.Round <= afterRound) {
+		j.closeOut(rec, now)
+	}
+	return j.Answer(n.Pod, n.Incarnation, rank, afterRound)
+}
+
+// closeRendezvous runs at the first success (closed): a health check in
+// progress ends, the replacements that wait for a rank are told the job is
+// done, and every node that waits for a round is closed out.
+func (j *Job) closeRendezvous(now time.Time) {
+	j.logf("info", "rendezvous closed: a node's workers succeeded; no round forms from now on", "waiting", j.nWaiting,
+		"claims", len(j.claims))
+	j.check = nil
+	j.belowMinSince = time.Time{}
+	for _, rank := range slices.Sorted(maps.Keys(j.claims)) {
+		delete(j.claims, rank)
+		j.dirtyClaim(rank)
+		j.wake(rank)
+	}
+	for _, rec := range j.sortedNodes() {
+		if rec.State == Joining && rec.Exclusion == nil {
+			j.closeOut(rec, now)
+		}
+	}
+}
+
+// closeOut ends a node that waits for a round once the rendezvous is
+// closed. A member of the latest round (its workers restarting, after a
+// failure or a restart the master asked for) will get no round: it fails
+// at once with RendezvousClosed, no relaunch (torch's agent fails with
+// RendezvousClosedError), instead of after the join timeout; its agent
+// writes its workers' own error as its document. Any other node is told
+// the job is done (JobSucceeded: it exits 0) and counts as succeeded.
+func (j *Job) closeOut(rec *Node, now time.Time) {
+	if j.latestMember(rec.Rank) {
+		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousClosed, fmt.Sprintf(
+			"pod %s joined again to restart its workers, but another node's workers succeeded: the rendezvous is closed and no round can take it",
+			rec.Pod), rec.Pod, now), now)
+		return
+	}
+	j.update(rec, func(rec *Node) {
+		rec.State = Succeeded
+		rec.Exclusion = jobSucceededExclusion()
+	})
+	j.logf("info", "waiting node told the job is done: the rendezvous is closed", "rank", rec.Rank, "pod", rec.Pod)
+	j.wake(rec.Rank)
 }
 
 func (j *Job) startWaiting(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
@@ -756,7 +913,7 @@ func (j *Job) startWaiting(rec *Node, n NodeInfo, afterRound int64, now time.Tim
 		rec.State = Joining
 		rec.AfterRound = afterRound
 		rec.JoinedAt = now
-		rec.LastSeen = now
+		rec.LastSeen, rec.LastCall = now, now
 	})
 	j.lastJoin = now
 	if j.check != nil && !j.check.participates(rec.Rank) {
@@ -771,6 +928,9 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 	if rank < 0 {
 		r, ok := j.byPod[pod]
 		if !ok {
+			if j.closed() {
+				return JoinAnswer{Rank: rank, Excluded: jobSucceededExclusion()}
+			}
 			return JoinAnswer{Rank: rank, Excluded: &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("pod %s holds no rank", pod)}}
 		}
 		rank = r
@@ -783,18 +943,14 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 		case j.stopped:
 			a.Excluded = j.stopExclusion()
 		case c.expired:
-			a.Excluded = c.exclusion(rec, j.cfg.PendTimeout)
+			a.Excluded = c.exclusion(rec, j.cfg.PendTimeout, j.cfg.HeartbeatTimeout)
 		default:
 			a.Waiting = j.nWaiting
 		}
 		return a
 	}
 	if rec == nil || rec.Pod != pod || rec.Incarnation != incarnation {
-		holder := "nobody"
-		if rec != nil {
-			holder = "pod " + rec.Pod
-		}
-		a.Excluded = &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by %s", rank, holder)}
+		a.Excluded = j.outsider(rec, rank, pod, incarnation)
 		return a
 	}
 	switch {
@@ -814,8 +970,8 @@ func (j *Job) Answer(pod, incarnation string, rank int, afterRound int64) JoinAn
 			return a
 		}
 	case Joining:
-		if j.nSucceeded > 0 && !j.latestMember(rank) {
-			a.Excluded = &Exclusion{Code: kferrors.CodeJobSucceeded, Message: "the job succeeded while this node waited: the rendezvous is closed"}
+		if j.closed() && !j.latestMember(rank) {
+			a.Excluded = jobSucceededExclusion()
 			return a
 		}
 		if c := j.check; c != nil {
@@ -847,7 +1003,10 @@ func (j *Job) waiting() []*Node {
 // tryForm completes a round if the waiting nodes allow it, or starts the
 // health check first (docs/DESIGN.md §5.2, §5.4).
 func (j *Job) tryForm(now time.Time) {
-	if j.stopped || j.check != nil || j.nSucceeded > 0 {
+	if j.closed() {
+		j.belowMinSince = time.Time{} // nobody waits for a round that cannot form
+	}
+	if j.stopped || j.check != nil || j.closed() {
 		return
 	}
 	n := j.nWaiting
@@ -946,26 +1105,21 @@ func (j *Job) Heartbeat(n NodeInfo, round, step int64, now time.Time) (Heartbeat
 	defer j.settle(now)
 	rec, err := j.lookup(n)
 	if err != nil {
-		if c := j.claims[n.Rank]; n.Rank >= 0 && c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
-			// A replacement waiting for its rank calls too.
-			c.lastSeen = now
-			a := HeartbeatAnswer{LatestRound: j.latestNumber()}
-			if e := j.Answer(n.Pod, n.Incarnation, n.Rank, c.afterRound).Excluded; e != nil {
-				a.Action, a.Exit = Exit, e
-			}
-			return a, nil
+		if n.Rank < 0 || !errors.Is(err, ErrUnknown) {
+			return HeartbeatAnswer{}, err
 		}
-		if held, ok := j.nodes[n.Rank]; ok && n.Rank >= 0 && (held.Pod != n.Pod || held.Incarnation != n.Incarnation) {
-			return HeartbeatAnswer{Action: Exit, Exit: &Exclusion{Code: kferrors.CodeReplaced,
-				Message: fmt.Sprintf("rank %d is now held by pod %s", n.Rank, held.Pod)}, LatestRound: j.latestNumber()}, nil
+		if c := j.claims[n.Rank]; c != nil && c.n.Pod == n.Pod && c.n.Incarnation == n.Incarnation {
+			c.lastSeen = now // a replacement waiting for its rank calls too
+		} else if _, held := j.nodes[n.Rank]; !held && !j.closed() {
+			return HeartbeatAnswer{}, err
 		}
-		return HeartbeatAnswer{}, err
+		return j.HeartbeatAnswer(n.Pod, n.Incarnation, n.Rank, round), nil
 	}
-	rec.LastSeen = now
+	rec.LastSeen, rec.LastCall = now, now
 	if step >= 0 {
 		rec.Step = step
 	}
-	return j.HeartbeatAnswer(rec.Rank, round), nil
+	return j.HeartbeatAnswer(n.Pod, n.Incarnation, rec.Rank, round), nil
 }
 
 func (j *Job) latestNumber() int64 {
@@ -975,13 +1129,27 @@ func (j *Job) latestNumber() int64 {
 	return j.latest.Number
 }
 
-// HeartbeatAnswer is what rank, running in round, must do now (a pure
-// query).
-func (j *Job) HeartbeatAnswer(rank int, round int64) HeartbeatAnswer {
+// HeartbeatAnswer is what pod's incarnation at rank, running in round,
+// must do now (a pure query: the loop asks it again for the heartbeats it
+// holds). An incarnation that does not hold the rank is told to exit, never
+// to restart (a restart would have it join and take the rank back), unless
+// it is a replacement waiting for the rank (claim).
+func (j *Job) HeartbeatAnswer(pod, incarnation string, rank int, round int64) HeartbeatAnswer {
 	a := HeartbeatAnswer{LatestRound: j.latestNumber()}
 	rec := j.nodes[rank]
+	if rec == nil || rec.Pod != pod || rec.Incarnation != incarnation {
+		if c := j.claims[rank]; c != nil && c.n.Pod == pod && c.n.Incarnation == incarnation {
+			if e := j.Answer(pod, incarnation, rank, c.afterRound).Excluded; e != nil {
+				a.Action, a.Exit = Exit, e
+			}
+			return a
+		}
+		if rec != nil || j.closed() {
+			a.Action, a.Exit = Exit, j.outsider(rec, rank, pod, incarnation)
+		}
+		return a
+	}
 	switch {
-	case rec == nil:
 	case rec.Exclusion != nil:
 		e := *rec.Exclusion
 		a.Action, a.Exit = Exit, &e
@@ -1018,9 +1186,13 @@ func (j *Job) Leave(n NodeInfo, succeeded bool, f kferrors.Failure, now time.Tim
 	}
 	if succeeded {
 		if rec.State != Succeeded && rec.State != Failed {
+			wasClosed := j.closed()
 			j.update(rec, func(rec *Node) { rec.State = Succeeded })
 			j.logf("info", "node succeeded", "rank", rec.Rank, "pod", rec.Pod)
 			j.checkReportMissing(rec.Rank, "the node left")
+			if !wasClosed {
+				j.closeRendezvous(now)
+			}
 			j.tryForm(now)
 		}
 		return Decision{}, nil
@@ -1081,6 +1253,9 @@ func (j *Job) takeOut(rec *Node, f kferrors.Failure, now time.Time) Decision {
 	}
 	j.failedAt[rec.Pod+"/"+rec.Incarnation] = f.Time
 	kind, counted, why := j.cfg.Relaunch.Decide(f.Code, f.Recoverable, rec.Relaunches)
+	if j.closed() && kind != relaunch.None {
+		kind, counted, why = relaunch.None, false, "the rendezvous is closed (a node's workers succeeded): no round can take a relaunched pod"
+	}
 	msg := f.Message
 	if why != "" {
 		msg = strings.TrimSuffix(why+"; "+msg, "; ")
@@ -1114,7 +1289,9 @@ func (j *Job) decide(d Decision) Decision {
 // checkViable stops the job when fewer than MinNodes can still run: the
 // live ranks, those being relaunched, and those that succeeded.
 func (j *Job) checkViable(now time.Time) {
-	if j.stopped {
+	if j.stopped || j.closed() {
+		// Closed: no round forms any more, so stopping gains nothing; the
+		// members still running finish, or fail, on their own.
 		return
 	}
 	possible := 0
@@ -1182,6 +1359,47 @@ func (j *Job) Tick(now time.Time) {
 		return
 	}
 	j.tryForm(now)
+}
+
+// Stalled tells the job that the master could not answer for held, up to
+// now: its loop waited on the state (a write that did not go through, a
+// snapshot, the check that no newer master claimed it). No node can be
+// heard meanwhile, so that time is not counted as anyone's silence: every
+// live node's and claimant's heartbeat timeout, and a health check
+// round's deadline, move later by held less stallGrace. (Ordinary writes
+// are shorter than stallGrace and move nothing: a master that is busy
+// writing still answers every call within one.)
+func (j *Job) Stalled(held time.Duration, now time.Time) {
+	credit := held - j.stallGrace()
+	if credit <= 0 || j.stopped {
+		return
+	}
+	later := func(t time.Time) time.Time {
+		if t = t.Add(credit); t.After(now) {
+			return now
+		}
+		return t
+	}
+	for _, rec := range j.nodes {
+		if rec.State.alive() {
+			rec.LastSeen = later(rec.LastSeen)
+		}
+	}
+	for _, c := range j.claims {
+		c.lastSeen = later(c.lastSeen)
+	}
+	if j.check != nil {
+		j.check.deadline = j.check.deadline.Add(credit)
+	}
+	j.logf("warn", "the master could not answer while it waited on its state; that time is not counted as the nodes' silence",
+		"held", held, "heartbeat_timeouts_moved_by", credit)
+}
+
+// stallGrace is how long the state may hold the master before Stalled
+// moves anyone's timeout: the sweep's own period, within which a timeout
+// is noticed anyway.
+func (j *Job) stallGrace() time.Duration {
+	return min(sweepEvery, j.cfg.HeartbeatTimeout/4)
 }
 
 func (j *Job) sweepPeriod() time.Duration {
@@ -1280,14 +1498,24 @@ type claim struct {
 	expired         bool
 }
 
-func (c *claim) exclusion(holder *Node, pend time.Duration) *Exclusion {
-	who := "another pod"
-	if holder != nil {
+// exclusion is what a claimant whose pend timeout ran out is told. It says
+// whether the holder still calls: after a master restart a holder that has
+// not called yet keeps its rank for the heartbeat timeout from the restart,
+// and "still calls the master" would send the user looking for a pod that
+// may be long gone.
+func (c *claim) exclusion(holder *Node, pend, heartbeatTimeout time.Duration) *Exclusion {
+	who, calls := "another pod", "still holds the rank"
+	switch {
+	case holder == nil:
+	case holder.LastCall.IsZero():
 		who = "pod " + holder.Pod
+		calls = fmt.Sprintf("still holds the rank, but has made no call since the master restarted: it keeps the rank until it has been silent for the heartbeat timeout (%s) from the restart", heartbeatTimeout)
+	default:
+		who = "pod " + holder.Pod
+		calls = "still holds the rank and calls the master (its latest call at " + holder.LastCall.UTC().Format(time.RFC3339) + ")"
 	}
 	return &Exclusion{Code: kferrors.CodeRankHeld, Message: fmt.Sprintf(
-		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod still holds the rank and calls the master",
-		c.n.Pod, pend, who, c.n.Rank)}
+		"pod %s waited %s (pend timeout) to replace %s on rank %d; that pod %s", c.n.Pod, pend, who, c.n.Rank, calls)}
 }
 
 // claim records (or renews) n's claim on the rank rec's live pod holds.
@@ -1311,6 +1539,9 @@ func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 // handOver gives every rank that freed (its pod failed, left, went silent,
 // was reported gone) to the pod that claimed it.
 func (j *Job) handOver(now time.Time) {
+	if j.closed() {
+		return // closeRendezvous ended the claims; a succeeded rank is never handed over
+	}
 	for _, rank := range slices.Sorted(maps.Keys(j.claims)) {
 		c, rec := j.claims[rank], j.nodes[rank]
 		if c.expired || j.stopped || rec == nil || rec.State.alive() {

@@ -21,7 +21,9 @@ import (
 //	config min=2 max=3 [unit=1] [waiting=30s] [join-timeout=…] [pend-timeout=…]
 //	       [heartbeat-timeout=30s] [check] [exclude-straggler] [check-timeout=…] [max-relaunches=5]
 //	at 12s                          set the clock (from the scenario's start)
-//	join w0 [rank=0] [lws=2] [inc=1] [host=h0]   a pod joins (or asks again)
+//	join w0 [rank=0] [lws=2] [inc=1] [host=h0] [pod=NAME]   a pod joins (or asks
+//	                                 again); pod: the first join of w0 names its
+//	                                 pod NAME (a second container under one name)
 //	heartbeat w0                    a pod's heartbeat, in the round it runs
 //	report w0 ok|fail [self] [elapsed=1s] [ready=2s] [msg=…]   its result of its current
 //	                                 check task; self: the failure is its own;
@@ -29,6 +31,8 @@ import (
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
 //	tick                             time passes (timeouts, last call)
+//	stall 15s                        the master cannot answer for 15s (its state
+//	                                 write hangs), then goes on
 //	master-restart                   the master restarts from the records it
 //	                                 wrote (every step's dirty records)
 //	nodes                            every rank's record
@@ -47,7 +51,8 @@ func TestScenarios(t *testing.T) {
 }
 
 type scenarioPod struct {
-	name        string
+	name        string // the script's name for it
+	podName     string // the pod's name (name, unless join pod=…)
 	rank        int
 	incarnation int
 	lws         int
@@ -101,7 +106,7 @@ func (s *scenario) num(v string) int {
 func (s *scenario) pod(name string) *scenarioPod {
 	p, ok := s.pods[name]
 	if !ok {
-		p = &scenarioPod{name: name, rank: -1, incarnation: 1, lws: 1}
+		p = &scenarioPod{name: name, podName: name, rank: -1, incarnation: 1, lws: 1}
 		if i := strings.LastIndexAny(name, "0123456789"); i >= 0 {
 			j := i
 			for j > 0 && name[j-1] >= '0' && name[j-1] <= '9' {
@@ -116,7 +121,7 @@ func (s *scenario) pod(name string) *scenarioPod {
 }
 
 func (p *scenarioPod) info() NodeInfo {
-	return NodeInfo{Pod: p.name, Incarnation: fmt.Sprint(p.incarnation), Rank: p.rank, LocalWorldSize: p.lws,
+	return NodeInfo{Pod: p.podName, Incarnation: fmt.Sprint(p.incarnation), Rank: p.rank, LocalWorldSize: p.lws,
 		Addr: "addr-" + p.name, Port: 29500, Host: p.host}
 }
 
@@ -151,6 +156,7 @@ func (s *scenario) run(command string) string {
 		}
 		s.job = j
 		s.state = newMerger()
+		s.pods = map[string]*scenarioPod{} // a new job: its pods are new
 		c := j.Config()
 		fmt.Fprintf(&b, "nnodes=%d:%d unit=%d waiting=%s heartbeat-timeout=%s check=%v", c.MinNodes, c.MaxNodes,
 			c.NodeUnit, c.WaitingTimeout, c.HeartbeatTimeout, c.NetworkCheck)
@@ -159,8 +165,12 @@ func (s *scenario) run(command string) string {
 		s.now = s.t0.Add(s.dur(f[1]))
 		return "t=" + f[1]
 	case "join":
+		_, known := s.pods[f[1]]
 		p := s.pod(f[1])
 		a := s.args(f[2:])
+		if v, ok := a["pod"]; ok && !known {
+			p.podName = v
+		}
 		if v, ok := a["rank"]; ok {
 			p.rank = s.num(v)
 		}
@@ -234,11 +244,18 @@ func (s *scenario) run(command string) string {
 		p.left = true
 	case "gone":
 		p := s.pod(f[1])
-		_, ok := s.job.PodGone(p.name, kferrors.Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
+		_, ok := s.job.PodGone(p.podName, kferrors.Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
 		fmt.Fprintf(&b, "%s: gone (news to the master: %v)", p.name, ok)
 	case "tick":
 		s.job.Tick(s.now)
 		b.WriteString("tick")
+	case "stall":
+		// The loop waits on its state for d: nothing is applied meanwhile,
+		// then it tells the job, as Server.Run does.
+		d := s.dur(f[1])
+		s.now = s.now.Add(d)
+		s.job.Stalled(d, s.now)
+		fmt.Fprintf(&b, "stalled %s, t=%s", d, s.now.Sub(s.t0))
 	case "master-restart":
 		// From the batches written, as a restarted master loads them; a
 		// snapshot of the job as it was must restore the same.
@@ -357,21 +374,23 @@ func (s *scenario) ready(b *strings.Builder) {
 		}
 		nd, ok := s.job.Node(p.rank)
 		cp, ci, claims := s.job.Claimant(p.rank)
-		claimant := claims && cp == p.name && ci == fmt.Sprint(p.incarnation)
-		if !claimant && (!ok || nd.Pod != p.name || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil) {
+		claimant := claims && cp == p.podName && ci == fmt.Sprint(p.incarnation)
+		if !claimant && (!ok || nd.Pod != p.podName || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil) {
 			continue
 		}
-		a := s.job.Answer(p.name, fmt.Sprint(p.incarnation), p.rank, p.after)
+		a := s.job.Answer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.after)
 		if a.Pending() {
 			continue
 		}
 		fmt.Fprintf(b, "\n  woken %s", s.answer(p, a))
 	}
-	if r.WakeHeartbeats || r.WakeAll {
+	// The heartbeats held, answered as the loop answers them when woken: all
+	// of them, or those of the woken ranks.
+	if r.WakeHeartbeats || r.WakeAll || len(r.Wake) > 0 {
 		var hb []string
 		for name, p := range s.pods {
-			if p.round != 0 {
-				if a := s.job.HeartbeatAnswer(p.rank, p.round); a.Action != Continue {
+			if p.round != 0 && (r.WakeHeartbeats || r.WakeAll || r.Wake[p.rank]) {
+				if a := s.job.HeartbeatAnswer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.round); a.Action != Continue {
 					hb = append(hb, fmt.Sprintf("%s: %s", name, a.Action))
 				}
 			}

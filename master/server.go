@@ -70,6 +70,10 @@ type Options struct {
 	// Connections bound the lean transport's connections; zero: the
 	// defaults.
 	Connections ConnLimits
+
+	// stateWriteHook, when set, runs before each write of a batch (tests:
+	// a state that stalls or fails).
+	stateWriteHook func(context.Context) error
 }
 
 // Server is the master: the Job and the store inside one loop that orders
@@ -270,6 +274,7 @@ func (s *Server) openAndLoad(ctx context.Context) ([]*masterpb.StateRecord, erro
 		b.Close()
 		return nil, err
 	}
+	d.beforeAppend = s.opts.stateWriteHook
 	s.bucket, s.durable = b, d
 	return recs, nil
 }
@@ -348,6 +353,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		batch = batch[:0]
+		settling := time.Now()
 		woken, ready, wrote, err := s.settle(ctx)
 		answered = append(answered, woken...)
 		if err == nil && !wrote && len(answered) > 0 {
@@ -364,6 +370,10 @@ func (s *Server) Run(ctx context.Context) error {
 			s.fail(fmt.Errorf("%w: %w", errStopped, err))
 			return err
 		}
+		// Nothing was answered while the state held the loop: that time is
+		// no node's silence (a storage stall longer than the heartbeat
+		// timeout would otherwise have every node declared lost).
+		s.job.Stalled(time.Since(settling), time.Now())
 		for _, c := range answered {
 			c.release()
 		}

@@ -643,3 +643,57 @@ func TestOnRoundTellsTheMembers(t *testing.T) {
 	default:
 	}
 }
+
+// Two live agents under one pod name and rank (a pod deleted by force while
+// its container still ran, recreated under its name): the newer takes the
+// rank over; the older, holding a heartbeat, is told at once to exit
+// (Replaced), not to restart, and its join does not take the rank back.
+// Issue 28: the older was told to restart by its held heartbeat once the
+// newer ran in a round, joined again as "pod restarted", and the two took
+// the rank from each other without end.
+func TestDuplicatePodFenced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startInBubble(t, master.Options{StateURL: "mem://",
+			Job: master.Config{JobID: "dup", MinNodes: 2, MaxNodes: 2}})
+		c := m.client(t, token)
+		ctx := t.Context()
+		joinAll(t, c, 2)
+		older, newer := node(0), node(0)
+		newer.Incarnation = "2"
+		told := make(chan *masterpb.HeartbeatResponse, 1)
+		go func() {
+			res, err := c.Heartbeat(ctx, &masterpb.HeartbeatRequest{Node: older, Round: 1, WaitMs: 20000, Step: -1})
+			if err != nil {
+				t.Errorf("older's heartbeat: %v", err)
+			}
+			told <- res
+		}()
+		synctest.Wait() // the master holds the older's heartbeat
+		var g errgroup.Group
+		var rounds [2]*masterpb.Round
+		g.Go(func() (err error) { rounds[0], err = join(ctx, c, newer, 0); return err })
+		res := <-told
+		if res.GetAction() != masterpb.HeartbeatResponse_EXIT || res.GetExit().GetCode() != "Replaced" || res.GetExit().GetRelaunch() {
+			t.Errorf("the older incarnation's held heartbeat: %v, want exit Replaced, no relaunch", res)
+		}
+		// The other member restarts into the round with the newer one.
+		g.Go(func() (err error) { rounds[1], err = join(ctx, c, node(1), 1); return err })
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if rounds[0].GetNumber() != 2 || rounds[1].GetNumber() != 2 {
+			t.Fatalf("rounds %v", rounds)
+		}
+		j, err := c.Join(ctx, &masterpb.JoinRequest{Node: older, AfterRound: 1, WaitMs: 1000})
+		if err != nil || j.GetExcluded().GetCode() != "Replaced" {
+			t.Errorf("the older incarnation joins again: %v, %v; want excluded, Replaced", j, err)
+		}
+		st, err := c.Status(ctx, &masterpb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetRound() != 2 {
+			t.Errorf("round %d after the older incarnation's join, want 2 (it took the rank back)", st.GetRound())
+		}
+	})
+}

@@ -25,6 +25,8 @@ type errorsConfig struct {
 	Concurrency int
 	// Timeout bounds each storage call: a listing, one document read.
 	Timeout time.Duration
+	// warn gets what is said beside the table (stderr); nil: nothing.
+	warn io.Writer
 }
 
 // Ranges of the errors command's numeric flags, as --help states them.
@@ -96,6 +98,7 @@ is usable; 1 for a bad URL or flag, or a prefix that cannot be listed or read.`,
 			if err := c.validate(); err != nil {
 				return err
 			}
+			c.warn = cmd.ErrOrStderr()
 			return runErrors(cmd.Context(), c, cmd.OutOrStdout())
 		},
 	}
@@ -119,6 +122,12 @@ func runErrors(ctx context.Context, c errorsConfig, out io.Writer) error {
 	var r *outputreader.Report
 	if c.WaitWorkers > 0 {
 		r, err = outputreader.WaitFor(ctx, src, opts, c.WaitWorkers, time.Now().Add(c.Grace))
+		if err == nil && r.Workers() < c.WaitWorkers && c.warn != nil {
+			// The table below is what there is; say that it is not what
+			// was asked for, so that nobody reads it as complete.
+			fmt.Fprintf(c.warn, "gave up waiting after --grace %v: documents from %d of the %d workers asked for (--wait-workers); showing those\n",
+				c.Grace, r.Workers(), c.WaitWorkers)
+		}
 	} else {
 		r, err = outputreader.Read(ctx, src, opts)
 	}

@@ -244,3 +244,26 @@ func TestErrorsPutUnusableTorchFile(t *testing.T) {
 		t.Fatalf("document %+v, %v", f, err)
 	}
 }
+
+// --wait-workers that gives up after --grace says so, with how many
+// workers it saw, and still shows what there is; one that sees them all
+// says nothing more.
+func TestErrorsWaitWorkersSaysItGaveUp(t *testing.T) {
+	dir := t.TempDir()
+	url := "file://" + dir
+	b, w := prefixWriter(t, url)
+	defer b.Close()
+	for _, worker := range []string{"job-worker-0/0", "job-worker-1/0"} {
+		if _, err := w.Write(t.Context(), kferrors.UserError("ValueError", "boom", worker, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := runErrorsCmd(t, 20*time.Second, "--wait-workers", "3", "--grace", "300ms", url)
+	if err != nil || !strings.Contains(out, "gave up waiting after --grace 300ms: documents from 2 of the 3 workers") || !strings.Contains(out, "job-worker-1/0") {
+		t.Errorf("gave up: %v\n%s", err, out)
+	}
+	out, err = runErrorsCmd(t, 20*time.Second, "--wait-workers", "2", "--grace", "10s", url)
+	if err != nil || strings.Contains(out, "gave up") {
+		t.Errorf("all there: %v\n%s", err, out)
+	}
+}

@@ -22,7 +22,7 @@ type localFlags struct {
 	nnodes, nproc, launcher, out, job, memory, binary string
 	network                                           string
 	maxRestarts, slots, maxRelaunches                 int
-	tfPS, tfWorkers                                   int
+	tfPS, tfWorkers, maxWorkers                       int
 	chaos                                             []string
 	networkCheck, excludeStraggler                    bool
 	heartbeatInterval, heartbeatTimeout, waiting      time.Duration
@@ -110,6 +110,7 @@ interrupted it (130 for Ctrl-C, 143 for SIGTERM), as a shell reports it.`,
 	fl.StringVar(&f.network, "network", "", "pods' network: host (this machine's loopback), netns (a network namespace each, on a bridge; root), or empty: netns when a cut-network needs it and it can be had")
 	fl.IntVar(&f.tfPS, "tf-ps", 0, "a TensorFlow PS job with this many parameter servers (with --tf-workers; see above)")
 	fl.IntVar(&f.tfWorkers, "tf-workers", 0, "a TensorFlow PS job with this many workers besides its chief")
+	fl.IntVar(&f.maxWorkers, "max-workers", 0, "refuse a job of more workers (MAX pods × workers per pod) than this (0: what this machine holds, 4 per CPU; -1: no bound)")
 	return cmd
 }
 
@@ -171,10 +172,14 @@ func (f *localFlags) options(command []string) (local.Options, error) {
 		}
 		chaos = append(chaos, c)
 	}
-	return local.Options{Job: f.job, MinNodes: lo, MaxNodes: hi, NProcPerNode: n, MaxRestarts: f.maxRestarts, Slots: f.slots,
+	o = local.Options{Job: f.job, MinNodes: lo, MaxNodes: hi, NProcPerNode: n, MaxRestarts: f.maxRestarts, Slots: f.slots,
 		Launcher: f.launcher, Out: f.out, Chaos: chaos, Command: command, Binary: f.binary, Memory: mem, MaxRelaunches: f.maxRelaunches,
 		NetworkCheck: f.networkCheck || f.excludeStraggler, ExcludeStraggler: f.excludeStraggler, HeartbeatInterval: f.heartbeatInterval,
-		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network, TF: tf}, nil
+		HeartbeatTimeout: f.heartbeatTimeout, WaitingTimeout: f.waiting, CheckTimeout: f.checkTimeout, Grace: f.grace, Network: f.network, TF: tf,
+		MaxWorkers: f.maxWorkers}
+	// Before the output folder is made and the first line said: a bad job
+	// name or --binary, or a job the machine cannot hold, starts nothing.
+	return o, o.Validate()
 }
 
 // runLocal runs the job, then prints how it ended and writes its report.

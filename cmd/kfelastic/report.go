@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +40,7 @@ func (c reportConfig) validate() error {
 		intIn("concurrency", c.Concurrency, 1, maxConcurrency),
 		intIn("lanes", c.OpenLanes, 1, maxOpenLanes),
 		durationIn("timeout", c.Timeout, time.Millisecond, maxTimeout),
+		outputPathError(c.Output),
 	} {
 		if err != nil {
 			return err
@@ -66,7 +70,10 @@ accepts connections and never answers fails the command, it does not hang it. On
 a file:// prefix, symbolic links and special files are never followed; they count
 as skipped.
 
--o - writes the page to stdout. Exit status: 0 when the page is written (also
+-o - writes the page to stdout. Otherwise -o names a file: a new one, or a
+regular file it replaces (keeping its mode); a folder, a device, a FIFO or a
+socket is refused. A new page is 0666 less the umask, as any file a command
+creates. Exit status: 0 when the page is written (also
 for a prefix without documents: the page says so); 1 for a bad URL or a prefix
 that cannot be listed or read.`,
 		Args: cobra.ExactArgs(1),
@@ -141,10 +148,72 @@ func readReport(ctx context.Context, c reportConfig) (report.Input, error) {
 	return in, nil
 }
 
+// outputPathError says what is wrong with -o PATH before anything is read:
+// the page replaces only a regular file (through a link to one, the file),
+// never a device or a FIFO (renaming over /dev/null as root replaced the
+// device node), and needs a file name, not a folder.
+func outputPathError(path string) error {
+	switch {
+	case path == "-":
+		return nil
+	case path == "":
+		return fmt.Errorf("--output: empty; give a file name, or - for stdout")
+	case strings.HasSuffix(path, "/"):
+		return fmt.Errorf("--output %q: a folder; give a file name, e.g. %s", path, filepath.Join(path, "report.html"))
+	}
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if dir, err := os.Stat(filepath.Dir(path)); err != nil || !dir.IsDir() {
+			return fmt.Errorf("--output %q: its folder %q does not exist", path, filepath.Dir(path))
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("--output %q: %w", path, err)
+	case st.IsDir():
+		return fmt.Errorf("--output %q: a folder; give a file name, e.g. %s", path, filepath.Join(path, "report.html"))
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("--output %q: not a regular file (%s); the report replaces only regular files, or - for stdout", path, fileKind(st.Mode()))
+	}
+	return nil
+}
+
+// fileKind names a file's type for a message.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	}
+	return m.Type().String()
+}
+
 // writeFileAtomic writes path through a temporary file in its folder, so
-// that a failed write leaves no half page (nor removes an old one).
+// that a failed write leaves no half page (nor removes an old one). A link
+// is followed: its file is replaced, the link kept. The page keeps the mode
+// of the file it replaces; a new one is created 0666 less the umask, as
+// os.Create would (CreateTemp's 0600 would hide it from the group that
+// reads the folder; a fixed 0644 ignored the user's umask).
 func writeFileAtomic(path string, write func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err := outputPathError(path); err != nil {
+		return err
+	}
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		path = target
+	}
+	st, statErr := os.Stat(path)
+	replacing := statErr == nil
+	var f *os.File
+	var err error
+	for range 100 {
+		name := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%d", filepath.Base(path), rand.Uint32()))
+		if f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666); !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -153,9 +222,11 @@ func writeFileAtomic(path string, write func(io.Writer) error) error {
 		f.Close()
 		return err
 	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
+	if replacing {
+		if err := f.Chmod(st.Mode().Perm()); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,5 +220,78 @@ func TestReportTimeoutRangesAndEscaping(t *testing.T) {
 	out, err = runReportCmd(t, 20*time.Second, "-o", page, "file://"+dir)
 	if err != nil || strings.ContainsAny(out, "\x1b\x07") || !strings.Contains(out, `E\x1b]0;pwned\x07`) {
 		t.Errorf("said %q, %v; want the headline escaped", out, err)
+	}
+}
+
+// -o writes only over a regular file or a new one: a device, a FIFO, a
+// folder and an empty name are refused with what is wrong, before
+// storage is read, and left as they were; a new page takes the umask, a
+// replaced one keeps its mode, and a link's file is replaced, the link
+// kept.
+func TestReportOutputPath(t *testing.T) {
+	dir := t.TempDir()
+	prefix := "file://" + t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A device node of our own, a copy of /dev/null's (1, 3): the test must
+	// not put the real one at risk. Creating one needs root.
+	device := filepath.Join(dir, "null")
+	if err := syscall.Mknod(device, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+		t.Logf("no device node (%v): that case is left out", err)
+		device = ""
+	}
+	for _, c := range []struct{ path, want string }{
+		{"", "empty"},
+		{dir, "a folder"},
+		{dir + "/", "a folder"},
+		{fifo, "a FIFO"},
+		{device, "a device"},
+		{filepath.Join(dir, "missing", "r.html"), "does not exist"},
+	} {
+		if c.want == "a device" && c.path == "" {
+			continue
+		}
+		out, err := runReportCmd(t, 10*time.Second, "-o", c.path, prefix)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("-o %q: %v, want an error saying %q\n%s", c.path, err, c.want, out)
+		}
+	}
+	if st, err := os.Lstat(fifo); err != nil || st.Mode()&fs.ModeNamedPipe == 0 {
+		t.Errorf("the FIFO was replaced: %v %v", st.Mode(), err)
+	}
+	if st, err := os.Lstat(device); device != "" && (err != nil || st.Mode()&fs.ModeDevice == 0) {
+		t.Errorf("the device node was replaced: %v %v", st.Mode(), err)
+	}
+
+	old := syscall.Umask(0o077)
+	page := filepath.Join(dir, "new.html")
+	_, err := runReportCmd(t, 10*time.Second, "-o", page, prefix)
+	syscall.Umask(old)
+	if st, serr := os.Stat(page); err != nil || serr != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("new page under umask 077: %v, %v; want it written 0600", err, serr)
+	}
+
+	kept := filepath.Join(dir, "kept.html")
+	if err := os.WriteFile(kept, []byte("old"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(kept, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.html")
+	if err := os.Symlink(kept, link); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runReportCmd(t, 10*time.Second, "-o", link, prefix); err != nil {
+		t.Fatalf("-o through a link: %v\n%s", err, out)
+	}
+	if st, err := os.Lstat(link); err != nil || st.Mode()&fs.ModeSymlink == 0 {
+		t.Errorf("the link was replaced: %v", err)
+	}
+	data, _ := os.ReadFile(kept)
+	if st, err := os.Stat(kept); err != nil || st.Mode().Perm() != 0o640 || !strings.Contains(string(data), "<html") {
+		t.Errorf("replaced page: %v %v %q…; want the page, still 0640", st.Mode(), err, data[:min(len(data), 20)])
 	}
 }

@@ -77,6 +77,9 @@ global ranks a pod gets is c10d's choice).
 
 Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise, --raise-local,
 --marks DIR (each worker's first step, for make bench-recovery);
+--hold WORLD:STEP (a test's pacing: a worker in a world smaller than WORLD
+waits at step STEP until torch's agent restarts it into a larger one, so
+that a scale-up test does not depend on how fast the new pod starts);
 --run-id ID (default FLYTE_INTERNAL_EXECUTION_ID or "standin").
 """
 import argparse
@@ -303,7 +306,7 @@ def mark(marks, rank, world):
     os.replace(tmp, os.path.join(marks, f"{os.getpid()}.json"))
 
 
-def train(steps, sleep, ckpt, fail="", marks="", fail_local=""):
+def train(steps, sleep, ckpt, fail="", marks="", hold="", fail_local=""):
     """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
     debug_timing("process group ready")
@@ -334,8 +337,13 @@ def train(steps, sleep, ckpt, fail="", marks="", fail_local=""):
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     progress = os.environ.get("KFELASTIC_PROGRESS_FILE", "")
+    hold_world, hold_step = (int(x) for x in hold.split(":")) if hold else (0, -1)
     for step in range(start, steps):
         current[0] = step
+        if step == hold_step and world < hold_world:
+            say(f"holding at step {step} for a world of {hold_world}")
+            while True:
+                time.sleep(0.1)
         if rank == raise_rank and step == raise_step:
             exc = EXCEPTIONS.get(raise_type) or getattr(builtins, raise_type, RuntimeError)
             raise exc(f"rank {rank} failed at step {step} on purpose")
@@ -404,7 +412,7 @@ def execute(a):
         monitor_interval=a.monitor_interval,
         start_method=a.start_method,
     )
-    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks,
+    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks, "hold": a.hold,
               "fail_local": a.raise_local}
     if a.start_method == "spawn":
         entrypoint, args = run_task, (kwargs,)
@@ -453,6 +461,7 @@ def main():
     p.add_argument("--raise", default="")
     p.add_argument("--raise-local", default="")
     p.add_argument("--marks", default="")
+    p.add_argument("--hold", default="")
     p.add_argument("--exit-delay", type=float, default=1.0)
     p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
     a = p.parse_args()
