@@ -252,3 +252,28 @@ func bucketSource(t *testing.T, dir string) outputreader.Source {
 	t.Cleanup(func() { _ = b.Close() })
 	return outputreader.NewBucketSource(b)
 }
+
+// torch 1.13 names the worker its join found first, not the earliest: in a
+// TestRealFlytekitRootCause run local rank 1 raised ValueError in the
+// second before the one torch (and so flytekit) named for local rank 0's
+// gloo error. The earlier file of the same attempt wins all the same; a
+// file dated past torch's second does not.
+func TestRefineTakesEarlierSecond(t *testing.T) {
+	sec := time.Unix(1796545144, 0)
+	named := "/tmp/torchelastic_x/run/attempt_0/0/error.json"
+	f := kferrors.Failure{Code: "USER:RuntimeError", Worker: "job-worker-1", Time: sec,
+		Message: "Root Cause (first observed failure):\n  error_file: " + named + "\n  RuntimeError: [gloo] Connection closed by peer"}
+	gloo := rankError{localRank: 0, path: named, err: &kferrors.TorchError{
+		Message: "RuntimeError: [gloo] Connection closed by peer", Time: sec.Add(35 * time.Millisecond)}}
+	raised := rankError{localRank: 1, path: "/tmp/torchelastic_x/run/attempt_0/1/error.json", err: &kferrors.TorchError{
+		Message: "ValueError: loss is NaN", Time: sec.Add(-20 * time.Millisecond)}}
+	got, how := refineFromErrorFiles(f, []rankError{gloo, raised})
+	if got.Code != "ValueError" || !got.Time.Equal(raised.err.Time) || !strings.Contains(how, "local rank 1") {
+		t.Errorf("refined %s at %s (%s), want local rank 1's ValueError at %s", got.Code, got.Time, how, raised.err.Time)
+	}
+	raised.err.Time = sec.Add(time.Second + 20*time.Millisecond) // past torch's second
+	got, how = refineFromErrorFiles(f, []rankError{gloo, raised})
+	if got.Code != f.Code || !got.Time.Equal(gloo.err.Time) || how != "time" {
+		t.Errorf("refined %s at %s (%s), want the named rank's time only", got.Code, got.Time, how)
+	}
+}
