@@ -178,7 +178,8 @@ func describe(t *testing.T, dir string) string {
 // (outputreader.Summarize), the root cause is job-worker-1's ValueError,
 // in every one of 5 runs in a row: with one worker per pod, and with two
 // (nproc_per_node=2, local rank 1 raises: torch and flytekit name rank 0,
-// whose gloo error comes in the same whole second, item 2). Whichever pod
+// whose gloo error comes milliseconds later, in the same whole second or
+// the next, item 2). Whichever pod
 // reports first, the master stops the other (item 1): flytekit takes 1 to
 // 2 s from its document to its exit, so the master's EXIT mostly finds the
 // other pod's document written and its flytekit still running. Each run
