@@ -297,11 +297,19 @@ func readErrorFiles(named string) []rankError {
 }
 
 // refineFromErrorFiles is the pod's document f as its torch error files
-// tell it (pure): dated to the earliest failure among them within torch's
-// second (each file's time is torch's whole second refined by its mtime),
-// and, when that is another rank than the one torch named, with that
-// rank's exception as code and message, flytekit's text kept below it.
-// how says what changed ("" for nothing).
+// tell it (pure): dated to the earliest failure among them (each file's
+// time is torch's whole second refined by its mtime), and, when that is
+// another rank than the one torch named, with that rank's exception as
+// code and message, flytekit's text kept below it. how says what changed
+// ("" for nothing).
+//
+// The files are all of one attempt (its attempt_<N> folder), so one dated
+// before torch's second is an earlier failure of the same group, not
+// another: torch 1.13's multiprocessing context records only the worker
+// its join found first, by local rank, not by time, so flytekit's second
+// can be a later rank's (real flytekit, nproc_per_node=2: local rank 1
+// raised at …03.98, rank 0's gloo error at …04.03 was named). Only a
+// file dated after torch's second is left out (a clock that jumped).
 func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failure, string) {
 	if f.Time.IsZero() || f.Time.Nanosecond() != 0 {
 		return f, "" // no whole second to refine
@@ -311,8 +319,8 @@ func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failu
 	for i := range files {
 		r := &files[i]
 		t := r.err.Time
-		if !t.After(f.Time) || t.Sub(f.Time) >= time.Second {
-			continue // not of torch's second: another failure, or a clock that jumped
+		if t.IsZero() || t.Equal(f.Time) || t.Sub(f.Time) >= time.Second {
+			continue // no time, torch's own whole second, or past torch's second
 		}
 		if first == nil || t.Before(first.err.Time) || (t.Equal(first.err.Time) && r.path == named) {
 			first = r
@@ -332,7 +340,7 @@ func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failu
 	if tb := strings.TrimSpace(first.err.Traceback); tb != "" && !strings.Contains(first.err.Message, tb) {
 		b.WriteString("\n\n" + tb)
 	}
-	fmt.Fprintf(&b, "\n\nLocal rank %d raised first, at %s (its error file %s); torch named another rank of the same second. "+
+	fmt.Fprintf(&b, "\n\nLocal rank %d raised first, at %s (its error file %s); torch named another rank. "+
 		"flytekit's document:\n\n%s", first.localRank, first.err.Time.UTC().Format(time.RFC3339Nano), first.path, f.Message)
 	refined.Message = b.String()
 	return refined, "time and exception of local rank " + strconv.Itoa(first.localRank)

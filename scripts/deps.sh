@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2]
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2|flytekit]
 # (torch: Debian's python3-torch alone, for make demo; torch2: torch 2.14 in a
 # Debian sid root, run by scripts/torch-python 2.14; k8s: etcd, kube-apiserver,
-# CRDs, training operator, kwok; cluster: k8s and the one-node cluster)
+# CRDs, training operator, kwok; cluster: k8s and the one-node cluster;
+# flytekit: real flytekit 1.16.24 for the process-level tests)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
 BIN=$CACHE/bin
@@ -229,6 +230,35 @@ need_torch2() {
     $SUDO mv "$root.tmp" "$root"
 }
 
+# Real flytekit 1.16.24 for the tests that run pyflyte-execute itself
+# (internal/test/testenv/flytekit.go): the tarball in $KFELASTIC_FLYTEKIT
+# (default ../shared/flytekit beside the repository; it is a fixture, never
+# copied into the repository) unpacked into $CACHE/flytekit-1.16.24, and
+# the Debian packages its README lists (for /usr/bin/python3: bookworm's
+# Python 3.11 with torch 1.13). A warm run costs a dpkg -s per package.
+FLYTEKIT_VERSION=1.16.24
+need_flytekit() {
+  local src=${KFELASTIC_FLYTEKIT:-$(cd "$(dirname "$0")/.." && pwd)/../shared/flytekit}
+  local tarball=$src/flytekit-$FLYTEKIT_VERSION-site.tar.gz dir=$CACHE/flytekit-$FLYTEKIT_VERSION
+  [ -f "$tarball" ] && [ -f "$src/README.md" ] || { log "no $tarball (KFELASTIC_FLYTEKIT)"; return 1; }
+  # The README's list: the python3-* names after "comes from Debian".
+  local pkgs missing=() p
+  pkgs=$(sed -n '/comes from Debian/,/^Use:/p' "$src/README.md" | grep -o 'python3-[a-z0-9.+-]*' | sort -u || true)
+  [ -n "$pkgs" ] || { log "no Debian packages listed in $src/README.md"; return 1; }
+  for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]} (flytekit's Debian packages, ≈1 min)"
+    apt_install flytekit "${missing[@]}" || { log "flytekit's packages failed: see $CACHE/logs/flytekit.log"; return 1; }
+  fi
+  [ -f "$dir/site/flytekit/__init__.py" ] && [ -x "$dir/pyflyte-execute" ] && return 0
+  log "unpacking $tarball into $dir"
+  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp" &&
+    tar -xzf "$tarball" -C "$dir.tmp" &&
+    [ -f "$dir.tmp/site/flytekit/__init__.py" ] && [ -x "$dir.tmp/pyflyte-execute" ] &&
+    rm -rf "$dir" && mv "$dir.tmp" "$dir" ||
+    { log "cannot unpack $tarball"; rm -rf "$dir.tmp"; return 1; }
+}
+
 what=${1:-all}
 case $what in
   apt) need_apt ;;
@@ -237,6 +267,7 @@ case $what in
   h2spec) need_h2spec ;;
   protoc) need_protoc ;;
   torch2) need_torch2 ;;
+  flytekit) need_flytekit ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
   cluster) need_apt; need_k8s; need_crds; need_operator; need_cluster ;;
   all)
@@ -244,6 +275,9 @@ case $what in
     # The cluster's packages now, so that its long steps run beside the
     # others below; without them only the e2e tests skip, with a note.
     need_cluster_apt || log "the cluster's packages failed (see $CACHE/logs/cluster-apt.log): the e2e tests will skip"
+    # flytekit's Debian packages too, before the steps below (one apt-get
+    # at a time); warm, a dpkg -s per package.
+    need_flytekit || log "no real flytekit: the real-flytekit tests will skip"
     # Every long step at once, each skipped when cached: the builds share
     # the CPUs, the two debootstraps mostly wait on the network and the
     # disk. Measured cold on 2 cores: README.md.
@@ -262,5 +296,5 @@ case $what in
     wait $p1; wait $p2; wait $p3; wait $p4; wait $p5
     took "all dependencies" $start 0
     ;;
-  *) echo "usage: $0 [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2|flytekit]" >&2; exit 2 ;;
 esac

@@ -43,7 +43,14 @@ What it does as flytekit does:
     kind   = NON_RECOVERABLE (RECOVERABLE when recoverable), origin USER,
     timestamp = whole seconds, nanos 0,
     worker = _F_WN (FLYTE_INTERNAL_WORKER_NAME) as given, "" without _F_DES;
-  then it exits 0 (1 only with FLYTE_FAIL_ON_ERROR=true).
+  then it exits 0 (1 only with FLYTE_FAIL_ON_ERROR=true), and not at once:
+  after the document is in place flytekit still copies its engine folder,
+  logs and shuts its interpreter down, torch and all. Measured with real
+  flytekit 1.16.24 (agent's TestRealFlytekitRootCause) on a loaded 2-core
+  machine: 1 to 2 s from its "End Error Captured" line to its exit, long
+  enough that the master's EXIT, after the first pod's report, usually
+  reaches a pod whose flytekit has written its document and not exited
+  yet (issue 27, item 1). --exit-delay SEC (default 1) is that wait.
 - SignalException (torch's agent got SIGTERM): IgnoreOutputs, no document,
   exit 0.
 - Success: the result is global rank 0's (printed here: "result {...}";
@@ -64,9 +71,11 @@ rank resumes from it, so that steps go on after torch's agent restarts the
 workers. The dump signal (SIGUSR1) makes rank 0 checkpoint at once and
 print "dumped at step N". --raise RANK:STEP:TYPE makes global rank RANK
 raise TYPE (ValueError, RuntimeError, FlyteRecoverableException, ...) at
-step STEP, in its first attempt only.
+step STEP, in its first attempt only; --raise-local LOCAL_RANK:STEP:TYPE
+the same for the worker of that local rank (give it to one pod: which
+global ranks a pod gets is c10d's choice).
 
-Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise,
+Task options: --steps N, --sleep SEC per step, --ckpt PATH, --raise, --raise-local,
 --marks DIR (each worker's first step, for make bench-recovery);
 --hold WORLD:STEP (a test's pacing: a worker in a world smaller than WORLD
 waits at step STEP until torch's agent restarts it into a larger one, so
@@ -297,7 +306,7 @@ def mark(marks, rank, world):
     os.replace(tmp, os.path.join(marks, f"{os.getpid()}.json"))
 
 
-def train(steps, sleep, ckpt, fail="", marks="", hold=""):
+def train(steps, sleep, ckpt, fail="", marks="", hold="", fail_local=""):
     """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
     debug_timing("process group ready")
@@ -320,6 +329,10 @@ def train(steps, sleep, ckpt, fail="", marks="", hold=""):
     if fail and restart == "0":
         r, s, raise_type = fail.split(":", 2)
         raise_rank, raise_step = int(r), int(s)
+    if fail_local and restart == "0":
+        r, s, raise_type = fail_local.split(":", 2)
+        if int(r) == int(os.environ["LOCAL_RANK"]):
+            raise_rank, raise_step = rank, int(s)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -399,7 +412,8 @@ def execute(a):
         monitor_interval=a.monitor_interval,
         start_method=a.start_method,
     )
-    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks, "hold": a.hold}
+    kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks, "hold": a.hold,
+              "fail_local": a.raise_local}
     if a.start_method == "spawn":
         entrypoint, args = run_task, (kwargs,)
     elif a.start_method == "fork":
@@ -445,8 +459,10 @@ def main():
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--ckpt", default="")
     p.add_argument("--raise", default="")
+    p.add_argument("--raise-local", default="")
     p.add_argument("--marks", default="")
     p.add_argument("--hold", default="")
+    p.add_argument("--exit-delay", type=float, default=1.0)
     p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
     a = p.parse_args()
     if os.environ.get("LOGLEVEL"):
@@ -467,6 +483,7 @@ def main():
         say(traceback_str(e))
         say("!! End Error Captured by Flyte !!")
         say(f"error document {name}")
+        time.sleep(a.exit_delay)
         if os.environ.get("FLYTE_FAIL_ON_ERROR", "").lower() in ("1", "true"):
             return 1
         return 0
