@@ -43,10 +43,10 @@ vet:
 # budget (e2e/harness_test.go), so that one that hangs fails alone, long
 # before this kills the package.
 #
-# The suite waits more than it computes (a warm run kept the 2 cores about
-# half busy at -p 2): three packages at a time, the four longest named
-# first so that they start at once instead of the last of them starting
-# after the others (`go test` starts packages in the order given).
+# The four longest packages are named first, so that they start at once
+# instead of the last of them starting after the others (`go test` starts
+# packages in the order given, two at a time on 2 cores). Three at a time
+# (-p 3) was tried: a cold run at -p 3 had three load-timing failures.
 TEST_PACKAGES := ./local/ ./cmd/kfelastic/ ./agent/ ./e2e/ ./...
 test: deps vet
 	CGO_ENABLED=1 $(GO) test -race -count=1 -p 3 -timeout 45m $(TEST_PACKAGES)

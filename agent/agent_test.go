@@ -595,8 +595,10 @@ func TestHangWatchdog(t *testing.T) {
 // The timeout covers the helper's own start, which under -race alone takes
 // 0.6 s here.
 func TestHangProgressFile(t *testing.T) {
-	cfg, out := helperConfig(t, 1, "touch:2s")
-	cfg.HangTimeout = 1200 * time.Millisecond
+	// 3 s, not 1.2: under a cold make test's load the helper's first touch
+	// came later than 1.2 s after its start.
+	cfg, out := helperConfig(t, 1, "touch:6s")
+	cfg.HangTimeout = 3 * time.Second
 	if ee, _ := runAgent(t, t.Context(), cfg); ee != nil {
 		t.Fatalf("Run: %v\n%s", ee, out)
 	}

@@ -40,7 +40,10 @@ func TestStoreProxyUnderAgent(t *testing.T) {
 		ln.Close()
 	}
 
-	cfg, out = helperConfig(t, 3, "store:300ms")
+	// Rank 0's store comes up 2 s late here (not 300 ms): the other ranks
+	// must reach it before it is up even on a loaded machine, where a
+	// cold make test started them more than 300 ms after rank 0.
+	cfg, out = helperConfig(t, 3, "store:2s")
 	cfg.NoStoreProxy = true
 	ee, _ := runAgent(t, t.Context(), cfg)
 	if ee == nil || !strings.Contains(out.String(), "store refused") {

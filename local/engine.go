@@ -83,8 +83,12 @@ type Options struct {
 	MaxWorkers int
 }
 
-// Validate says what Run would refuse in o, before anything starts.
+// Validate says what Run would refuse in o, before anything starts. An
+// empty Out passes: the command makes a new folder for it.
 func (o Options) Validate() error {
+	if o.Out == "" {
+		o.Out = "(a new folder)"
+	}
 	return o.defaults()
 }
 
