@@ -49,7 +49,7 @@ vet:
 # (-p 3) was tried: a cold run at -p 3 had three load-timing failures.
 TEST_PACKAGES := ./local/ ./cmd/kfelastic/ ./agent/ ./e2e/ ./...
 test: deps vet
-	CGO_ENABLED=1 $(GO) test -race -count=1 -p 3 -timeout 45m $(TEST_PACKAGES)
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 45m $(TEST_PACKAGES)
 
 # Unit tests only: no external servers (they skip with a note).
 test-short:
