@@ -35,22 +35,11 @@ type ExitError struct {
 }
 
 func (e *ExitError) Error() string {
-	return fmt.Sprintf("%s (worker %s, exit %d)", kferrors.Headline(e.Failure.Code, firstLine(e.Failure.Message)), e.Failure.Worker, e.Code)
+	return fmt.Sprintf("%s (worker %s, exit %d)", kferrors.Headline(e.Failure.Code, kferrors.OneLine(e.Failure.Message)), e.Failure.Worker, e.Code)
 }
 
 // ExitCode is the process exit status for the command.
 func (e *ExitError) ExitCode() int { return e.Code }
-
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 && len(s)-i < 300 {
-		return s[i+1:] // a traceback's last line names the exception
-	}
-	if len(s) > 300 {
-		return s[:300] + "…"
-	}
-	return s
-}
 
 // Run supervises the workers until they succeed (nil), the pod fails
 // (*ExitError, after its document is written), or ctx ends: the end of ctx
@@ -346,7 +335,7 @@ func (l *loop) do(a Action) (done bool, err error) {
 		// The event has the pod's exit code: the one leave decided.
 		l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodFailed, Attempt: l.policy.Attempt(),
 			RestartCount: l.policy.RestartCount(), Worker: f.Worker, ExitCode: &code, Code: f.Code, Document: l.docKey,
-			Message: firstLine(f.Message)})
+			Message: kferrors.OneLine(f.Message)})
 		l.log.Error("pod failed", "code", f.Code, "worker", f.Worker, "time", f.Time, "exit_code", a.Code,
 			"restart_count", l.policy.RestartCount())
 		return true, &ExitError{Code: code, Failure: f, Document: l.docKey}
@@ -376,7 +365,7 @@ func (l *loop) commandWroteDocument(f kferrors.Failure, key string) (bool, error
 	code := 0
 	l.evlog.append(podevents.Event{Time: time.Now(), Pod: l.cfg.Pod, Kind: podevents.PodFailed, Attempt: l.policy.Attempt(),
 		RestartCount: l.policy.RestartCount(), Worker: f.Worker, ExitCode: &code, Code: f.Code, Document: key,
-		Message: firstLine(f.Message)})
+		Message: kferrors.OneLine(f.Message)})
 	l.log.Error("the command wrote an error document and exited 0 (flytekit); the pod failed", "code", f.Code,
 		"worker", f.Worker, "time", f.Time, "document", key)
 	return true, nil
@@ -532,10 +521,10 @@ func (l *loop) exitEvent(we WorkerExited) podevents.Event {
 	}
 	switch {
 	case we.StartError != "":
-		ev.Code, ev.Message = kferrors.CodeStartFailed, firstLine(we.StartError)
+		ev.Code, ev.Message = kferrors.CodeStartFailed, kferrors.OneLine(we.StartError)
 	case e.ExitCode != 0 || e.Signal != 0 || e.TorchError != nil || e.OOM:
 		f := kferrors.Classify(e)
-		ev.Code, ev.Message = f.Code, firstLine(f.Message)
+		ev.Code, ev.Message = f.Code, kferrors.OneLine(f.Message)
 	}
 	return ev
 }
@@ -549,7 +538,7 @@ func (l *loop) logExit(we WorkerExited) {
 		attrs = append(attrs, "exit_code", e.ExitCode)
 	}
 	if e.TorchError != nil {
-		attrs = append(attrs, "error", firstLine(e.TorchError.Message), "error_time", e.TorchError.Time)
+		attrs = append(attrs, "error", kferrors.OneLine(e.TorchError.Message), "error_time", e.TorchError.Time)
 	}
 	if e.OOM {
 		attrs = append(attrs, "oom", true)

@@ -32,7 +32,7 @@ const DefaultStorageTimeout = 30 * time.Second
 // Without a prefix the document is only logged and kept locally.
 func (l *loop) write(f kferrors.Failure) string {
 	l.log.Info("pod error document", "code", f.Code, "worker", f.Worker, "time", f.Time, "recoverable", f.Recoverable,
-		"message", firstLine(f.Message))
+		"message", kferrors.OneLine(f.Message))
 	key, data, err := kferrors.NewWriter(nil, nil).Prepare(f)
 	if err != nil {
 		l.log.Error("cannot encode error document", "err", err)

@@ -2,6 +2,7 @@ package errors_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -799,6 +800,46 @@ func TestPartialFailure(t *testing.T) {
 	for _, bad := range [][]byte{nil, []byte("junk"), {0x12, 0x01, 0x0a}, {0x0a, 0xff}} {
 		if p, ok := kferrors.PartialFailure(bad); ok {
 			t.Errorf("%q: %+v", bad, p)
+		}
+	}
+}
+
+// Issue 30: one helper shortens a message to one line, the line that names
+// the failure; the agent's used to return a message's last line whatever it
+// was, the report's a rule of "=".
+func TestOneLineNamesTheFailure(t *testing.T) {
+	childFailed := "==========\ntrain.py FAILED\n----------\nFailures:\n  <NO_OTHER_FAILURES>\n==========\n"
+	for _, c := range []struct{ msg, want string }{
+		{"", ""},
+		{"ValueError: boom", "ValueError: boom"},
+		{"  \n\nconnection refused\nretrying in 1 s\n", "connection refused"},
+		{"Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nValueError: loss is NaN\n", "ValueError: loss is NaN"},
+		{"USER:RuntimeError: Traceback (most recent call last):\n  File \"x\"\nValueError: batch 17\n\n", "ValueError: batch 17"},
+		{childFailed, "train.py FAILED"},
+		{"=====\n-----", ""},
+		{strings.Repeat("é", 400), strings.Repeat("é", 150) + "…"},
+		{"bad \xff byte", "bad \uFFFD byte"},
+	} {
+		if got := kferrors.OneLine(c.msg); got != c.want {
+			t.Errorf("OneLine(%q) = %q, want %q", c.msg, got, c.want)
+		}
+	}
+	// Any message: one line, valid UTF-8, within the cap, and a line of the
+	// message (or its cut).
+	rng := rand.New(rand.NewPCG(30, 1))
+	alphabet := []string{"a", "Z", "7", " ", "\n", "=", "-", "é", "\xff", "Traceback (most recent call last)", "\t"}
+	for range 5000 {
+		var b strings.Builder
+		for range rng.IntN(400) {
+			b.WriteString(alphabet[rng.IntN(len(alphabet))])
+		}
+		msg := b.String()
+		got := kferrors.OneLine(msg)
+		if strings.Contains(got, "\n") || !utf8.ValidString(got) || len(got) > 300+len("…") {
+			t.Fatalf("OneLine(%q) = %q: not one valid line within 300 bytes", msg, got)
+		}
+		if !strings.Contains(kferrors.ValidUTF8(msg), strings.TrimSuffix(got, "…")) {
+			t.Fatalf("OneLine(%q) = %q: not from the message", msg, got)
 		}
 	}
 }

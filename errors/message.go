@@ -1,8 +1,10 @@
 package errors
 
 import (
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -68,3 +70,31 @@ func ValidUTF8(s string) string {
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
+
+// oneLineMax is the most bytes OneLine keeps: a log line's or a lane's worth.
+const oneLineMax = 300
+
+// OneLine shortens a failure message to the one line that names the failure,
+// for a log attribute, a report's lane or a note: a Python traceback's last
+// line, where the exception is named; otherwise the first line with a
+// letter or digit in it (torch's ChildFailedError text opens with a rule of
+// "="). It keeps at most 300 bytes, marking a cut with "…".
+func OneLine(msg string) string {
+	lines := strings.Split(ValidUTF8(msg), "\n")
+	if strings.Contains(msg, "Traceback (most recent call last)") {
+		slices.Reverse(lines)
+	}
+	line := ""
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); l != "" && strings.IndexFunc(l, isWordRune) >= 0 {
+			line = l
+			break
+		}
+	}
+	if len(line) > oneLineMax {
+		line = truncateRunes(line, oneLineMax) + "…"
+	}
+	return line
+}
+
+func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }

@@ -240,6 +240,10 @@ type Engine struct {
 	token     string
 	wake      chan struct{}
 	mctx      context.Context
+	// runCtx is the run's context: once it ended, no pod starts, so
+	// that a stop reaches a job still starting its pods (one at a
+	// time, under mu).
+	runCtx context.Context
 
 	mu sync.Mutex
 	// job is the bookkeeping; procs the pods' processes.
@@ -322,6 +326,7 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 		e.note("master", "master serving on %s (state %s, documents %s)", e.addr, filepath.Join(out, "state"), e.errURL)
 	}
 
+	e.runCtx = ctx
 	e.update(func(j *Job) { j.Begin(time.Now()) })
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -347,6 +352,8 @@ func (e *Engine) run(ctx context.Context) (*Result, error) {
 			e.refresh()
 		}
 	}
+	// A job interrupted while it started its pods may have none left.
+	interrupted = interrupted || ctx.Err() != nil
 	e.update(func(j *Job) { j.Finish() })
 	if interrupted {
 		e.note("stop", "interrupted: stopping every pod")
@@ -375,12 +382,21 @@ func (e *Engine) carryOut() {
 		for _, n := range r.Notes {
 			e.note(n.Kind, "%s", n.Text)
 		}
+		notStarted := 0
 		for _, p := range r.Start {
+			if e.runCtx.Err() != nil {
+				e.job.NotStarted(p.Name)
+				notStarted++
+				continue
+			}
 			if pid, err := e.start(p); err != nil {
 				e.job.StartFailed(p.Name, err)
 			} else {
 				e.job.Started(p.Name, pid, time.Now())
 			}
+		}
+		if notStarted > 0 {
+			e.note("stop", "interrupted: %d pods not started", notStarted)
 		}
 		for _, in := range r.Inject {
 			if p := e.procs[in.Pod]; p != nil {

@@ -2,6 +2,8 @@ package local
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,4 +114,29 @@ func jobProcesses(prefix string) []string {
 		}
 	}
 	return out
+}
+
+// Issue 30: a stop reaches a job still starting its pods. The engine starts
+// pods one at a time; a job of many pods interrupted while it starts them
+// used to start every one before it heard the stop, and only then stop
+// them. A run whose context has ended starts none, and says so once.
+func TestInterruptedJobStartsNoPod(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	view := &syncBuffer{}
+	res, err := Run(ctx, Options{Job: "stopped", MinNodes: 8, MaxNodes: 8, NProcPerNode: 1, Out: out, View: view,
+		Binary: "/bin/true", Command: []string{"/bin/true"}, Grace: time.Second})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v, want the context's end", err)
+	}
+	if logs, _ := filepath.Glob(filepath.Join(out, "pods", "*.log")); len(logs) > 0 {
+		t.Errorf("pods started after the stop: %v", logs)
+	}
+	if !strings.Contains(view.String(), "interrupted: 8 pods not started") {
+		t.Errorf("view does not say the pods were not started:\n%s", view.String())
+	}
+	if res == nil {
+		t.Fatal("no result")
+	}
 }

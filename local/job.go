@@ -243,6 +243,10 @@ func (j *Job) StartFailed(name string, err error) {
 	j.book.Exited(name)
 }
 
+// NotStarted records a pod the engine did not start because the job is
+// stopping: it ends without a process (the engine says so once for all).
+func (j *Job) NotStarted(name string) { j.book.Exited(name) }
+
 // Step records a training step a pod printed: the first after a round
 // that formed after a fault is that fault's recovery; a new highest step
 // fires the chaos waiting for it.
@@ -367,7 +371,7 @@ func (j *Job) Carry(d master.Decision, now time.Time) {
 		}
 		j.note("master", "the master stopped the job: %s", d.Message)
 	case relaunch.None:
-		j.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, shortMessage(d.Message))
+		j.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, kferrors.OneLine(d.Message))
 	default:
 		if p := j.book.Pod(d.Pod); p != nil && p.State == Running {
 			// Its agent has not exited yet (it is leaving, or it is lost):
@@ -639,23 +643,6 @@ func exitText(code int) string {
 		return fmt.Sprintf("exit %d", code)
 	}
 	return fmt.Sprintf("exit %d (%s)", code, name)
-}
-
-// shortMessage is a message's first clause and last line (a traceback's
-// exception), for one line of the view.
-func shortMessage(m string) string {
-	lines := strings.Split(strings.TrimSpace(m), "\n")
-	first, last := lines[0], strings.TrimSpace(lines[len(lines)-1])
-	if len(lines) > 1 {
-		if head, _, ok := strings.Cut(first, "; "); ok {
-			first = head
-		}
-		first += "; … " + last
-	}
-	if r := []rune(first); len(r) > 240 {
-		first = string(r[:240]) + "…"
-	}
-	return first
 }
 
 func bytesText(b int64) string {

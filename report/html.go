@@ -361,5 +361,5 @@ func shownHeadline(d outputreader.Document) string {
 	if d.Exception != "" {
 		code = d.Exception
 	}
-	return kferrors.Headline(code, firstLine(msg))
+	return kferrors.Headline(code, kferrors.OneLine(msg))
 }

@@ -55,16 +55,3 @@ func cut(s string, n int) string {
 	}
 	return s[:i] + "…"
 }
-
-// firstLine is the first non-blank line of s, or the last line of a Python
-// traceback, where the exception is named.
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if strings.HasPrefix(s, "Traceback (most recent call last)") {
-		if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-			return strings.TrimSpace(s[i+1:])
-		}
-	}
-	line, _, _ := strings.Cut(s, "\n")
-	return strings.TrimSpace(line)
-}

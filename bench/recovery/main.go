@@ -58,6 +58,7 @@ import (
 	"syscall"
 	"time"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/local"
 )
@@ -173,7 +174,7 @@ func runTorch() error {
 			if err != nil {
 				// Said, and counted in the table: one torch's failure must
 				// not hide the other's figures.
-				fmt.Printf("  %s kfelastic run %d: no recovery: %v\n", s.id, i+1, firstLine(err.Error()))
+				fmt.Printf("  %s kfelastic run %d: no recovery: %v\n", s.id, i+1, kferrors.OneLine(err.Error()))
 				r.failed++
 				continue
 			}
@@ -613,12 +614,6 @@ func summary(rs []recovery) string {
 	}
 	lo, hi := slices.MinFunc(rs, byStep).step, slices.MaxFunc(rs, byStep).step
 	return fmt.Sprintf("%.1f s (%.1f–%.1f, n=%d) [%.2f s]", median(rs, stepOf).Seconds(), lo.Seconds(), hi.Seconds(), len(rs), median(rs, begunOf).Seconds())
-}
-
-// firstLine is s up to its first line break.
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
 }
 
 func byStep(a, b recovery) int { return cmp.Compare(a.step, b.step) }
