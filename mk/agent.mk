@@ -8,3 +8,13 @@ BENCHES += agent
 .PHONY: bench-agent
 bench-agent: build
 	$(GO) run ./bench/agent -agent $(BIN) -script agent/testdata/train/train_steps.py
+
+# What the torch hook's forkserver preload costs a container with a CPU
+# limit (agent/cpulimit.go): a flytekit-style command's first worker and a
+# restarted one, spawned as torch does vs forked from the preloaded
+# forkserver, under CFS quotas of 0.1–1 CPU and none (bench/preload; root).
+BENCHES += preload
+
+.PHONY: bench-preload
+bench-preload:
+	$(GO) run ./bench/preload
