@@ -48,35 +48,6 @@ func TestE1ElasticTrainsToTheEnd(t *testing.T) {
 	}
 }
 
-// E2: one rank raises ValueError under a FlyteWorkflow: the workflow's node
-// fails with the earliest root cause, `[pod, time] ValueError: …`, a USER
-// error that propeller does not retry, and the other pods' secondary
-// failures are in the tally.
-func TestE2RootCause(t *testing.T) {
-	e := scenario(t, "e2")
-	tmpl := e.template("elastic-2-3", func(tmpl *core.TaskTemplate) {
-		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
-		setStrings(c, "command", "python3", "/opt/kfelastic/testdata/train/allreduce_fail.py")
-		setStrings(c, "args")
-		addEnv(c, "FAIL_RANK", "3")
-		addEnv(c, "FAIL_STEP", "3")
-	})
-	j := e.launchWorkflow("e2", tmpl)
-	o := j.outcome(5 * time.Minute)
-	if o.Phase != v1alpha1.WorkflowPhaseFailed || o.NodePhase != v1alpha1.NodePhaseFailed || o.NodeError == nil {
-		t.Fatalf("want the workflow and its node failed with an error, got %v", o)
-	}
-	msg := o.NodeError.GetMessage()
-	if !strings.Contains(msg, "ValueError: loss is NaN at step 3 on rank 3") || !strings.Contains(msg, "["+j.name+"-worker-1") ||
-		o.NodeError.GetKind() != core.ExecutionError_USER {
-		t.Errorf("node error %s %q: want worker-1's USER ValueError (global rank 3 is node 1's second worker)", o.NodeError.GetKind(), msg)
-	}
-	if o.Attempts > 1 {
-		t.Errorf("a user error was retried: %v", o)
-	}
-	t.Logf("E2: the UI shows: %s", msg)
-}
-
 // E3: `kubectl delete pod` of worker 1 mid-training: the operator recreates
 // it under its name, the new pod takes rank 1 back, training resumes from
 // the checkpoint, and the task succeeds.
@@ -211,23 +182,6 @@ func TestE8DeletedWorkflowLeavesNothing(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-}
-
-// E4: worker 0's pod is deleted under a flytekit-style task (pyflyte-execute
-// → the command launcher → torch's own elastic_launch through the agent's
-// store relay): the survivors' torch re-rendezvouses through the master's
-// store, the replacement joins, and the task succeeds. Upstream loses such
-// a job: worker 0's pod hosts torch's c10d store.
-func TestE4FlytekitWorker0Deleted(t *testing.T) {
-	e := scenario(t, "e4")
-	j := e.launchWorkflow("e4", e.template("flytekit-2-3", nil))
-	j.waitStep(j.name+"-worker-1", 20, 5*time.Minute)
-	victim := j.pod(j.name + "-worker-0")
-	before := strings.Count(j.logs(j.name+"-worker-1"), "step = ")
-	fault := j.deletePod(victim)
-	resumed := j.waitNewSteps(j.name+"-worker-1", before+1, 4*time.Minute)
-	t.Logf("E4: worker 0's pod deleted → first training step after recovery (worker 1): %.1fs", resumed.Sub(fault).Seconds())
-	j.succeeds(6 * time.Minute)
 }
 
 // E7: a TFJob of parameter-server training (one ps, three workers, worker 0

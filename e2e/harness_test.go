@@ -338,6 +338,28 @@ func (j *job) waitNewSteps(pod string, n int, limit time.Duration) time.Time {
 	return time.Now()
 }
 
+// firstStepRE is a worker's first step: its log line once per start of
+// a script that trains from step 0 (no checkpoint).
+var firstStepRE = regexp.MustCompile(`(?m)step = 0$`)
+
+// starts counts the worker starts in a pod's log (firstStepRE).
+func (j *job) starts(pod string) int { return len(firstStepRE.FindAllStringIndex(j.logs(pod), -1)) }
+
+// waitRestarted waits until a pod's log shows more worker starts than
+// before: its workers trained again after a fault. It returns when.
+func (j *job) waitRestarted(pod string, before int, limit time.Duration) time.Time {
+	j.e.t.Helper()
+	limit, why := j.e.limit(limit)
+	deadline := time.Now().Add(limit)
+	for j.starts(pod) <= before {
+		if time.Now().After(deadline) {
+			j.e.t.Fatalf("pod %s: its workers did not train again after %v%s; log:\n%s", pod, limit, why, tail(j.logs(pod), 3000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Now()
+}
+
 // setStrings sets a container field of a task template's pod spec (a
 // protobuf Struct) to a list of strings.
 func setStrings(c map[string]*structpb.Value, field string, values ...string) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs or builds what the tests, benchmarks and demo need, idempotently,
 # into $KFELASTIC_CACHE (default ~/.cache/kfelastic, outside any clone so that
-# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2|flytekit]
+# fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|worker-root|protoc|torch2|flytekit]
 # (torch: Debian's python3-torch alone, for make demo; torch2: torch 2.14 in a
 # Debian sid root, run by scripts/torch-python 2.14; k8s: etcd, kube-apiserver,
 # CRDs, training operator, kwok; cluster: k8s and the one-node cluster;
@@ -158,7 +158,10 @@ need_coredns() {
 # cluster turns it into an image (internal/test/testenv) and imports it.
 need_worker_root() {
   local root=$CACHE/worker-root
-  [ -x "$root/usr/bin/python3" ] && [ -d "$root/usr/lib/python3/dist-packages/torch" ] && return 0
+  if [ -x "$root/usr/bin/python3" ] && [ -d "$root/usr/lib/python3/dist-packages/torch" ]; then
+    need_worker_flytekit_debs "$root"
+    return
+  fi
   log "debootstrap bookworm with python3-torch into $root (≈4.5 min, 1.3 GB)"
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   rm -rf "$root.tmp"
@@ -167,6 +170,25 @@ need_worker_root() {
     $SUDO chroot "$root.tmp" apt-get clean >>"$CACHE/logs/worker-root.log" 2>&1 &&
     rm -rf "$root" && mv "$root.tmp" "$root" ||
     { log "worker root failed: see $CACHE/logs/worker-root.log"; return 1; }
+  need_worker_flytekit_debs "$root"
+}
+
+# need_worker_flytekit_debs ROOT: the Debian packages real flytekit needs
+# (flytekit_debs) in the worker root, for the e2e scenarios that run
+# pyflyte-execute in a pod (E9); ≈1–4 min the first time. Without them only
+# those scenarios skip.
+need_worker_flytekit_debs() {
+  local root=$1 missing=() p pkgs
+  pkgs=$(flytekit_debs) || { log "no flytekit package list: the real-flytekit e2e scenarios will skip"; return 0; }
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  for p in $pkgs; do $SUDO chroot "$root" dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "worker root: apt-get install ${missing[*]} (real flytekit's Debian packages, ≈1–4 min)"
+  { $SUDO chroot "$root" apt-get update -qq &&
+    $SUDO chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" &&
+    $SUDO chroot "$root" apt-get clean; } >>"$CACHE/logs/worker-root.log" 2>&1 ||
+    log "worker root: flytekit's packages failed (see $CACHE/logs/worker-root.log): the real-flytekit e2e scenarios will skip"
+  return 0
 }
 
 # The Kubeflow CRDs, from the training-operator module's manifests.
@@ -237,14 +259,25 @@ need_torch2() {
 # the Debian packages its README lists (for /usr/bin/python3: bookworm's
 # Python 3.11 with torch 1.13). A warm run costs a dpkg -s per package.
 FLYTEKIT_VERSION=1.16.24
+flytekit_src() { echo "${KFELASTIC_FLYTEKIT:-$(cd "$(dirname "$0")/.." && pwd)/../shared/flytekit}"; }
+
+# flytekit_debs: the Debian packages real flytekit needs: its README's list
+# (the python3-* names after "comes from Debian"), and botocore for the
+# tests' s3:// (testdata/flytekit/s3: s3fs is not in Debian).
+flytekit_debs() {
+  local pkgs
+  pkgs=$(sed -n '/comes from Debian/,/^Use:/p' "$(flytekit_src)/README.md" 2>/dev/null | grep -o 'python3-[a-z0-9.+-]*' | sort -u || true)
+  [ -n "$pkgs" ] || return 1
+  echo $pkgs python3-botocore
+}
+
 need_flytekit() {
-  local src=${KFELASTIC_FLYTEKIT:-$(cd "$(dirname "$0")/.." && pwd)/../shared/flytekit}
+  local src
+  src=$(flytekit_src)
   local tarball=$src/flytekit-$FLYTEKIT_VERSION-site.tar.gz dir=$CACHE/flytekit-$FLYTEKIT_VERSION
   [ -f "$tarball" ] && [ -f "$src/README.md" ] || { log "no $tarball (KFELASTIC_FLYTEKIT)"; return 1; }
-  # The README's list: the python3-* names after "comes from Debian".
   local pkgs missing=() p
-  pkgs=$(sed -n '/comes from Debian/,/^Use:/p' "$src/README.md" | grep -o 'python3-[a-z0-9.+-]*' | sort -u || true)
-  [ -n "$pkgs" ] || { log "no Debian packages listed in $src/README.md"; return 1; }
+  pkgs=$(flytekit_debs) || { log "no Debian packages listed in $src/README.md"; return 1; }
   for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt-get install ${missing[*]} (flytekit's Debian packages, ≈1 min)"
@@ -268,6 +301,7 @@ case $what in
   protoc) need_protoc ;;
   torch2) need_torch2 ;;
   flytekit) need_flytekit ;;
+  worker-root) need_worker_root ;;
   k8s) need_apt; need_k8s; need_crds; need_operator ;;
   cluster) need_apt; need_k8s; need_crds; need_operator; need_cluster ;;
   all)
@@ -296,5 +330,5 @@ case $what in
     wait $p1; wait $p2; wait $p3; wait $p4; wait $p5
     took "all dependencies" $start 0
     ;;
-  *) echo "usage: $0 [all|apt|torch|minio|h2spec|k8s|cluster|protoc|torch2|flytekit]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|apt|torch|minio|h2spec|k8s|cluster|worker-root|protoc|torch2|flytekit]" >&2; exit 2 ;;
 esac

@@ -102,6 +102,10 @@ type Cluster struct {
 	// repository's training scripts under /opt/kfelastic (examples/,
 	// testdata/).
 	WorkerImage string
+	// Flytekit says whether the worker image has real flytekit under
+	// FlytekitInPods (flytekitLayer); the scenarios that run it skip
+	// without.
+	Flytekit bool
 
 	run   string // $CACHE/cluster/run
 	sock  string // containerd's socket
@@ -1225,11 +1229,61 @@ func (c *Cluster) importImages(ctx context.Context) error {
 	if err := c.importImage(ctx, have, InitImage, []ociBlob{base, initLayer}, imageSpec{}); err != nil {
 		return err
 	}
+	layers := []ociBlob{base, scripts}
 	sum := strings.TrimPrefix(scripts.digest, "sha256:")[:12] + strings.TrimPrefix(base.digest, "sha256:")[:4]
+	// Real flytekit, where the cache has it (scripts/deps.sh flytekit) and
+	// the root its Debian packages: a third layer, /opt/flytekit.
+	if fk, ok, err := flytekitLayer(filepath.Join(images, "flytekit.tar")); err != nil {
+		return err
+	} else if ok {
+		layers, c.Flytekit = append(layers, fk), true
+		sum += strings.TrimPrefix(fk.digest, "sha256:")[:4]
+	}
 	c.WorkerImage = "kfelastic.local/worker:" + sum
-	return c.importImage(ctx, have, c.WorkerImage, []ociBlob{base, scripts}, imageSpec{
+	return c.importImage(ctx, have, c.WorkerImage, layers, imageSpec{
 		env: []string{"PATH=/opt/kfelastic/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONUNBUFFERED=1"},
 	})
+}
+
+// FlytekitInPods is where real flytekit is in the worker image
+// (flytekitLayer): its site (with the tests' s3:// for fsspec beside it,
+// testdata/flytekit/s3) goes on the pod's PYTHONPATH, its pyflyte-execute
+// is bin/pyflyte-execute.
+const FlytekitInPods = "/opt/flytekit"
+
+// flytekitLayer holds real flytekit (FlytekitDir: its site and console
+// scripts) under FlytekitInPods. ok is false, with no error, when the
+// cache has no flytekit or the worker root lacks its Debian packages
+// (botocore the last of them, scripts/deps.sh): the scenarios that run it
+// then skip (Cluster.Flytekit).
+func flytekitLayer(path string) (ociBlob, bool, error) {
+	dir := FlytekitDir()
+	if _, err := os.Stat(filepath.Join(dir, "site", "flytekit", "__init__.py")); err != nil {
+		return ociBlob{}, false, nil
+	}
+	if _, err := os.Stat(filepath.Join(workerRoot(), "usr", "lib", "python3", "dist-packages", "botocore")); err != nil {
+		return ociBlob{}, false, nil
+	}
+	l, err := writeLayer(path, func(tw *tar.Writer) error {
+		if err := writeTree(tw, filepath.Join(dir, "site"), strings.TrimPrefix(FlytekitInPods, "/")+"/site", map[string]bool{}); err != nil {
+			return err
+		}
+		bin := strings.TrimPrefix(FlytekitInPods, "/") + "/bin/"
+		if err := tw.WriteHeader(&tar.Header{Name: bin, Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)}); err != nil {
+			return err
+		}
+		for _, script := range []string{"pyflyte-execute", "pyflyte-fast-execute"} {
+			b, err := os.ReadFile(filepath.Join(dir, script))
+			if err != nil {
+				return err
+			}
+			if err := putFile(tw, bin+script, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return l, err == nil, err
 }
 
 // ImportAgentImage builds the agent image of this tree as `make image`
@@ -1363,8 +1417,9 @@ func busyboxLayer(path string) (ociBlob, error) {
 }
 
 // rootLayer is the worker root file system as one layer tar at path,
-// written again only when the root changed (its python3-torch's folder's
-// modification time, stamped beside the tar).
+// written again only when the root changed (the modification times of its
+// python3-torch's folder and of dpkg's status, which every package
+// installed since changed, stamped beside the tar).
 func rootLayer(ctx context.Context, path string) (ociBlob, error) {
 	root := workerRoot()
 	st, err := os.Stat(filepath.Join(root, "usr", "lib", "python3", "dist-packages", "torch"))
@@ -1372,6 +1427,9 @@ func rootLayer(ctx context.Context, path string) (ociBlob, error) {
 		return ociBlob{}, err
 	}
 	stamp := st.ModTime().UTC().Format(time.RFC3339Nano)
+	if st, err := os.Stat(filepath.Join(root, "var", "lib", "dpkg", "status")); err == nil {
+		stamp += " " + st.ModTime().UTC().Format(time.RFC3339Nano)
+	}
 	if b, err := os.ReadFile(path + ".stamp"); err == nil && strings.TrimSpace(string(b)) == stamp {
 		if l, err := layerFile(path); err == nil {
 			return l, nil
