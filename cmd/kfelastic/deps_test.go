@@ -106,3 +106,17 @@ func TestDesignFloors(t *testing.T) {
 		}
 	}
 }
+
+// Issue 30: Python's bytecode caches are the machine's, not the
+// repository's (.gitignore has __pycache__/): none may be tracked, or a
+// checkout carries one Python's stale compiled files into the worker
+// image and every other Python rewrites them.
+func TestNoBytecodeTracked(t *testing.T) {
+	out, err := exec.Command("git", "ls-files", "--", ":(top,glob)**/*.py[co]", ":(top,glob)**/__pycache__/**").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	if files := strings.Fields(string(out)); len(files) > 0 {
+		t.Errorf("bytecode tracked (git rm --cached them): %v", files)
+	}
+}
