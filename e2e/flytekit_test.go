@@ -17,9 +17,10 @@ import (
 // take, pyflyte-execute → torch's elastic_launch, under the agent's
 // command launcher.
 
-// e9Runs is how many workflows in a row E9 runs: 2 in make test (each
-// ≈1.5 min on 2 cores); issue 27's acceptance is -e9.runs=5.
-var e9Runs = flag.Int("e9.runs", 2, "workflows in a row TestE9RealFlytekitRootCause runs")
+// e9Runs is how many workflows in a row E9 runs: 1 in make test (each
+// ≈1.5 min on 2 cores; E2 is the same story with the other pod raising);
+// issue 27's acceptance is -e9.runs=5.
+var e9Runs = flag.Int("e9.runs", 1, "workflows in a row TestE9RealFlytekitRootCause runs")
 
 // realFlytekit is a scenario's env where the worker image has real
 // flytekit; the scenario skips without.
