@@ -1421,19 +1421,28 @@ func (j *Job) sweep(now time.Time) {
 	byRank := func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) }
 	slices.SortFunc(silent, byRank)
 	slices.SortFunc(late, byRank)
+	// Every node the sweep ends is taken out before the job looks at what
+	// is left: failing them one by one, the first one's failure could
+	// complete a round with the next, lost a moment later (TestSim,
+	// sim_8.txt).
 	for _, rec := range silent {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		j.fail(rec, kferrors.SystemFailure(kferrors.CodeNodeLost,
-			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now), now)
+		f := kferrors.SystemFailure(kferrors.CodeNodeLost,
+			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now)
+		j.takeOut(rec, f, now)
+		j.checkReportMissing(rec.Rank, f.Code)
 	}
 	for _, rec := range late {
-		if rec.State != Joining || rec.Exclusion != nil {
-			continue
-		}
-		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
-			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now), now)
+		f := kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
+			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now)
+		j.takeOut(rec, f, now)
+		j.checkReportMissing(rec.Rank, f.Code)
+	}
+	if len(silent)+len(late) > 0 {
+		j.checkViable(now)
+		j.tryForm(now)
 	}
 }
 
