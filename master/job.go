@@ -25,9 +25,10 @@ type Config struct {
 	// fewer than MaxNodes) completes once this passed since the last join.
 	WaitingTimeout time.Duration
 	// ExpectedNodes (0: unknown) is how many nodes the job was created with,
-	// its Worker replicas on Kubernetes: once that many wait, nobody else is
-	// coming (short of someone scaling the job, which a later round
-	// absorbs), and the last call would only delay the start.
+	// its Worker replicas on Kubernetes: once that many wait, and no node
+	// still runs an older round (it is coming), nobody else is coming
+	// (short of someone scaling the job, which a later round absorbs), and
+	// the last call would only delay the start.
 	ExpectedNodes int
 	// JoinTimeout: a node that waited this long without a round exits with
 	// RendezvousTimeout.
@@ -1025,7 +1026,12 @@ func (j *Job) tryForm(now time.Time) {
 	switch {
 	case n >= j.cfg.MaxNodes:
 		complete = true
-	case j.cfg.ExpectedNodes > 0 && n >= j.cfg.ExpectedNodes:
+	case j.cfg.ExpectedNodes > 0 && n >= j.cfg.ExpectedNodes && j.nRunning == 0:
+		// Not while nodes still run an older round: told to restart, they
+		// are coming. Without them a round of the first few to rejoin
+		// would outdate itself at once, and the rest would form the
+		// next without those, round after round (TestSim, sim_7.txt:
+		// more nodes than expected, a scale-up or a late pod).
 		complete = true
 	case j.latest != nil && j.nRunning == 0 && j.nRelaunching == 0:
 		// A re-rendezvous: every living node is here and no replacement is
