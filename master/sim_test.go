@@ -186,6 +186,9 @@ type simRun struct {
 	// quiet counts the rounds completed since the last event (an arrival,
 	// a failure, a decision, a stall, a restart).
 	quiet int
+	// served are the relaunch decisions the owner carried out (a pod
+	// joined for the rank since), by Seq: it carries out each once.
+	served map[int64]bool
 }
 
 // simTB turns the runner's fatal errors into a violation of the history
@@ -206,7 +209,8 @@ func newSimRun(t testing.TB) *simRun {
 }
 
 func simAround(s *scenario) *simRun {
-	return &simRun{s: s, agents: map[string]*simAgent{}, heard: map[int]simHeard{}, held: map[string][]string{}}
+	return &simRun{s: s, agents: map[string]*simAgent{}, heard: map[int]simHeard{}, held: map[string][]string{},
+		served: map[int64]bool{}}
 }
 
 type simSnap struct {
@@ -285,6 +289,9 @@ func (r *simRun) observe(cmd string) (arrival bool) {
 			r.agents[f[1]] = a
 			r.names = append(r.names, f[1])
 			arrival = true
+			if d, ok := r.lastRelaunch(s.pods[f[1]].rank); ok {
+				r.served[d.Seq] = true
+			}
 		}
 		switch f[0] {
 		case "join":
@@ -366,6 +373,7 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 	cfg := j.Config()
 	if f[0] == "config" {
 		r.closed, r.closedRound, r.heard, r.stalls, r.held, r.quiet = false, 0, map[int]simHeard{}, nil, map[string][]string{}, 0
+		r.served = map[int64]bool{}
 		return "", ""
 	}
 	nodes := j.Nodes()
@@ -432,6 +440,11 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 				return "closed", fmt.Sprintf("after a node succeeded: %s", d)
 			}
 		}
+		for _, n := range nodes {
+			if n.Relaunching {
+				return "closed", fmt.Sprintf("rank %d (%s) waits for its relaunch after a node succeeded", n.Rank, n.Pod)
+			}
+		}
 		if f[0] == "join" && r.s.lastJoin != nil {
 			a := r.s.lastJoin
 			switch {
@@ -465,8 +478,8 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 		}
 	}
 	for _, d := range fresh {
-		if d.Kind == StopJob || d.Reason != kferrors.CodeNodeLost {
-			continue
+		if d.Kind == StopJob || d.Reason != kferrors.CodeNodeLost || f[0] != "tick" {
+			continue // only a sweep's: the owner may report a pod lost (gone NodeLost)
 		}
 		h, ok := r.heard[d.Rank]
 		if !ok {
@@ -669,8 +682,22 @@ func (r *simRun) newPod(rank int) string {
 	}
 }
 
-// wanted are the ranks the master wants relaunched that no live agent
-// joins for yet, by rank.
+// lastRelaunch is the latest relaunch decided for rank.
+func (r *simRun) lastRelaunch(rank int) (Decision, bool) {
+	if r.s.job == nil || rank < 0 {
+		return Decision{}, false
+	}
+	ds := r.s.job.decisions
+	for i := len(ds) - 1; i >= 0; i-- {
+		if d := ds[i]; d.Rank == rank && d.Kind != relaunch.None && d.Kind != StopJob {
+			return d, true
+		}
+	}
+	return Decision{}, false
+}
+
+// wanted are the ranks the master wants relaunched, whose decision the
+// owner has not carried out and for which no live agent joins, by rank.
 func (r *simRun) wanted() []Node {
 	j := r.s.job
 	if stopped, _ := j.Stopped(); stopped {
@@ -678,7 +705,7 @@ func (r *simRun) wanted() []Node {
 	}
 	var out []Node
 	for _, n := range j.Nodes() {
-		if !n.Relaunching {
+		if d, ok := r.lastRelaunch(n.Rank); !n.Relaunching || !ok || r.served[d.Seq] {
 			continue
 		}
 		if !slices.ContainsFunc(r.live(), func(name string) bool { return r.rankOf(r.s.pods[name]) == n.Rank }) {
