@@ -880,8 +880,15 @@ func (j *Job) closeRendezvous(now time.Time) {
 		j.wake(rank)
 	}
 	for _, rec := range j.sortedNodes() {
-		if rec.State == Joining && rec.Exclusion == nil {
+		switch {
+		case rec.State == Joining && rec.Exclusion == nil:
 			j.closeOut(rec, now)
+		case rec.Relaunching:
+			// Decided before the close, its pod not here yet: no round can
+			// take it now (it is told the job is done), so the rank waits
+			// for nobody (TestSim seed 40: "relaunching" for good).
+			j.update(rec, func(rec *Node) { rec.Relaunching = false })
+			j.logf("info", "relaunch dropped: the rendezvous closed before its pod joined", "rank", rec.Rank, "pod", rec.Pod)
 		}
 	}
 }
