@@ -365,7 +365,8 @@ type Job struct {
 	// held it and were replaced, newest last (at most maxFenced): one
 	// calling again is told to exit, never given the rank back, so that two
 	// live containers under one pod name cannot take it from each other
-	// without end. Not durable: a restarted master forgets them (fence).
+	// without end. Kept in the rank's node record: a restarted master
+	// still fences them (TestSim, sim_37.txt).
 	fenced map[int][]string
 	latest *Round
 	// lastJoin is the time of the latest join into the waiting set; the
@@ -800,6 +801,7 @@ const maxFenced = 8
 func (j *Job) fence(rank int, pod, incarnation string) {
 	f := append(slices.Clone(j.fenced[rank]), pod+"/"+incarnation)
 	j.fenced[rank] = f[max(0, len(f)-maxFenced):]
+	j.dirtyNode(rank)
 }
 
 func (j *Job) isFenced(rank int, pod, incarnation string) bool {
