@@ -22,9 +22,11 @@ import (
 //	config min=2 max=3 [unit=1] [waiting=30s] [join-timeout=…] [pend-timeout=…]
 //	       [heartbeat-timeout=30s] [check] [exclude-straggler] [check-timeout=…] [max-relaunches=5]
 //	at 12s                          set the clock (from the scenario's start)
-//	join w0 [rank=0] [lws=2] [inc=1] [host=h0] [pod=NAME]   a pod joins (or asks
-//	                                 again); pod: the first join of w0 names its
-//	                                 pod NAME (a second container under one name)
+//	join w0 [rank=0] [lws=2] [inc=1] [host=h0] [pod=NAME] [after=N]   a pod joins (or
+//	                                 asks again); pod: the first join of w0 names its
+//	                                 pod NAME (a second container under one name);
+//	                                 after: it asks for the round after N, not after
+//	                                 the latest it got (that answer was lost)
 //	heartbeat w0                    a pod's heartbeat, in the round it runs
 //	report w0 ok|fail [self] [elapsed=1s] [ready=2s] [msg=…]   its result of its current
 //	                                 check task; self: the failure is its own;
@@ -214,6 +216,9 @@ func (s *scenario) run(command string) string {
 		}
 		p.round = 0 // its workers stopped to join
 		p.left = false
+		if v, ok := a["after"]; ok {
+			p.after = int64(s.num(v))
+		}
 		ans, err := s.job.Join(p.info(), p.after, s.now)
 		if err != nil {
 			s.lastErr = err
@@ -336,6 +341,19 @@ func (s *scenario) run(command string) string {
 	return strings.TrimSpace(b.String())
 }
 
+// rankOf is the rank p asked for, or, for a pod that let the master
+// choose (rank=-1), the one the master gave it (-1 if none): its waiting
+// calls are woken by that rank.
+func (s *scenario) rankOf(p *scenarioPod) int {
+	if p.rank >= 0 {
+		return p.rank
+	}
+	if r, ok := s.job.byPod[p.podName]; ok {
+		return r
+	}
+	return -1
+}
+
 func excl(e *Exclusion) string {
 	r := "no relaunch"
 	if e.Relaunch {
@@ -399,7 +417,7 @@ func (s *scenario) ready(b *strings.Builder) {
 	// The pods woken by this step, answered as their waiting calls would be.
 	var woken []string
 	for name, p := range s.pods {
-		if r.WakeAll || r.Wake[p.rank] {
+		if r.WakeAll || r.Wake[s.rankOf(p)] {
 			woken = append(woken, name)
 		}
 	}
@@ -409,13 +427,14 @@ func (s *scenario) ready(b *strings.Builder) {
 		if p.round != 0 || p.left {
 			continue // training: it hears of it on its heartbeat; or gone
 		}
-		nd, ok := s.job.Node(p.rank)
-		cp, ci, claims := s.job.Claimant(p.rank)
+		rank := s.rankOf(p)
+		nd, ok := s.job.Node(rank)
+		cp, ci, claims := s.job.Claimant(rank)
 		claimant := claims && cp == p.podName && ci == fmt.Sprint(p.incarnation)
 		if !claimant && (!ok || nd.Pod != p.podName || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil) {
 			continue
 		}
-		a := s.job.Answer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.after)
+		a := s.job.Answer(p.podName, fmt.Sprint(p.incarnation), rank, p.after)
 		if a.Pending() {
 			continue
 		}
@@ -427,8 +446,8 @@ func (s *scenario) ready(b *strings.Builder) {
 	if r.WakeHeartbeats || r.WakeAll || len(r.Wake) > 0 {
 		var hb []string
 		for name, p := range s.pods {
-			if p.round != 0 && (r.WakeHeartbeats || r.WakeAll || r.Wake[p.rank]) {
-				if a := s.job.HeartbeatAnswer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.round); a.Action != Continue {
+			if rank := s.rankOf(p); p.round != 0 && (r.WakeHeartbeats || r.WakeAll || r.Wake[rank]) {
+				if a := s.job.HeartbeatAnswer(p.podName, fmt.Sprint(p.incarnation), rank, p.round); a.Action != Continue {
 					s.hbWoken[name] = a
 					hb = append(hb, fmt.Sprintf("%s: %s", name, a.Action))
 				}

@@ -342,18 +342,8 @@ func (r *simRun) live() []string {
 
 func (r *simRun) inc(p *scenarioPod) string { return strconv.Itoa(p.incarnation) }
 
-// rankOf is the rank p's incarnation holds, asks for, or -1.
-func (r *simRun) rankOf(p *scenarioPod) int {
-	if p.rank >= 0 {
-		return p.rank
-	}
-	for _, n := range r.s.job.Nodes() {
-		if n.Pod == p.podName && n.Incarnation == r.inc(p) {
-			return n.Rank
-		}
-	}
-	return -1
-}
+// rankOf is the rank p asks for or was given, or -1.
+func (r *simRun) rankOf(p *scenarioPod) int { return r.s.rankOf(p) }
 
 // holds reports whether p's incarnation is the holder of its rank.
 func (r *simRun) holds(p *scenarioPod) bool {
