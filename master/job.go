@@ -744,8 +744,10 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		switch {
 		case rec.Exclusion != nil || rec.State == Failed || rec.State == Succeeded:
 			// answered below: it must exit
-		case rec.State == Running && rec.Round > afterRound:
-			// the round it waits for is there
+		case rec.State == Running && rec.Round > afterRound && rec.Round == j.latestNumber():
+			// the round it waits for is there (an older one is gone: the
+			// node's answer was lost, and it joins the next,
+			// lost_round_answer.txt)
 		case rec.State == Joining && rec.AfterRound == afterRound:
 			// the same join again
 		default:
@@ -862,7 +864,7 @@ func (j *Job) joinClosed(n NodeInfo, afterRound int64, now time.Time) JoinAnswer
 		return JoinAnswer{Rank: rank, Excluded: j.outsider(rec, rank, n.Pod, n.Incarnation)}
 	}
 	rec.LastSeen, rec.LastCall = now, now
-	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && rec.Round <= afterRound) {
+	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && (rec.Round <= afterRound || rec.Round != j.latestNumber())) {
 		j.closeOut(rec, now)
 	}
 	return j.Answer(n.Pod, n.Incarnation, rank, afterRound)
