@@ -825,6 +825,10 @@ func (j *Job) outsider(rec *Node, rank int, pod, incarnation string) *Exclusion 
 		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf(
 			"rank %d is held by a newer incarnation of pod %s: two containers ran under one pod name (a pod deleted "+
 				"by force while its container still ran, recreated under its name); this older one is fenced off", rank, pod)}
+	case j.isFenced(rank, pod, incarnation):
+		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf(
+			"pod %s waited to replace pod %s on rank %d, and a newer pod claimed the rank after it: this one is fenced off",
+			pod, rec.Pod, rank)}
 	}
 	return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by pod %s", rank, rec.Pod)}
 }
@@ -1555,6 +1559,15 @@ func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 		}
 		c.lastSeen, c.afterRound = now, afterRound
 		return
+	}
+	if c != nil {
+		// The claimant it supersedes is fenced off: its next join is
+		// told Replaced instead of claiming the rank back, or two live
+		// claimants would take the claim from each other without end,
+		// each switch starting the pend timeout again (TestSim,
+		// sim_174.txt).
+		j.fence(rec.Rank, c.n.Pod, c.n.Incarnation)
+		j.logf("info", "replacement pod superseded by a newer one for its rank", "rank", rec.Rank, "pod", c.n.Pod, "by", n.Pod)
 	}
 	j.claims[rec.Rank] = &claim{n: n, afterRound: afterRound, since: now, lastSeen: now}
 	j.dirtyClaim(rec.Rank)
