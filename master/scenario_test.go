@@ -101,6 +101,9 @@ type scenario struct {
 	lastErr  error
 	woken    map[string]JoinAnswer
 	hbWoken  map[string]HeartbeatAnswer
+	// wake is what the command's Ready woke: these ranks, or all.
+	wake    map[int]bool
+	wakeAll bool
 }
 
 func (s *scenario) args(fields []string) map[string]string {
@@ -157,6 +160,7 @@ func (s *scenario) run(command string) string {
 	f := strings.Fields(command)
 	var b strings.Builder
 	s.lastJoin, s.lastHB, s.lastErr, s.woken, s.hbWoken = nil, nil, nil, map[string]JoinAnswer{}, map[string]HeartbeatAnswer{}
+	s.wake, s.wakeAll = nil, false
 	switch f[0] {
 	case "config":
 		a := s.args(f[1:])
@@ -384,6 +388,7 @@ func (s *scenario) answer(p *scenarioPod, a JoinAnswer) string {
 // woken pods would now be answered.
 func (s *scenario) ready(b *strings.Builder) {
 	r := s.job.Ready()
+	s.wake, s.wakeAll = r.Wake, r.WakeAll
 	s.state.add(s.job.dirtyRecords(r.Dirty))
 	for _, l := range r.Log {
 		if strings.HasPrefix(l.Msg, "Round ") || l.Level == "warn" {

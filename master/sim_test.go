@@ -69,6 +69,11 @@ func simReport(t *testing.T, seed uint64, r *simRun, prefix []string) {
 		t.Fatalf("shrinking seed %d lost its failure", seed) // simShrink keeps only failing candidates
 	}
 	script := simScript(seed, sr)
+	var tail strings.Builder
+	for i := max(0, len(r.cmds)-12); i < len(r.cmds); i++ {
+		fmt.Fprintf(&tail, "  %d %s\n    %s\n", i, r.cmds[i], strings.ReplaceAll(r.outs[i], "\n", "\n    "))
+	}
+	t.Logf("seed %d, the last commands before it failed (%d of them were its random part):\n%s", seed, len(prefix), tail.String())
 	path := filepath.Join("testdata", "scenarios", fmt.Sprintf("sim_%d.txt", seed))
 	t.Errorf("seed %d, step %d of %d: %s\nshrunk to %d commands (step %d fails: %s); replay: go test ./master -run TestSim -sim.seed=%d -sim.n=1 [-sim.write: write it as %s]\n%s",
 		seed, v.step, len(r.cmds), v, len(sr.cmds), sr.fail.step, sr.fail.msg, seed, path, script)
@@ -181,7 +186,8 @@ type simRun struct {
 	// heard is, by rank, when the master last heard its holder.
 	heard  map[int]simHeard
 	stalls []simStall
-	// held are, by pod name, the incarnations that held a rank, in order.
+	// held are, by pod name and rank, the incarnations that held it, in
+	// order.
 	held map[string][]string
 	// quiet counts the rounds completed since the last event (an arrival,
 	// a failure, a decision, a stall, a restart).
@@ -189,6 +195,8 @@ type simRun struct {
 	// served are the relaunch decisions the owner carried out (a pod
 	// joined for the rank since), by Seq: it carries out each once.
 	served map[int64]bool
+	// draining: the drain runs (no faults, prompt agents).
+	draining bool
 }
 
 // simTB turns the runner's fatal errors into a violation of the history
@@ -246,6 +254,15 @@ func (r *simRun) doOut(cmd string) (out string, ok bool) {
 		return "", false
 	}
 	pre := r.snap()
+	// A running agent that joins unasked restarts its workers (one
+	// failed, with restarts left): an event, as a failure is.
+	f := strings.Fields(cmd)
+	restarts := false
+	if f[0] == "join" {
+		if p, a := r.s.pods[f[1]], r.agents[f[1]]; p != nil && a != nil && p.round != 0 && !a.restart {
+			restarts = true
+		}
+	}
 	func() {
 		defer func() {
 			if x := recover(); x != nil {
@@ -264,7 +281,7 @@ func (r *simRun) doOut(cmd string) (out string, ok bool) {
 		return out, false
 	}
 	arrival := r.observe(cmd)
-	if inv, msg := r.check(cmd, pre, arrival); inv != "" {
+	if inv, msg := r.check(cmd, pre, arrival || restarts); inv != "" {
 		r.fail = &simViolation{inv: inv, step: len(r.cmds) - 1, msg: fmt.Sprintf("after %q: %s", cmd, msg)}
 		return out, false
 	}
@@ -315,6 +332,19 @@ func (r *simRun) observe(cmd string) (arrival bool) {
 			a.dead = true
 		}
 	}
+	// The loop answers every waiting call of a woken rank, also those of
+	// pods the runner does not print (one that lost its rank to another).
+	if s.job != nil && (s.wakeAll || len(s.wake) > 0) {
+		for _, name := range r.names {
+			a, p := r.agents[name], s.pods[name]
+			if _, told := s.woken[name]; told || a.dead || p.round != 0 || p.task != nil || !(s.wakeAll || s.wake[r.rankOf(p)]) {
+				continue
+			}
+			if ans := s.job.Answer(p.podName, r.inc(p), r.rankOf(p), p.after); ans.Excluded != nil {
+				a.dead = true
+			}
+		}
+	}
 	for name, ha := range s.hbWoken {
 		if a := r.agents[name]; a != nil {
 			switch ha.Action {
@@ -351,9 +381,10 @@ func (r *simRun) holds(p *scenarioPod) bool {
 	return ok && n.Pod == p.podName && n.Incarnation == r.inc(p)
 }
 
-// check checks the promises after cmd; pre is the job before it. It
+// check checks the promises after cmd; pre is the job before it; event:
+// the command is an agent's first join or a restart of its workers. It
 // returns the promise that failed ("" if none) and how.
-func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
+func (r *simRun) check(cmd string, pre simSnap, event bool) (string, string) {
 	j := r.s.job
 	if j == nil {
 		return "", ""
@@ -507,9 +538,13 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 		if !n.State.alive() {
 			continue
 		}
-		h := r.held[n.Pod]
+		// By pod and rank: the master fences an incarnation off the rank
+		// it was replaced on (one that lets the master choose may get
+		// another free rank).
+		key := n.Pod + "@" + strconv.Itoa(n.Rank)
+		h := r.held[key]
 		if i := slices.Index(h, n.Incarnation); i < 0 {
-			r.held[n.Pod] = append(h, n.Incarnation)
+			r.held[key] = append(h, n.Incarnation)
 		} else if i < len(h)-1 {
 			return "fence", fmt.Sprintf("pod %s incarnation %s holds rank %d again after incarnation %s replaced it",
 				n.Pod, n.Incarnation, n.Rank, h[len(h)-1])
@@ -520,7 +555,7 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 		if p == nil {
 			return false
 		}
-		h := r.held[p.podName]
+		h := r.held[p.podName+"@"+strconv.Itoa(r.rankOf(p))]
 		i := slices.Index(h, r.inc(p))
 		return i >= 0 && i < len(h)-1
 	}
@@ -614,9 +649,12 @@ func (r *simRun) check(cmd string, pre simSnap, arrival bool) (string, string) {
 		r.quiet += int(round - pre.round)
 	}
 	switch {
-	case arrival, len(fresh) > 0, f[0] == "leave", f[0] == "gone", f[0] == "die", f[0] == "stall", f[0] == "master-restart":
+	case event, len(fresh) > 0, f[0] == "leave", f[0] == "gone", f[0] == "die", f[0] == "stall", f[0] == "master-restart":
 		r.quiet = 0
-	case r.quiet > simQuietRounds:
+	case r.draining && r.quiet > simQuietRounds:
+		// Only in the drain, where every agent does at once what it is
+		// told: an agent slower to restart than the last call
+		// (WaitingTimeout) may well miss a round, by design.
 		return "livelock", fmt.Sprintf("%d rounds completed with no arrival, failure or decision among them", r.quiet)
 	}
 	return "", ""
@@ -713,6 +751,7 @@ func (r *simRun) drain() {
 	if j == nil || r.fail != nil {
 		return
 	}
+	r.draining, r.quiet = true, 0
 	cfg := j.Config()
 	step := max(time.Second, cfg.HeartbeatTimeout/3)
 	limit := 3*int((cfg.JoinTimeout+cfg.PendTimeout+2*cfg.CheckTimeout+cfg.WaitingTimeout+2*cfg.HeartbeatTimeout)/step) + 30
