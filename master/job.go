@@ -723,6 +723,12 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		}
 	}
 	rec := j.nodes[n.Rank]
+	if j.stopped && (rec == nil || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation) {
+		// A stopped job takes nobody in: a pod that does not hold its
+		// rank is told so and not recorded (it took the rank, and an
+		// older incarnation took it back, TestSim seed 518538).
+		return JoinAnswer{Rank: n.Rank, Excluded: j.stopExclusion()}, nil
+	}
 	if rec != nil && (rec.Pod != n.Pod || rec.Incarnation != n.Incarnation) && j.isFenced(n.Rank, n.Pod, n.Incarnation) {
 		// An incarnation a newer one of its pod replaced: it would take
 		// the rank back, and the newer one would take it again, without
