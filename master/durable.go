@@ -772,11 +772,12 @@ func exclusionFrom(e *masterpb.Exclusion) *Exclusion {
 	return &Exclusion{Code: e.GetCode(), Message: e.GetMessage(), Relaunch: e.GetRelaunch()}
 }
 
-func nodeRecord(n *Node) *masterpb.StateRecord {
+func (j *Job) nodeRecord(n *Node) *masterpb.StateRecord {
 	return &masterpb.StateRecord{Record: &masterpb.StateRecord_Node{Node: &masterpb.NodeRecord{
 		Rank: int32(n.Rank), Pod: n.Pod, Incarnation: n.Incarnation, Host: n.Host, Addr: n.Addr, Port: int32(n.Port),
 		LocalWorldSize: int32(n.LocalWorldSize), State: string(n.State), Round: n.Round, Relaunches: int32(n.Relaunches),
 		Checked: n.Checked, Relaunching: n.Relaunching, Exclusion: exclusionPB(n.Exclusion), AfterRound: n.AfterRound,
+		Fenced: slices.Clone(j.fenced[n.Rank]),
 	}}}
 }
 
@@ -874,7 +875,7 @@ func (j *Job) dirtyRecords(d Dirty) []*masterpb.StateRecord {
 	slices.Sort(ranks)
 	for _, r := range ranks {
 		if n, ok := j.nodes[r]; ok {
-			out = append(out, nodeRecord(n))
+			out = append(out, j.nodeRecord(n))
 		}
 	}
 	for _, r := range slices.Sorted(maps.Keys(d.Claims)) {
@@ -896,7 +897,7 @@ func (j *Job) allRecords() []*masterpb.StateRecord {
 		out = append(out, j.roundRecord())
 	}
 	for _, n := range j.sortedNodes() {
-		out = append(out, nodeRecord(n))
+		out = append(out, j.nodeRecord(n))
 	}
 	for _, r := range slices.Sorted(maps.Keys(j.claims)) {
 		out = append(out, j.claimRecord(r))
@@ -956,6 +957,11 @@ func RestoreJob(cfg Config, records []*masterpb.StateRecord, now time.Time) (*Jo
 			}
 			j.nodes[n.Rank] = n
 			j.byPod[n.Pod] = n.Rank
+			if f := nr.GetFenced(); len(f) > 0 {
+				j.fenced[n.Rank] = slices.Clone(f[max(0, len(f)-maxFenced):])
+			} else {
+				delete(j.fenced, n.Rank)
+			}
 		case *masterpb.StateRecord_Decision:
 			j.decisions = append(j.decisions, DecisionFrom(x.Decision))
 		case *masterpb.StateRecord_Claim:

@@ -86,6 +86,20 @@ func sameRestored(t testing.TB, want, got *Job) {
 	if g, w := claimsOf(got), claimsOf(want); !reflect.DeepEqual(g, w) {
 		t.Fatalf("restored claims differ:\n%+v\nwant\n%+v", g, w)
 	}
+	if g, w := fencesOf(got), fencesOf(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("restored fences differ:\n%v\nwant\n%v", g, w)
+	}
+}
+
+// fencesOf is j's fenced incarnations, by rank, where there are any.
+func fencesOf(j *Job) map[int][]string {
+	out := map[int][]string{}
+	for r, f := range j.fenced {
+		if len(f) > 0 {
+			out[r] = f
+		}
+	}
+	return out
 }
 
 // claimsOf is j's claims less their times.

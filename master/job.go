@@ -25,9 +25,10 @@ type Config struct {
 	// fewer than MaxNodes) completes once this passed since the last join.
 	WaitingTimeout time.Duration
 	// ExpectedNodes (0: unknown) is how many nodes the job was created with,
-	// its Worker replicas on Kubernetes: once that many wait, nobody else is
-	// coming (short of someone scaling the job, which a later round
-	// absorbs), and the last call would only delay the start.
+	// its Worker replicas on Kubernetes: once that many wait, and no node
+	// still runs an older round (it is coming), nobody else is coming
+	// (short of someone scaling the job, which a later round absorbs), and
+	// the last call would only delay the start.
 	ExpectedNodes int
 	// JoinTimeout: a node that waited this long without a round exits with
 	// RendezvousTimeout.
@@ -364,7 +365,8 @@ type Job struct {
 	// held it and were replaced, newest last (at most maxFenced): one
 	// calling again is told to exit, never given the rank back, so that two
 	// live containers under one pod name cannot take it from each other
-	// without end. Not durable: a restarted master forgets them (fence).
+	// without end. Kept in the rank's node record: a restarted master
+	// still fences them (TestSim, sim_37.txt).
 	fenced map[int][]string
 	latest *Round
 	// lastJoin is the time of the latest join into the waiting set; the
@@ -721,6 +723,12 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		}
 	}
 	rec := j.nodes[n.Rank]
+	if j.stopped && (rec == nil || rec.Pod != n.Pod || rec.Incarnation != n.Incarnation) {
+		// A stopped job takes nobody in: a pod that does not hold its
+		// rank is told so and not recorded (it took the rank, and an
+		// older incarnation took it back, TestSim seed 518538).
+		return JoinAnswer{Rank: n.Rank, Excluded: j.stopExclusion()}, nil
+	}
 	if rec != nil && (rec.Pod != n.Pod || rec.Incarnation != n.Incarnation) && j.isFenced(n.Rank, n.Pod, n.Incarnation) {
 		// An incarnation a newer one of its pod replaced: it would take
 		// the rank back, and the newer one would take it again, without
@@ -742,8 +750,10 @@ func (j *Job) Join(n NodeInfo, afterRound int64, now time.Time) (JoinAnswer, err
 		switch {
 		case rec.Exclusion != nil || rec.State == Failed || rec.State == Succeeded:
 			// answered below: it must exit
-		case rec.State == Running && rec.Round > afterRound:
-			// the round it waits for is there
+		case rec.State == Running && rec.Round > afterRound && rec.Round == j.latestNumber():
+			// the round it waits for is there (an older one is gone: the
+			// node's answer was lost, and it joins the next,
+			// lost_round_answer.txt)
 		case rec.State == Joining && rec.AfterRound == afterRound:
 			// the same join again
 		default:
@@ -799,6 +809,7 @@ const maxFenced = 8
 func (j *Job) fence(rank int, pod, incarnation string) {
 	f := append(slices.Clone(j.fenced[rank]), pod+"/"+incarnation)
 	j.fenced[rank] = f[max(0, len(f)-maxFenced):]
+	j.dirtyNode(rank)
 }
 
 func (j *Job) isFenced(rank int, pod, incarnation string) bool {
@@ -820,6 +831,10 @@ func (j *Job) outsider(rec *Node, rank int, pod, incarnation string) *Exclusion 
 		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf(
 			"rank %d is held by a newer incarnation of pod %s: two containers ran under one pod name (a pod deleted "+
 				"by force while its container still ran, recreated under its name); this older one is fenced off", rank, pod)}
+	case j.isFenced(rank, pod, incarnation):
+		return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf(
+			"pod %s waited to replace pod %s on rank %d, and a newer pod claimed the rank after it: this one is fenced off",
+			pod, rec.Pod, rank)}
 	}
 	return &Exclusion{Code: kferrors.CodeReplaced, Message: fmt.Sprintf("rank %d is now held by pod %s", rank, rec.Pod)}
 }
@@ -859,7 +874,7 @@ func (j *Job) joinClosed(n NodeInfo, afterRound int64, now time.Time) JoinAnswer
 		return JoinAnswer{Rank: rank, Excluded: j.outsider(rec, rank, n.Pod, n.Incarnation)}
 	}
 	rec.LastSeen, rec.LastCall = now, now
-	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && rec.Round <= afterRound) {
+	if rec.Exclusion == nil && (rec.State == Joining || rec.State == Running && (rec.Round <= afterRound || rec.Round != j.latestNumber())) {
 		j.closeOut(rec, now)
 	}
 	return j.Answer(n.Pod, n.Incarnation, rank, afterRound)
@@ -879,8 +894,15 @@ func (j *Job) closeRendezvous(now time.Time) {
 		j.wake(rank)
 	}
 	for _, rec := range j.sortedNodes() {
-		if rec.State == Joining && rec.Exclusion == nil {
+		switch {
+		case rec.State == Joining && rec.Exclusion == nil:
 			j.closeOut(rec, now)
+		case rec.Relaunching:
+			// Decided before the close, its pod not here yet: no round can
+			// take it now (it is told the job is done), so the rank waits
+			// for nobody (TestSim seed 40: "relaunching" for good).
+			j.update(rec, func(rec *Node) { rec.Relaunching = false })
+			j.logf("info", "relaunch dropped: the rendezvous closed before its pod joined", "rank", rec.Rank, "pod", rec.Pod)
 		}
 	}
 }
@@ -1025,7 +1047,12 @@ func (j *Job) tryForm(now time.Time) {
 	switch {
 	case n >= j.cfg.MaxNodes:
 		complete = true
-	case j.cfg.ExpectedNodes > 0 && n >= j.cfg.ExpectedNodes:
+	case j.cfg.ExpectedNodes > 0 && n >= j.cfg.ExpectedNodes && j.nRunning == 0:
+		// Not while nodes still run an older round: told to restart, they
+		// are coming. Without them a round of the first few to rejoin
+		// would outdate itself at once, and the rest would form the
+		// next without those, round after round (TestSim, sim_7.txt:
+		// more nodes than expected, a scale-up or a late pod).
 		complete = true
 	case j.latest != nil && j.nRunning == 0 && j.nRelaunching == 0:
 		// A re-rendezvous: every living node is here and no replacement is
@@ -1421,19 +1448,28 @@ func (j *Job) sweep(now time.Time) {
 	byRank := func(a, b *Node) int { return cmp.Compare(a.Rank, b.Rank) }
 	slices.SortFunc(silent, byRank)
 	slices.SortFunc(late, byRank)
+	// Every node the sweep ends is taken out before the job looks at what
+	// is left: failing them one by one, the first one's failure could
+	// complete a round with the next, lost a moment later (TestSim,
+	// sim_8.txt).
 	for _, rec := range silent {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		j.fail(rec, kferrors.SystemFailure(kferrors.CodeNodeLost,
-			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now), now)
+		f := kferrors.SystemFailure(kferrors.CodeNodeLost,
+			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now)
+		j.takeOut(rec, f, now)
+		j.checkReportMissing(rec.Rank, f.Code)
 	}
 	for _, rec := range late {
-		if rec.State != Joining || rec.Exclusion != nil {
-			continue
-		}
-		j.fail(rec, kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
-			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now), now)
+		f := kferrors.SystemFailure(kferrors.CodeRendezvousTimeout,
+			fmt.Sprintf("pod %s waited %s for a rendezvous round (join timeout)", rec.Pod, j.cfg.JoinTimeout), rec.Pod, now)
+		j.takeOut(rec, f, now)
+		j.checkReportMissing(rec.Rank, f.Code)
+	}
+	if len(silent)+len(late) > 0 {
+		j.checkViable(now)
+		j.tryForm(now)
 	}
 }
 
@@ -1529,6 +1565,15 @@ func (j *Job) claim(rec *Node, n NodeInfo, afterRound int64, now time.Time) {
 		}
 		c.lastSeen, c.afterRound = now, afterRound
 		return
+	}
+	if c != nil {
+		// The claimant it supersedes is fenced off: its next join is
+		// told Replaced instead of claiming the rank back, or two live
+		// claimants would take the claim from each other without end,
+		// each switch starting the pend timeout again (TestSim,
+		// sim_174.txt).
+		j.fence(rec.Rank, c.n.Pod, c.n.Incarnation)
+		j.logf("info", "replacement pod superseded by a newer one for its rank", "rank", rec.Rank, "pod", c.n.Pod, "by", n.Pod)
 	}
 	j.claims[rec.Rank] = &claim{n: n, afterRound: afterRound, since: now, lastSeen: now}
 	j.dirtyClaim(rec.Rank)

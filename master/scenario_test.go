@@ -3,6 +3,7 @@ package master
 import (
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,15 +22,19 @@ import (
 //	config min=2 max=3 [unit=1] [waiting=30s] [join-timeout=…] [pend-timeout=…]
 //	       [heartbeat-timeout=30s] [check] [exclude-straggler] [check-timeout=…] [max-relaunches=5]
 //	at 12s                          set the clock (from the scenario's start)
-//	join w0 [rank=0] [lws=2] [inc=1] [host=h0] [pod=NAME]   a pod joins (or asks
-//	                                 again); pod: the first join of w0 names its
-//	                                 pod NAME (a second container under one name)
+//	join w0 [rank=0] [lws=2] [inc=1] [host=h0] [pod=NAME] [after=N]   a pod joins (or
+//	                                 asks again); pod: the first join of w0 names its
+//	                                 pod NAME (a second container under one name);
+//	                                 after: it asks for the round after N, not after
+//	                                 the latest it got (that answer was lost)
 //	heartbeat w0                    a pod's heartbeat, in the round it runs
 //	report w0 ok|fail [self] [elapsed=1s] [ready=2s] [msg=…]   its result of its current
 //	                                 check task; self: the failure is its own;
 //	                                 ready: when it reached its group
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
+//	die w0                           its agent stops calling (hung, cut off); nobody
+//	                                 tells the master (the simulator's silent death)
 //	tick                             time passes (timeouts, last call)
 //	stall 15s                        the master cannot answer for 15s (its state
 //	                                 write hangs), then goes on
@@ -39,13 +44,27 @@ import (
 //
 // After each command the runner prints the answers and then what the state
 // machine reported: rounds, check rounds (DLRover's log lines), decisions,
-// stops.
+// stops. The scripts sim_<seed>.txt are histories TestSim found failing
+// (sim_test.go): after each of their commands the master's promises are
+// checked as TestSim checks them.
 func TestScenarios(t *testing.T) {
 	datadriven.Walk(t, "testdata/scenarios", func(t *testing.T, path string) {
 		s := &scenario{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), pods: map[string]*scenarioPod{}}
 		s.now = s.t0
+		var sim *simRun
+		if strings.HasPrefix(filepath.Base(path), "sim_") {
+			sim = simAround(s)
+		}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-			return s.run(d.FullCmd())
+			if sim == nil {
+				return s.run(d.FullCmd())
+			}
+			failed := sim.fail != nil
+			out, _ := sim.doOut(d.FullCmd())
+			if !failed && sim.fail != nil {
+				t.Errorf("%s:%d: %s", d.Pos, sim.fail.step, sim.fail)
+			}
+			return out
 		})
 	})
 }
@@ -66,13 +85,25 @@ type scenarioPod struct {
 }
 
 type scenario struct {
-	t    *testing.T
+	t    testing.TB
 	job  *Job
 	t0   time.Time
 	now  time.Time
 	pods map[string]*scenarioPod
 	// state is what the master wrote so far, for master-restart.
 	state *merger
+	// What the last command was answered, for the simulator (sim_test.go):
+	// the answer to a join or a heartbeat (nil: the command made none, or
+	// it was refused, err), and the answers of the calls it woke, by the
+	// script's pod name.
+	lastJoin *JoinAnswer
+	lastHB   *HeartbeatAnswer
+	lastErr  error
+	woken    map[string]JoinAnswer
+	hbWoken  map[string]HeartbeatAnswer
+	// wake is what the command's Ready woke: these ranks, or all.
+	wake    map[int]bool
+	wakeAll bool
 }
 
 func (s *scenario) args(fields []string) map[string]string {
@@ -128,6 +159,8 @@ func (p *scenarioPod) info() NodeInfo {
 func (s *scenario) run(command string) string {
 	f := strings.Fields(command)
 	var b strings.Builder
+	s.lastJoin, s.lastHB, s.lastErr, s.woken, s.hbWoken = nil, nil, nil, map[string]JoinAnswer{}, map[string]HeartbeatAnswer{}
+	s.wake, s.wakeAll = nil, false
 	switch f[0] {
 	case "config":
 		a := s.args(f[1:])
@@ -187,19 +220,26 @@ func (s *scenario) run(command string) string {
 		}
 		p.round = 0 // its workers stopped to join
 		p.left = false
+		if v, ok := a["after"]; ok {
+			p.after = int64(s.num(v))
+		}
 		ans, err := s.job.Join(p.info(), p.after, s.now)
 		if err != nil {
+			s.lastErr = err
 			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
 		} else {
+			s.lastJoin = &ans
 			b.WriteString(s.answer(p, ans))
 		}
 	case "heartbeat":
 		p := s.pod(f[1])
 		ha, err := s.job.Heartbeat(p.info(), p.round, -1, s.now)
 		if err != nil {
+			s.lastErr = err
 			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
 			break
 		}
+		s.lastHB = &ha
 		fmt.Fprintf(&b, "%s: %s", p.name, ha.Action)
 		if ha.Exit != nil {
 			fmt.Fprintf(&b, " %s", excl(ha.Exit))
@@ -221,6 +261,7 @@ func (s *scenario) run(command string) string {
 			rep.Message = "check failed"
 		}
 		if err := s.job.ReportCheck(p.info(), p.task.Check, p.task.Round, rep, s.now); err != nil {
+			s.lastErr = err
 			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
 		}
 		p.task = nil
@@ -236,6 +277,7 @@ func (s *scenario) run(command string) string {
 			d, err = s.job.Leave(p.info(), false, kferrors.Failure{Code: f[2], Message: f[2] + " in " + p.name, Recoverable: !user}, s.now)
 		}
 		if err != nil {
+			s.lastErr = err
 			fmt.Fprintf(&b, "%s: error: %v", p.name, err)
 		} else {
 			fmt.Fprintf(&b, "%s: left, relaunch=%v", p.name, d.Kind != 0 && d.Kind != StopJob)
@@ -246,6 +288,10 @@ func (s *scenario) run(command string) string {
 		p := s.pod(f[1])
 		_, ok := s.job.PodGone(p.podName, kferrors.Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
 		fmt.Fprintf(&b, "%s: gone (news to the master: %v)", p.name, ok)
+	case "die":
+		p := s.pod(f[1])
+		p.left, p.round, p.task = true, 0, nil
+		fmt.Fprintf(&b, "%s: silent from now on", p.name)
 	case "tick":
 		s.job.Tick(s.now)
 		b.WriteString("tick")
@@ -299,6 +345,19 @@ func (s *scenario) run(command string) string {
 	return strings.TrimSpace(b.String())
 }
 
+// rankOf is the rank p asked for, or, for a pod that let the master
+// choose (rank=-1), the one the master gave it (-1 if none): its waiting
+// calls are woken by that rank.
+func (s *scenario) rankOf(p *scenarioPod) int {
+	if p.rank >= 0 {
+		return p.rank
+	}
+	if r, ok := s.job.byPod[p.podName]; ok {
+		return r
+	}
+	return -1
+}
+
 func excl(e *Exclusion) string {
 	r := "no relaunch"
 	if e.Relaunch {
@@ -329,6 +388,7 @@ func (s *scenario) answer(p *scenarioPod, a JoinAnswer) string {
 // woken pods would now be answered.
 func (s *scenario) ready(b *strings.Builder) {
 	r := s.job.Ready()
+	s.wake, s.wakeAll = r.Wake, r.WakeAll
 	s.state.add(s.job.dirtyRecords(r.Dirty))
 	for _, l := range r.Log {
 		if strings.HasPrefix(l.Msg, "Round ") || l.Level == "warn" {
@@ -362,7 +422,7 @@ func (s *scenario) ready(b *strings.Builder) {
 	// The pods woken by this step, answered as their waiting calls would be.
 	var woken []string
 	for name, p := range s.pods {
-		if r.WakeAll || r.Wake[p.rank] {
+		if r.WakeAll || r.Wake[s.rankOf(p)] {
 			woken = append(woken, name)
 		}
 	}
@@ -372,16 +432,18 @@ func (s *scenario) ready(b *strings.Builder) {
 		if p.round != 0 || p.left {
 			continue // training: it hears of it on its heartbeat; or gone
 		}
-		nd, ok := s.job.Node(p.rank)
-		cp, ci, claims := s.job.Claimant(p.rank)
+		rank := s.rankOf(p)
+		nd, ok := s.job.Node(rank)
+		cp, ci, claims := s.job.Claimant(rank)
 		claimant := claims && cp == p.podName && ci == fmt.Sprint(p.incarnation)
 		if !claimant && (!ok || nd.Pod != p.podName || nd.Incarnation != fmt.Sprint(p.incarnation) || nd.State != Joining && nd.State != Running && nd.Exclusion == nil) {
 			continue
 		}
-		a := s.job.Answer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.after)
+		a := s.job.Answer(p.podName, fmt.Sprint(p.incarnation), rank, p.after)
 		if a.Pending() {
 			continue
 		}
+		s.woken[name] = a
 		fmt.Fprintf(b, "\n  woken %s", s.answer(p, a))
 	}
 	// The heartbeats held, answered as the loop answers them when woken: all
@@ -389,8 +451,9 @@ func (s *scenario) ready(b *strings.Builder) {
 	if r.WakeHeartbeats || r.WakeAll || len(r.Wake) > 0 {
 		var hb []string
 		for name, p := range s.pods {
-			if p.round != 0 && (r.WakeHeartbeats || r.WakeAll || r.Wake[p.rank]) {
-				if a := s.job.HeartbeatAnswer(p.podName, fmt.Sprint(p.incarnation), p.rank, p.round); a.Action != Continue {
+			if rank := s.rankOf(p); p.round != 0 && (r.WakeHeartbeats || r.WakeAll || r.Wake[rank]) {
+				if a := s.job.HeartbeatAnswer(p.podName, fmt.Sprint(p.incarnation), rank, p.round); a.Action != Continue {
+					s.hbWoken[name] = a
 					hb = append(hb, fmt.Sprintf("%s: %s", name, a.Action))
 				}
 			}

@@ -2894,8 +2894,13 @@ type NodeRecord struct {
 	Relaunching    bool                   `protobuf:"varint,12,opt,name=relaunching,proto3" json:"relaunching,omitempty"`
 	Exclusion      *Exclusion             `protobuf:"bytes,13,opt,name=exclusion,proto3" json:"exclusion,omitempty"`
 	AfterRound     int64                  `protobuf:"varint,14,opt,name=after_round,json=afterRound,proto3" json:"after_round,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// fenced are the incarnations ("pod/incarnation") that held the rank and
+	// were replaced by a newer one of their pod, newest last (at most 8): a
+	// restarted master still tells them to exit rather than give them the
+	// rank back.
+	Fenced        []string `protobuf:"bytes,15,rep,name=fenced,proto3" json:"fenced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeRecord) Reset() {
@@ -3024,6 +3029,13 @@ func (x *NodeRecord) GetAfterRound() int64 {
 		return x.AfterRound
 	}
 	return 0
+}
+
+func (x *NodeRecord) GetFenced() []string {
+	if x != nil {
+		return x.Fenced
+	}
+	return nil
 }
 
 // ClaimRecord is a replacement pod waiting for a rank that a live pod still
@@ -3584,7 +3596,7 @@ const file_master_proto_rawDesc = "" +
 	"\vstop_reason\x18\x02 \x01(\tR\n" +
 	"stopReason\x12!\n" +
 	"\fcheck_rounds\x18\x03 \x01(\x03R\vcheckRounds\x12!\n" +
-	"\fdecision_seq\x18\x04 \x01(\x03R\vdecisionSeq\"\xa1\x03\n" +
+	"\fdecision_seq\x18\x04 \x01(\x03R\vdecisionSeq\"\xb9\x03\n" +
 	"\n" +
 	"NodeRecord\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x10\n" +
@@ -3604,7 +3616,8 @@ const file_master_proto_rawDesc = "" +
 	"\vrelaunching\x18\f \x01(\bR\vrelaunching\x12<\n" +
 	"\texclusion\x18\r \x01(\v2\x1e.kfelastic.master.v1.ExclusionR\texclusion\x12\x1f\n" +
 	"\vafter_round\x18\x0e \x01(\x03R\n" +
-	"afterRound\"\x8c\x02\n" +
+	"afterRound\x12\x16\n" +
+	"\x06fenced\x18\x0f \x03(\tR\x06fenced\"\x8c\x02\n" +
 	"\vClaimRecord\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x10\n" +
 	"\x03pod\x18\x02 \x01(\tR\x03pod\x12 \n" +
