@@ -265,7 +265,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 			env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 		}
 	}
-	var hook torchhook.Options
+	hook := torchhook.Options{DrainErrors: true}
 	if !c.NoForkServer && !c.WarmSpares && (s.cpus == 0 || s.cpus >= minPreloadCPUs) {
 		hook.Preload = c.preload()
 	}

@@ -69,13 +69,15 @@ func realFlytekit(t *testing.T, fk testenv.FlytekitEnv) flytekitClient {
 
 // standinFlytekit is the stand-in with the same task: Elastic(nnodes=2,
 // nproc_per_node, monitor_interval=1), 60 steps of 0.05 s.
-func standinFlytekit(t *testing.T, python string) flytekitClient {
+//
+// raiseArgs are the stand-in's arguments for the raising pod alone.
+func standinFlytekit(t *testing.T, python string, raiseArgs ...string) flytekitClient {
 	return flytekitClient{raised: "failed at step 20 on purpose", command: func(pod, dir, out, id string, nproc int, raise string, env []string) ([]string, []string) {
 		argv := []string{python, standIn(t), "--output-prefix", "file://" + out, "--nnodes", "2",
 			"--nproc-per-node", strconv.Itoa(nproc), "--monitor-interval", "1", "--steps", "60", "--sleep", "0.05",
 			"--run-id", id}
 		if raise != "" {
-			argv = append(argv, "--raise-local", raise+":20:ValueError")
+			argv = append(append(argv, "--raise-local", raise+":20:ValueError"), raiseArgs...)
 		}
 		return argv, env
 	}}
@@ -194,7 +196,7 @@ func TestRealFlytekitRootCause(t *testing.T) {
 	fk := testenv.Flytekit(t)
 	c := realFlytekit(t, fk)
 	for _, nproc := range []int{1, 2} {
-		t.Run(fmt.Sprintf("nproc%d", nproc), func(t *testing.T) { rootCauseRuns(t, c, nproc, "fk") })
+		t.Run(fmt.Sprintf("nproc%d", nproc), func(t *testing.T) { rootCauseRuns(t, c, nproc, "fk", *rootCauseRunsFlag) })
 	}
 }
 
@@ -221,9 +223,28 @@ func TestStandinRootCause(t *testing.T) {
 			nprocs = []int{2}
 		}
 		for _, nproc := range nprocs {
-			t.Run(fmt.Sprintf("%s/nproc%d", tc.Name(), nproc), func(t *testing.T) { rootCauseRuns(t, c, nproc, "si") })
+			t.Run(fmt.Sprintf("%s/nproc%d", tc.Name(), nproc), func(t *testing.T) { rootCauseRuns(t, c, nproc, "si", *rootCauseRunsFlag) })
 		}
 	}
+}
+
+// Issue 27, item 4, with a real master: the raising worker's exception
+// text is 2 MB (a tensor printed whole), so the stand-in, as flytekit,
+// writes a document over the reader's 1 MiB limit and exits 0. The agent
+// rewrites it under the limit, the pod does not count as succeeded, and
+// the root cause is still job-worker-1's ValueError (its message capped
+// head and tail).
+func TestStandinRootCauseOversizedDocument(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("real torch workers: skipped with -short")
+	}
+	tc, why := testenv.TorchFor("1.13")
+	if why != "" {
+		t.Skip(why)
+	}
+	c := standinFlytekit(t, tc.Python, "--message-bytes", "2000000")
+	rootCauseRuns(t, c, 1, "big", 1)
 }
 
 // rootCauseRuns flag: how many runs in a row each root-cause variant
@@ -232,10 +253,9 @@ func TestStandinRootCause(t *testing.T) {
 // every variant (docs/DESIGN.md §4.4).
 var rootCauseRunsFlag = flag.Int("rootcause.runs", 2, "runs in a row of each TestRealFlytekitRootCause/TestStandinRootCause variant")
 
-// rootCauseRuns runs the job -rootcause.runs times in a row and wants
-// job-worker-1's ValueError as the root cause each time.
-func rootCauseRuns(t *testing.T, c flytekitClient, nproc int, name string) {
-	runs := *rootCauseRunsFlag
+// rootCauseRuns runs the job runs times in a row and wants job-worker-1's
+// ValueError as the root cause each time.
+func rootCauseRuns(t *testing.T, c flytekitClient, nproc int, name string, runs int) {
 	right := 0
 	for i := 1; i <= runs; i++ {
 		start := time.Now()

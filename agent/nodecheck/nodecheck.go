@@ -183,8 +183,12 @@ func (c *Checker) runGo(ctx context.Context, t Task) Result {
 		}
 		argv = []string{self, "node-check"}
 	}
+	// A point in time, as the torch check's: a loaded node starts the
+	// process late, and a duration counted from its start would outlast
+	// the agent's bound (the group's failure then went unnamed).
 	argv = append(append([]string{}, argv...), "--leader", net.JoinHostPort(t.LeaderAddr, strconv.Itoa(t.LeaderPort)),
-		"--rank", strconv.Itoa(t.GroupRank), "--size", strconv.Itoa(t.GroupSize), "--timeout", innerTimeout(t.Timeout).String())
+		"--rank", strconv.Itoa(t.GroupRank), "--size", strconv.Itoa(t.GroupSize),
+		"--deadline", strconv.FormatFloat(float64(time.Now().Add(innerTimeout(t.Timeout)).UnixMilli())/1e3, 'f', 3, 64))
 	res, _ := c.runProcess(ctx, t, "go", argv)
 	return res
 }
@@ -387,9 +391,10 @@ func (l *limitedWriter) Write(p []byte) (int, error) {
 // leader sends back the sum and every member checks it. It prints the JSON
 // line nodecheck.py prints and exits 0; 2 for bad arguments.
 //
-//	node-check --leader HOST:PORT --rank R --size N [--timeout D] [--work N]
+//	node-check --leader HOST:PORT --rank R --size N [--timeout D | --deadline T] [--work N]
 //
-// --timeout bounds the whole check (listening, connecting, every read);
+// --timeout bounds the whole check (listening, connecting, every read),
+// --deadline the same as a point in time (Unix seconds, the agent's);
 // --work is the number of 128×128 matmuls (≈1–2 ms each here).
 func GoMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
@@ -398,6 +403,7 @@ func GoMain(args []string, stdout, stderr io.Writer) int {
 	rank := fs.Int("rank", 0, "this node's rank in its group")
 	size := fs.Int("size", 1, "the group's size")
 	timeout := fs.Duration("timeout", time.Minute, "bound of the whole check")
+	until := fs.Float64("deadline", 0, "bound of the whole check as a point in time (Unix seconds), instead of --timeout")
 	work := fs.Int("work", 30, "matmul repetitions")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -409,6 +415,9 @@ func GoMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	deadline := time.Now().Add(*timeout)
+	if *until > 0 {
+		deadline = time.UnixMilli(int64(*until * 1e3))
+	}
 	line := checkLine{OK: true}
 	// The leader listens before it computes: a port it cannot have is known
 	// at once, and members that come early wait in the backlog.

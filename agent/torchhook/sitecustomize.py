@@ -20,6 +20,12 @@
 #   - with KFELASTIC_RDZV_POLL (seconds; set when the rendezvous store is the
 #     kfelastic master's, through the agent's relay), has c10d's rendezvous
 #     poll that store that often while it waits, instead of once a second;
+#   - with KFELASTIC_DRAIN_ERRORS, reads each worker's error queue as the
+#     worker writes it (torch.multiprocessing's ProcessContext, torch 1.x):
+#     a spawned worker puts its whole traceback into a pipe before it
+#     exits, and torch reads it only after the exit, so a traceback past
+#     the pipe's 64 KiB (a tensor printed in an exception) blocked the
+#     worker, and the job, for ever (torch 2.x writes it to a file);
 #   - takes the variables and this folder out of the environment, so that no
 #     interpreter below the command does any of it again; a fork of the
 #     command forgets the forkserver.
@@ -35,6 +41,8 @@ _ENV = "KFELASTIC_SPAWN_PRELOAD"
 _TARGET = "torch.distributed.elastic.multiprocessing.api"
 _RDZV = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _POLL_ENV = "KFELASTIC_RDZV_POLL"
+_DRAIN_ENV = "KFELASTIC_DRAIN_ERRORS"
+_SPAWN = "torch.multiprocessing.spawn"
 # The pid of the process that set the variables (the agent, or a launcher in
 # _PASS_ON that passes them on): the hook runs only in the topmost Python
 # below it.
@@ -214,6 +222,68 @@ def _patch_poll(rdzv, seconds):
     rdzv._delay = _delay
 
 
+class _DrainedQueue:
+    """A worker's error queue (a SimpleQueue) read by a thread as the
+    worker writes it, so that a traceback larger than the pipe never
+    blocks the worker's exit; torch's join then finds it here. The thread
+    ends with the worker."""
+
+    def __init__(self, q, sentinel):
+        import threading
+
+        self._q, self._items, self._done = q, [], threading.Event()
+        threading.Thread(target=self._read, args=(sentinel,), name="kfelastic-error-queue", daemon=True).start()
+
+    def _read(self, sentinel):
+        from multiprocessing.connection import wait
+
+        try:
+            # A message, or the worker's end (then whatever it wrote).
+            wait([self._q._reader, sentinel])
+            if self._q._reader.poll(0):
+                self._items.append(self._q.get())
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._done.set()
+
+    def _settle(self):
+        # torch looks once the worker exited; the thread is then done or
+        # about to be (a message written whole is read at once).
+        self._done.wait(5)
+
+    def empty(self):
+        self._settle()
+        return not self._items
+
+    def get(self):
+        self._settle()
+        return self._items.pop(0) if self._items else self._q.get()
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
+def _patch_drain(spawn):
+    # torch 2.x (error_files) writes the traceback to a file: nothing to do.
+    cls = getattr(spawn, "ProcessContext", None)
+    if cls is None or getattr(cls, "_kfelastic_drained", False):
+        return
+    import inspect
+
+    if "error_queues" not in inspect.signature(cls.__init__).parameters:
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.error_queues = [_DrainedQueue(q, p.sentinel) for q, p in zip(self.error_queues, self.processes)]
+
+    __init__.__wrapped__ = init
+    cls.__init__ = __init__
+    cls._kfelastic_drained = True
+
+
 _PATCHES = {}
 
 
@@ -382,7 +452,7 @@ class _LaunchState:
 def _take_out():
     # The variables and this folder out of the environment and sys.path:
     # nothing below this interpreter sees the hook.
-    for name in (_ENV, _POLL_ENV, _PARENT_ENV):
+    for name in (_ENV, _POLL_ENV, _DRAIN_ENV, _PARENT_ENV):
         os.environ.pop(name, None)
     rest = _without_here(os.environ.get("PYTHONPATH", ""))
     if rest:
@@ -393,8 +463,8 @@ def _take_out():
 
 
 def _install():
-    preload, poll = os.environ.get(_ENV), os.environ.get(_POLL_ENV)
-    if preload is None and poll is None:
+    preload, poll, drain = os.environ.get(_ENV), os.environ.get(_POLL_ENV), os.environ.get(_DRAIN_ENV)
+    if preload is None and poll is None and not drain:
         return
     top = os.environ.get(_PARENT_ENV)
     if top and _below_python(int(top)):
@@ -408,6 +478,8 @@ def _install():
     _take_out()
     if poll:
         _PATCHES[_RDZV] = lambda m: _patch_poll(m, float(poll))
+    if drain:
+        _PATCHES[_SPAWN] = _patch_drain
     if preload is not None and not _torchrun(prog):
         try:
             _start_forkserver(preload)

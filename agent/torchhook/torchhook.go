@@ -56,6 +56,9 @@ const (
 	PreloadEnv = "KFELASTIC_SPAWN_PRELOAD"
 	// PollEnv is c10d's rendezvous poll interval in seconds.
 	PollEnv = "KFELASTIC_RDZV_POLL"
+	// DrainEnv has the hook read spawned workers' error queues as they
+	// are written (Options.DrainErrors).
+	DrainEnv = "KFELASTIC_DRAIN_ERRORS"
 	// ParentEnv is the pid of the process that starts the command (the
 	// caller of Env): the hook runs only in the topmost Python below it,
 	// never below a command's Python that ran without it (python -I, -E, -S).
@@ -81,13 +84,17 @@ type Options struct {
 	Preload string
 	// Poll is c10d's rendezvous poll interval in seconds ("": torch's 1 s).
 	Poll string
+	// DrainErrors has the command read its spawned workers' error queues
+	// as they are written: torch reads one only after its worker exited,
+	// and a worker whose traceback is past the pipe's 64 KiB never exits.
+	DrainErrors bool
 }
 
 // Env adds the hook in folder (from Install) to a command's environment:
 // folder first on PYTHONPATH, and the variables of o. Nothing when o asks
 // for nothing. The command must be a child of the calling process.
 func Env(env map[string]string, folder string, o Options) {
-	if folder == "" || (o.Preload == "" && o.Poll == "") {
+	if folder == "" || (o.Preload == "" && o.Poll == "" && !o.DrainErrors) {
 		return
 	}
 	path := folder
@@ -100,6 +107,9 @@ func Env(env map[string]string, folder string, o Options) {
 	}
 	if o.Poll != "" {
 		env[PollEnv] = o.Poll
+	}
+	if o.DrainErrors {
+		env[DrainEnv] = "1"
 	}
 	env[ParentEnv] = strconv.Itoa(os.Getpid())
 }

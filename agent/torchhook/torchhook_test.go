@@ -1,6 +1,7 @@
 package torchhook_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kfelastic/kfelastic/agent/torchhook"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
@@ -341,3 +343,52 @@ func hookEnv(names any) []string {
 	}
 	return out
 }
+
+// Issue 27, item 4 (a long exception text): a spawned worker whose
+// traceback is past the pipe's 64 KiB (a tensor printed whole, 2 MB here)
+// used to block for ever on torch 1.13, putting it into its error queue
+// before it exits while torch reads the queue only after the exit, and
+// the job with it. Under the hook the command reads the queue as it is
+// written: the parent gets the whole traceback, at once. (torch 2.x
+// writes it to a file; the hook leaves it alone there.)
+func TestHookDrainsLargeTraceback(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		folder, err := torchhook.Install(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		script := filepath.Join(t.TempDir(), "big.py")
+		if err := os.WriteFile(script, []byte(`import sys, time
+import torch.multiprocessing as mp
+def f(i):
+    if i == 1:
+        raise ValueError("x" * 2000000)
+    time.sleep(0.2)
+if __name__ == "__main__":
+    try:
+        mp.start_processes(f, nprocs=2, join=True, start_method="spawn")
+    except mp.ProcessRaisedException as e:
+        print("raised", len(str(e)))
+`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		torchhook.Env(env, folder, torchhook.Options{DrainErrors: true})
+		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, tc.Python, script)
+		cmd.Env = os.Environ()
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		b, err := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("the command hung on its worker's 2 MB traceback (90 s):\n%s", tail(b))
+		}
+		if err != nil || !strings.Contains(string(b), "raised 2000") {
+			t.Fatalf("%v: want the whole traceback raised in the command:\n%s", err, tail(b))
+		}
+	})
+}
+
+func tail(b []byte) []byte { return b[max(0, len(b)-2000):] }

@@ -306,7 +306,7 @@ def mark(marks, rank, world):
     os.replace(tmp, os.path.join(marks, f"{os.getpid()}.json"))
 
 
-def train(steps, sleep, ckpt, fail="", marks="", hold="", fail_local=""):
+def train(steps, sleep, ckpt, fail="", marks="", hold="", fail_local="", message_bytes=0):
     """The task function: runs in every worker torch's agent starts."""
     dist.init_process_group("gloo")
     debug_timing("process group ready")
@@ -346,7 +346,12 @@ def train(steps, sleep, ckpt, fail="", marks="", hold="", fail_local=""):
                 time.sleep(0.1)
         if rank == raise_rank and step == raise_step:
             exc = EXCEPTIONS.get(raise_type) or getattr(builtins, raise_type, RuntimeError)
-            raise exc(f"rank {rank} failed at step {step} on purpose")
+            msg = f"rank {rank} failed at step {step} on purpose"
+            if message_bytes > len(msg):
+                # A long exception text (a tensor printed whole): flytekit
+                # writes its document whole, over the reader's limit.
+                msg += "; the batch was " + "[nan, nan, nan] " * ((message_bytes - len(msg)) // 16 + 1)
+            raise exc(msg)
         loss = model(torch.randn(16, 8)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -413,7 +418,7 @@ def execute(a):
         start_method=a.start_method,
     )
     kwargs = {"steps": a.steps, "sleep": a.sleep, "ckpt": a.ckpt, "fail": getattr(a, "raise"), "marks": a.marks, "hold": a.hold,
-              "fail_local": a.raise_local}
+              "fail_local": a.raise_local, "message_bytes": a.message_bytes}
     if a.start_method == "spawn":
         entrypoint, args = run_task, (kwargs,)
     elif a.start_method == "fork":
@@ -463,6 +468,9 @@ def main():
     p.add_argument("--marks", default="")
     p.add_argument("--hold", default="")
     p.add_argument("--exit-delay", type=float, default=1.0)
+    # --message-bytes N: the raised exception's message is N bytes long
+    # (issue 27, item 4: a document over the reader's 1 MiB).
+    p.add_argument("--message-bytes", type=int, default=0)
     p.add_argument("--run-id", default=os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "standin"))
     a = p.parse_args()
     if os.environ.get("LOGLEVEL"):
