@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,11 @@ const (
 	// what grpc-go's clients send anyway. The framer keeps a buffer of the
 	// largest frame it read, per connection.
 	maxReadFrameBytes = minFrameSize
+	// maxDraining bounds conn.draining.
+	maxDraining = 16
+	// maxWindow is the largest a flow-control window may grow (RFC 9113
+	// §6.9.1).
+	maxWindow = 1<<31 - 1
 )
 
 // Config is what a Server serves and its bounds. Every field is required.
@@ -226,7 +232,16 @@ type conn struct {
 	// resets calls at once would start handlers without bound (HTTP/2
 	// "rapid reset").
 	orphans int
-	lastID  uint32
+	// lastID is the highest stream the peer opened: a higher one is idle
+	// (RFC 9113 §5.1), and a frame other than HEADERS or PRIORITY on it a
+	// connection error.
+	lastID uint32
+	// draining are streams the server ended while the peer was still
+	// sending (a refusal, RST_STREAM): what it still sends of them is
+	// dropped, not a stream error (RFC 9113 §5.1, "closed"), until it ends
+	// them. The latest maxDraining at most: one forgotten gets RST_STREAM
+	// STREAM_CLOSED for its late frames, which the peer ignores.
+	draining []uint32
 	// authed: a call Authorize took came (Config.AuthTimeout).
 	authed atomic.Bool
 	// The peer's windows and settings, for what the server sends.
@@ -312,6 +327,7 @@ func (c *conn) serve() {
 			if errors.As(err, &se) {
 				c.mu.Lock()
 				c.endStream(se.StreamID, true)
+				c.drain(se.StreamID)
 				werr := c.write(func(b []byte) []byte { return appendRSTStream(b, se.StreamID, se.Code) })
 				c.mu.Unlock()
 				if werr != nil {
@@ -379,10 +395,17 @@ func (c *conn) frame(f http2.Frame) bool {
 		c.cond.Broadcast()
 		return c.write(func(b []byte) []byte { return appendSettings(b, true) }) == nil
 	case *http2.WindowUpdateFrame:
+		if f.StreamID > c.lastID {
+			return c.connError(http2.ErrCodeProtocol) // an idle stream
+		}
 		if f.StreamID == 0 {
-			c.sendWindow += int64(f.Increment)
+			if c.sendWindow += int64(f.Increment); c.sendWindow > maxWindow {
+				return c.connError(http2.ErrCodeFlowControl)
+			}
 		} else if st := c.streams[f.StreamID]; st != nil {
-			st.sendWindow += int64(f.Increment)
+			if st.sendWindow += int64(f.Increment); st.sendWindow > maxWindow {
+				return c.streamError(st.id, http2.ErrCodeFlowControl)
+			}
 		}
 		c.cond.Broadcast()
 	case *http2.PingFrame:
@@ -405,6 +428,10 @@ func (c *conn) frame(f http2.Frame) bool {
 		data := f.Data
 		return c.write(func(b []byte) []byte { return appendPing(b, true, data) }) == nil
 	case *http2.RSTStreamFrame:
+		if f.StreamID > c.lastID {
+			return c.connError(http2.ErrCodeProtocol) // an idle stream
+		}
+		c.drained(f.StreamID, true)
 		c.endStream(f.StreamID, true)
 	case *http2.GoAwayFrame:
 		// The peer closes the connection once its calls are answered.
@@ -421,8 +448,7 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 	if c.streams[id] != nil {
 		// Trailers from the client: a unary call has none. The call ends
 		// as if reset: its handler, if it runs, answers nothing.
-		c.endStream(id, true)
-		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeProtocol) }) == nil
+		return c.streamError(id, http2.ErrCodeProtocol)
 	}
 	if id%2 == 0 || id <= c.lastID {
 		_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, http2.ErrCodeProtocol, nil) })
@@ -433,6 +459,9 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 		// Not processed at all: a client may send it again (grpc-go's
 		// do, transparently; they also wait for a free stream themselves
 		// rather than open one past the bound).
+		if !f.StreamEnded() {
+			c.drain(id)
+		}
 		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeRefusedStream) }) == nil
 	}
 	ended := f.StreamEnded()
@@ -502,8 +531,14 @@ func (c *conn) data(f *http2.DataFrame) bool {
 		}
 	}
 	st := c.streams[f.StreamID]
-	if st == nil || st.running {
-		return true // a call answered already (refused) or reset: what it still sends is dropped
+	switch {
+	case f.StreamID > c.lastID:
+		return c.connError(http2.ErrCodeProtocol) // an idle stream
+	case st == nil && c.drained(f.StreamID, f.StreamEnded()):
+		return true // a call refused or reset while the peer sent it: the rest is dropped
+	case st == nil || st.running:
+		// Closed, or half-closed (remote): the peer ended it before.
+		return c.streamError(f.StreamID, http2.ErrCodeStreamClosed)
 	}
 	d := f.Data()
 	if st.want < 0 {
@@ -643,6 +678,41 @@ func (c *conn) endStream(id uint32, reset bool) {
 	}
 }
 
+// connError ends the connection for a connection error (RFC 9113 §5.4.1):
+// GOAWAY with code; it returns false, for frame.
+func (c *conn) connError(code http2.ErrCode) bool {
+	_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, code, nil) })
+	return false
+}
+
+// streamError ends stream id for a stream error (RFC 9113 §5.4.2):
+// RST_STREAM with code, and its call, if open, as if the peer reset it; it
+// reports whether the connection goes on.
+func (c *conn) streamError(id uint32, code http2.ErrCode) bool {
+	c.endStream(id, true)
+	return c.write(func(b []byte) []byte { return appendRSTStream(b, id, code) }) == nil
+}
+
+// drain notes stream id ended by the server while the peer may still send
+// on it (draining).
+func (c *conn) drain(id uint32) {
+	if len(c.draining) == maxDraining {
+		n := copy(c.draining, c.draining[1:])
+		c.draining = c.draining[:n]
+	}
+	c.draining = append(c.draining, id)
+}
+
+// drained reports whether stream id is draining; ended: the peer ended it,
+// forgotten.
+func (c *conn) drained(id uint32, ended bool) bool {
+	i := slices.Index(c.draining, id)
+	if i >= 0 && ended {
+		c.draining = slices.Delete(c.draining, i, i+1)
+	}
+	return i >= 0
+}
+
 // goAway starts the connection's end: no new call, and it closes once the
 // calls open are answered.
 func (c *conn) goAway() {
@@ -723,6 +793,9 @@ func (c *conn) writeStatus(id uint32, s *status.Status, rst bool) error {
 		}
 	}
 	block := c.headerBlock(fields...)
+	if rst {
+		c.drain(id)
+	}
 	return c.write(func(b []byte) []byte {
 		b = appendHeaders(b, id, block, true, c.maxFrame)
 		if rst {

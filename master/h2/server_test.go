@@ -323,3 +323,68 @@ func TestMaxConns(t *testing.T) {
 		}
 	}
 }
+
+// Frames on streams that are not open (RFC 9113 §5.1): DATA on a stream
+// the peer ended gets RST_STREAM STREAM_CLOSED and the connection goes on;
+// DATA, RST_STREAM or WINDOW_UPDATE on an idle stream (one the peer never
+// opened) end the connection with GOAWAY PROTOCOL_ERROR, and a connection
+// window past 2^31-1 with FLOW_CONTROL_ERROR (§6.9.1). What a peer still
+// sends of a call refused before it ended is dropped
+// (TestRefusedCallNotRead).
+func TestStreamStates(t *testing.T) {
+	addr, _ := start(t, t.Context())
+	// next reads frames until one of typ, skipping the rest.
+	next := func(t *testing.T, r *h2test.RawConn, typ http2.FrameType) http2.Frame {
+		t.Helper()
+		r.NC.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			f, err := r.Fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("no %v frame: %v", typ, err)
+			}
+			if f.Header().Type == typ {
+				return f
+			}
+		}
+	}
+	r := h2test.Dial(t, addr, 65535)
+	r.Call(1, "Status", token, &masterpb.StatusRequest{})
+	for {
+		if h := next(t, r, http2.FrameHeaders).(*http2.MetaHeadersFrame); h.StreamEnded() {
+			break
+		}
+	}
+	if err := r.Fr.WriteData(1, true, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if f := next(t, r, http2.FrameRSTStream).(*http2.RSTStreamFrame); f.StreamID != 1 || f.ErrCode != http2.ErrCodeStreamClosed {
+		t.Errorf("DATA on a closed stream: RST_STREAM %d %v, want 1 STREAM_CLOSED", f.StreamID, f.ErrCode)
+	}
+	r.Call(3, "Status", token, &masterpb.StatusRequest{}) // the connection goes on
+	for {
+		if h := next(t, r, http2.FrameHeaders).(*http2.MetaHeadersFrame); h.StreamID == 3 && h.StreamEnded() {
+			break
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		send func(fr *http2.Framer) error
+		want http2.ErrCode
+	}{
+		{"idle DATA", func(fr *http2.Framer) error { return fr.WriteData(5, true, []byte("x")) }, http2.ErrCodeProtocol},
+		{"idle RST_STREAM", func(fr *http2.Framer) error { return fr.WriteRSTStream(5, http2.ErrCodeCancel) }, http2.ErrCodeProtocol},
+		{"idle WINDOW_UPDATE", func(fr *http2.Framer) error { return fr.WriteWindowUpdate(5, 100) }, http2.ErrCodeProtocol},
+		{"window overflow", func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, 1<<31-1) }, http2.ErrCodeFlowControl},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h2test.Dial(t, addr, 65535)
+			r.Call(3, "Status", token, &masterpb.StatusRequest{})
+			if err := tc.send(r.Fr); err != nil {
+				t.Fatal(err)
+			}
+			if f := next(t, r, http2.FrameGoAway).(*http2.GoAwayFrame); f.ErrCode != tc.want {
+				t.Errorf("GOAWAY %v, want %v", f.ErrCode, tc.want)
+			}
+		})
+	}
+}
