@@ -336,7 +336,10 @@ func (c *conn) serve() {
 				continue
 			}
 			var ce http2.ConnectionError
-			if errors.As(err, &ce) {
+			if errors.Is(err, http2.ErrFrameTooLarge) {
+				ce = http2.ConnectionError(http2.ErrCodeFrameSize) // RFC 9113 §4.2
+			}
+			if ce != 0 || errors.As(err, &ce) {
 				c.mu.Lock()
 				_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, http2.ErrCode(ce), nil) })
 				c.mu.Unlock()
@@ -435,6 +438,10 @@ func (c *conn) frame(f http2.Frame) bool {
 		c.endStream(f.StreamID, true)
 	case *http2.GoAwayFrame:
 		// The peer closes the connection once its calls are answered.
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return c.streamError(f.StreamID, http2.ErrCodeProtocol) // RFC 9113 §5.3.1
+		}
 	case *http2.PushPromiseFrame:
 		return false // a client may not push
 	}
@@ -455,6 +462,9 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 		return false
 	}
 	c.lastID = id
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		return c.malformed(f)
+	}
 	if c.goingAway || len(c.streams)+c.orphans >= c.t.cfg.MaxConcurrentCalls {
 		// Not processed at all: a client may send it again (grpc-go's
 		// do, transparently; they also wait for a free stream themselves
@@ -471,14 +481,21 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 	if f.Truncated {
 		return answer(codes.Internal, fmt.Sprintf("header list larger than %d bytes", c.t.cfg.MaxHeaderListBytes))
 	}
-	var method, path, contentType, timeout, encoding string
+	var method, scheme, path, contentType, timeout, encoding string
 	var tokens []string
+	malformed := false
 	for _, hf := range f.Fields {
 		switch hf.Name {
 		case ":method":
 			method = hf.Value
+		case ":scheme":
+			scheme = hf.Value
 		case ":path":
 			path = hf.Value
+		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+			malformed = true // connection-specific (RFC 9113 §8.2.2)
+		case "te":
+			malformed = malformed || hf.Value != "trailers"
 		case "content-type":
 			contentType = hf.Value
 		case "grpc-timeout":
@@ -488,6 +505,9 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 		case c.t.cfg.TokenHeader:
 			tokens = append(tokens, hf.Value)
 		}
+	}
+	if malformed || method == "" || scheme == "" || path == "" {
+		return c.malformed(f)
 	}
 	if err := c.t.cfg.Authorize(tokens); err != nil {
 		return c.writeStatus(id, status.Convert(err), !ended) == nil
@@ -676,6 +696,16 @@ func (c *conn) endStream(id uint32, reset bool) {
 	if c.goingAway && len(c.streams) == 0 {
 		c.closeLocked()
 	}
+}
+
+// malformed refuses a request that is not one (RFC 9113 §8.1.1: a
+// pseudo-header missing, a connection-specific header, a stream that
+// depends on itself): a stream error PROTOCOL_ERROR, nothing answered.
+func (c *conn) malformed(f *http2.MetaHeadersFrame) bool {
+	if !f.StreamEnded() {
+		c.drain(f.StreamID)
+	}
+	return c.streamError(f.StreamID, http2.ErrCodeProtocol)
 }
 
 // connError ends the connection for a connection error (RFC 9113 §5.4.1):

@@ -388,3 +388,69 @@ func TestStreamStates(t *testing.T) {
 		})
 	}
 }
+
+// A request that is not one (RFC 9113 §8.1.1: a pseudo-header missing, a
+// connection-specific header, TE other than "trailers"; §5.3.1: a stream
+// that depends on itself) is a stream error, RST_STREAM PROTOCOL_ERROR,
+// with the token or without; the connection goes on.
+func TestMalformedRequests(t *testing.T) {
+	addr, _ := start(t, t.Context())
+	without := func(name string) []string {
+		var out []string
+		h := h2test.CallHeaders("Status", token)
+		for i := 0; i < len(h); i += 2 {
+			if h[i] != name {
+				out = append(out, h[i], h[i+1])
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		fields []string
+		dep    bool
+	}{
+		{"no :method", without(":method"), false},
+		{"no :scheme", without(":scheme"), false},
+		{"no :path", without(":path"), false},
+		{"empty :path", append([]string{":path", ""}, without(":path")...), false},
+		{"connection", append(h2test.CallHeaders("Status", token), "connection", "keep-alive"), false},
+		{"te gzip", append(without("te"), "te", "gzip"), false},
+		{"depends on itself", h2test.CallHeaders("Status", token), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h2test.Dial(t, addr, 65535)
+			p := http2.HeadersFrameParam{StreamID: 1, EndHeaders: true, EndStream: true}
+			if tc.dep {
+				p.Priority = http2.PriorityParam{StreamDep: 1, Weight: 15}
+			}
+			r.WriteHeaders(p, tc.fields...)
+			r.Call(3, "Status", token, &masterpb.StatusRequest{})
+			r.NC.SetReadDeadline(time.Now().Add(10 * time.Second))
+			var reset bool
+			for {
+				f, err := r.Fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("reset %v: %v", reset, err)
+				}
+				switch f := f.(type) {
+				case *http2.RSTStreamFrame:
+					if f.StreamID != 1 || f.ErrCode != http2.ErrCodeProtocol {
+						t.Errorf("RST_STREAM %d %v, want 1 PROTOCOL_ERROR", f.StreamID, f.ErrCode)
+					}
+					reset = true
+				case *http2.MetaHeadersFrame:
+					if f.StreamID == 1 {
+						t.Errorf("the malformed request answered: %v", f.Fields)
+					}
+					if f.StreamID == 3 && f.StreamEnded() {
+						if !reset {
+							t.Error("the malformed request not reset")
+						}
+						return
+					}
+				}
+			}
+		})
+	}
+}

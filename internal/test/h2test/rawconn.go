@@ -52,12 +52,26 @@ func Dial(t testing.TB, addr string, window uint32) *RawConn {
 // service (kfelastic.master.v1.Master), tok as the bearer token.
 func (r *RawConn) Headers(id uint32, method, tok string) {
 	r.t.Helper()
+	r.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true}, CallHeaders(method, tok)...)
+}
+
+// CallHeaders are a call's headers, name and value in turn: method of the
+// master's service, tok as the bearer token.
+func CallHeaders(method, tok string) []string {
+	return []string{":method", "POST", ":scheme", "http", ":path", "/kfelastic.master.v1.Master/" + method,
+		":authority", "master", "content-type", "application/grpc", "te", "trailers", "authorization", "Bearer " + tok}
+}
+
+// WriteHeaders sends a HEADERS frame p with fields (name and value in
+// turn) as its block.
+func (r *RawConn) WriteHeaders(p http2.HeadersFrameParam, fields ...string) {
+	r.t.Helper()
 	r.hbuf.Reset()
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/kfelastic.master.v1.Master/" + method},
-		{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + tok}} {
-		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	for i := 0; i+1 < len(fields); i += 2 {
+		_ = r.enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
 	}
-	if err := r.Fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
+	p.BlockFragment = r.hbuf.Bytes()
+	if err := r.Fr.WriteHeaders(p); err != nil {
 		r.t.Fatal(err)
 	}
 }
