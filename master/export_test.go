@@ -32,12 +32,3 @@ func WithStateWriteHook(o Options, hook func(context.Context) error) Options {
 	o.stateWriteHook = hook
 	return o
 }
-
-// LeanReceiving is the bytes the lean transport of s holds for the
-// messages of calls still arriving.
-func (s *Server) LeanReceiving() int64 {
-	if t := s.lean.Load(); t != nil {
-		return t.receiving.Load()
-	}
-	return 0
-}

@@ -36,7 +36,7 @@ const maxWait = 5 * time.Minute
 const maxHeaderListBytes = 16 << 10
 
 // GRPCServer returns grpc-go's server for s (--transport grpc; the lean
-// transport, lean.go, is the default), which refuses every call without
+// transport, package h2, is the default), which refuses every call without
 // the job's token. The token is checked on the call's headers,
 // before its message is read (InTapHandle): a refused call costs the
 // master its headers and nothing of its body, which the transport drops as
@@ -81,12 +81,14 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	var stop func()
 	switch s.opts.Transport {
 	case TransportLean:
-		t := newLeanServer(s)
-		s.lean.Store(t)
-		go func() { errc <- t.serve(ctx, lis) }()
+		t, err := s.leanServer()
+		if err != nil {
+			return err
+		}
+		go func() { errc <- t.Serve(ctx, lis) }()
 		stop = func() {
-			lis.Close()
-			t.stop(2 * time.Second)
+			lis.Close() // Stop closes it too, once Serve has it
+			t.Stop(2 * time.Second)
 		}
 	default:
 		stop = serveGRPC(ctx, s.GRPCServer(), lis, errc)

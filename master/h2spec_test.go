@@ -1,140 +1,18 @@
 package master_test
 
 import (
-	"bufio"
-	"encoding/xml"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
 
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/h2test"
 	"github.com/kfelastic/kfelastic/master"
 )
 
-// Each transport is held to h2spec, the HTTP/2 conformance suite (RFC
-// 7540/9113 and HPACK, 145 cases), run for real against a serving master.
-// The cases a transport still fails are listed in
-// testdata/h2spec/<transport>.txt, each with why; a case failing that is
-// not listed fails the test, so conformance only ratchets up. A listed case
-// that passes is said, to be taken off the list. h2spec comes from
-// scripts/deps.sh ($KFELASTIC_CACHE/bin); without it the test skips.
+// grpc-go's server (--transport grpc) held to h2spec, its known failures in
+// testdata/h2spec/grpc.txt; the lean transport's run is package h2's
+// (master/h2/h2spec_test.go).
 func TestH2spec(t *testing.T) {
-	if testing.Short() {
-		t.Skip("h2spec: a real conformance run, skipped with -short")
-	}
-	bin := filepath.Join(testenv.Cache(), "bin", "h2spec")
-	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("no h2spec at %s (scripts/deps.sh h2spec builds it): %v", bin, err)
-	}
-	for _, tr := range []master.Transport{master.TransportLean, master.TransportGRPC} {
-		t.Run(string(tr), func(t *testing.T) {
-			t.Parallel()
-			_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: tr, Job: master.Config{JobID: "h2spec", MinNodes: 1, MaxNodes: 1}})
-			host, port, _ := strings.Cut(addr, ":")
-			report := filepath.Join(t.TempDir(), "report.xml")
-			run := func(timeout string, specs ...string) (failed []h2specCase, total int) {
-				cmd := exec.CommandContext(t.Context(), bin, append([]string{"-h", host, "-p", port, "-o", timeout, "-j", report}, specs...)...)
-				out, err := cmd.CombinedOutput()
-				if _, serr := os.Stat(report); serr != nil {
-					t.Fatalf("h2spec wrote no report: %v\n%s", err, out)
-				}
-				return readH2specReport(t, report)
-			}
-			// A case waits at most 3 s for the master's answer, and one
-			// that fails unlisted runs again alone with 5 s: a loaded
-			// 2-core machine must not turn a pass into a timeout. (Not
-			// 10 s: the lean transport closes a connection that made no
-			// call with the token within 10 s, which h2spec takes for the
-			// connection error a case may want.)
-			all, total := run("3")
-			allowed := readAllowList(t, filepath.Join("testdata", "h2spec", string(tr)+".txt"))
-			var failed, unexpected, fixed []string
-			for _, c := range all {
-				failed = append(failed, c.name)
-				if slices.Contains(allowed, c.name) {
-					continue
-				}
-				if again, _ := run("5", c.spec); len(again) > 0 {
-					unexpected = append(unexpected, c.name)
-				} else {
-					t.Logf("failed once, passed alone: %s", c.name)
-				}
-			}
-			for _, c := range allowed {
-				if !slices.Contains(failed, c) {
-					fixed = append(fixed, c)
-				}
-			}
-			t.Logf("h2spec on the %s transport: %d of %d cases fail (%d listed as known)", tr, len(failed), total, len(allowed))
-			for _, c := range fixed {
-				t.Logf("now passes, take it off testdata/h2spec/%s.txt: %s", tr, c)
-			}
-			for _, c := range unexpected {
-				t.Errorf("h2spec case fails and is not listed in testdata/h2spec/%s.txt: %s", tr, c)
-			}
-		})
-	}
-}
-
-// h2specCase is a failed case: its name as the lists write it, "package:
-// case" (e.g. "http2/5.1: idle: Sends a DATA frame"), and the spec that
-// runs it alone ("http2/5.1/1").
-type h2specCase struct{ name, spec string }
-
-// readH2specReport reads h2spec's JUnit report: the failed cases and how
-// many cases ran.
-func readH2specReport(t *testing.T, path string) (failed []h2specCase, total int) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r struct {
-		Suites []struct {
-			Cases []struct {
-				Package string    `xml:"package,attr"`
-				Name    string    `xml:"classname,attr"`
-				Error   *struct{} `xml:"error"`
-				Failure *struct{} `xml:"failure"`
-			} `xml:"testcase"`
-		} `xml:"testsuite"`
-	}
-	if err := xml.Unmarshal(data, &r); err != nil {
-		t.Fatalf("h2spec's report: %v", err)
-	}
-	for _, s := range r.Suites {
-		for i, c := range s.Cases {
-			total++
-			if c.Error != nil || c.Failure != nil {
-				failed = append(failed, h2specCase{c.Package + ": " + c.Name, fmt.Sprintf("%s/%d", c.Package, i+1)})
-			}
-		}
-	}
-	return failed, total
-}
-
-// readAllowList reads a list of known failing cases: one "package: case"
-// a line, "#" comments (the why) and blank lines skipped.
-func readAllowList(t *testing.T, path string) []string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var cases []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if line := strings.TrimSpace(sc.Text()); line != "" && !strings.HasPrefix(line, "#") {
-			cases = append(cases, line)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return cases
+	_, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportGRPC,
+		Job: master.Config{JobID: "h2spec", MinNodes: 1, MaxNodes: 1}})
+	h2test.H2spec(t, addr, filepath.Join("testdata", "h2spec", "grpc.txt"))
 }

@@ -90,7 +90,6 @@ type Server struct {
 	durable   *durableLog
 	bucket    *blob.Bucket
 	metrics   *metrics
-	lean      atomic.Pointer[leanServer] // the lean transport, once serving
 
 	inbox chan *call
 	done  chan struct{} // closed when the loop ends

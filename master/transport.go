@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/master/h2"
 )
 
 // Transport is how the master's gRPC service is carried over HTTP/2.
@@ -15,7 +18,7 @@ type Transport string
 
 const (
 	// TransportLean is the master's own HTTP/2 server for its unary
-	// service (lean.go): one goroutine per connection, one per call while
+	// service (package h2): one goroutine per connection, one per call while
 	// it runs; under half of grpc-go's memory at 10,000 agents
 	// (docs/DESIGN.md §5.11).
 	TransportLean Transport = "lean"
@@ -75,7 +78,7 @@ func ParseTransport(s string) (Transport, error) {
 // few MiB (1,024 of them: as many goroutines and 2–4 MiB of heap,
 // TestTransportsBoundConcurrentCalls). On the lean transport, calls whose
 // messages are still arriving hold what the peer sent of them, not the
-// length it declared (TestLeanDeclaredSizeNotAllocated): up to
+// length it declared (h2.TestDeclaredSizeNotAllocated): up to
 // MaxMessageBytes each, for a peer with the token.
 const MaxConcurrentCalls = 1024
 
@@ -101,11 +104,6 @@ const (
 	DefaultMaxConns = 20000
 )
 
-// maxReadFrameBytes is the largest HTTP/2 frame the lean transport reads:
-// the protocol's minimum, what grpc-go's clients send anyway. The framer
-// keeps a buffer of the largest frame it read, per connection.
-const maxReadFrameBytes = 16 << 10
-
 // serveGRPC serves g on lis until ctx ends (grpc-go's transport).
 func serveGRPC(ctx context.Context, g *grpc.Server, lis net.Listener, errc chan<- error) (stop func()) {
 	go func() { errc <- g.Serve(lis) }()
@@ -118,4 +116,34 @@ func serveGRPC(ctx context.Context, g *grpc.Server, lis net.Listener, errc chan<
 			g.Stop()
 		}
 	}
+}
+
+// leanServer returns the lean transport's server for s: package h2, handed
+// the master's service, its token check and its bounds.
+func (s *Server) leanServer() (*h2.Server, error) {
+	limits := s.opts.Connections
+	if limits.AuthTimeout <= 0 {
+		limits.AuthTimeout = DefaultAuthTimeout
+	}
+	if limits.MaxConns <= 0 {
+		limits.MaxConns = DefaultMaxConns
+	}
+	return h2.NewServer(h2.Config{
+		Service:     undecodableService(masterpb.Master_ServiceDesc),
+		Impl:        &service{s: s},
+		TokenHeader: TokenHeader,
+		Authorize: func(values []string) error {
+			if !s.authentic(values) {
+				s.metrics.refused.Inc()
+				return errUnauthenticated
+			}
+			return nil
+		},
+		Log:                s.log,
+		AuthTimeout:        limits.AuthTimeout,
+		MaxConns:           limits.MaxConns,
+		MaxConcurrentCalls: MaxConcurrentCalls,
+		MaxMessageBytes:    MaxMessageBytes,
+		MaxHeaderListBytes: maxHeaderListBytes,
+	})
 }

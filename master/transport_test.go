@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
+	"github.com/kfelastic/kfelastic/internal/test/h2test"
 	"github.com/kfelastic/kfelastic/internal/test/mastertest"
 	"github.com/kfelastic/kfelastic/master"
 )
@@ -216,7 +217,7 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 	for _, tr := range master.Transports {
 		t.Run(string(tr), func(t *testing.T) {
 			addr, _ := serveMaster(t, t.Context(), tr, master.Config{JobID: "bound", MinNodes: 1, MaxNodes: 1})
-			r := rawDial(t, addr, 65535)
+			r := h2test.Dial(t, addr, 65535)
 			// What the master sends, read as it comes (a frame is valid only
 			// until the next read).
 			type frame struct {
@@ -232,7 +233,7 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 			go func() {
 				defer close(frames)
 				for {
-					f, err := r.fr.ReadFrame()
+					f, err := r.Fr.ReadFrame()
 					if err != nil {
 						return
 					}
@@ -241,7 +242,7 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 					case *http2.RSTStreamFrame:
 						x.code = f.ErrCode
 					case *http2.MetaHeadersFrame:
-						x.ended, x.status, x.fields = f.StreamEnded(), headerValue(f, "grpc-status"), slices.Clone(f.Fields)
+						x.ended, x.status, x.fields = f.StreamEnded(), h2test.HeaderValue(f, "grpc-status"), slices.Clone(f.Fields)
 					case *http2.SettingsFrame:
 						if !f.IsAck() {
 							x.settings = map[http2.SettingID]uint32{}
@@ -283,7 +284,7 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 				Keys: []string{"k"}, TimeoutMs: 60000}}}
 			id := uint32(1)
 			for range master.MaxConcurrentCalls + extra {
-				r.call(id, "Store", token, wait)
+				r.Call(id, "Store", token, wait)
 				id += 2
 			}
 			held := map[uint32]bool{}
@@ -334,11 +335,11 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 			wait.GetWait().Keys = []string{"k2"}
 			first := id
 			for range master.MaxConcurrentCalls {
-				r.call(id, "Store", token, wait)
+				r.Call(id, "Store", token, wait)
 				id += 2
 			}
 			for s := first; s < id; s += 2 {
-				if err := r.fr.WriteRSTStream(s, http2.ErrCodeCancel); err != nil {
+				if err := r.Fr.WriteRSTStream(s, http2.ErrCodeCancel); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -347,7 +348,7 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("no call taken 10 s after the peer reset its calls")
 				}
-				r.call(id, "Status", token, &masterpb.StatusRequest{})
+				r.Call(id, "Status", token, &masterpb.StatusRequest{})
 				for done := false; !done; {
 					switch f := next(); {
 					case f.stream != id:
@@ -365,4 +366,30 @@ func TestTransportsBoundConcurrentCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveMaster serves a master on transport tr with job's config and an
+// in-memory state on a loopback port until ctx ends; it returns the
+// address and Serve's result.
+func serveMaster(t *testing.T, ctx context.Context, tr master.Transport, job master.Config) (string, <-chan error) {
+	t.Helper()
+	_, addr, served := serveWith(t, ctx, master.Options{Transport: tr, Job: job})
+	return addr, served
+}
+
+// serveWith is serveMaster with opts (the token and state set here).
+func serveWith(t *testing.T, ctx context.Context, opts master.Options) (*master.Server, string, <-chan error) {
+	t.Helper()
+	opts.Token, opts.StateURL = token, "mem://"
+	s, err := master.NewServer(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+	return s, lis.Addr().String(), served
 }

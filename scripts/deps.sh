@@ -54,7 +54,8 @@ need_minio() {
 }
 
 # h2spec, the HTTP/2 conformance suite the master's transports are held to
-# (master/h2spec_test.go). v2.2.1 is the version the module proxy serves.
+# (internal/test/h2test, run by master/h2spec_test.go and
+# master/h2/h2spec_test.go). v2.2.1 is the version the module proxy serves.
 need_h2spec() {
   [ -x "$BIN/h2spec" ] && return 0
   log "building h2spec into $BIN (≈30 s)"

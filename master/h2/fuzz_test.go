@@ -1,4 +1,4 @@
-package master_test
+package h2_test
 
 import (
 	"bytes"
@@ -16,50 +16,49 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
-	"github.com/kfelastic/kfelastic/master"
+	"github.com/kfelastic/kfelastic/master/h2"
 )
 
-// FuzzLeanConn feeds the lean transport any bytes a peer can send after
+// FuzzConn feeds the server any bytes a peer can send after
 // the client preface and its SETTINGS: well-formed calls with and without
-// the token, the attacks of the other lean tests (bad SETTINGS, ping
+// the token, the attacks of the other tests (bad SETTINGS, ping
 // floods, huge declared messages, endless CONTINUATION) and whatever the
-// fuzzer makes of them. Whatever comes, the master does not panic, answers
+// fuzzer makes of them. Whatever comes, the server does not panic, answers
 // or closes the connection within 5 s of the peer's end (no hang), holds
 // no received bytes once it is closed (memory bounded per connection), and
 // still serves the next connection. Seeds run in make test; fuzz with
-// go test -fuzz FuzzLeanConn ./master/.
-func FuzzLeanConn(f *testing.F) {
-	for _, seed := range leanSeeds() {
+// go test -fuzz FuzzConn ./master/h2.
+func FuzzConn(f *testing.F) {
+	for _, seed := range fuzzSeeds() {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, frames []byte) {
-		s, addr, _ := serveWith(t, t.Context(), master.Options{Transport: master.TransportLean,
-			Job: master.Config{JobID: "fuzz", MinNodes: 1, MaxNodes: 1}})
+		s, addr, _ := serve(t, t.Context(), h2.Config{})
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
 		go func() {
-			// A peer's bytes: the master may close before it read them
+			// A peer's bytes: the server may close before it read them
 			// all, which fails this write and ends it.
 			_, _ = nc.Write(append([]byte(http2.ClientPreface), append(settingsFrame(), frames...)...))
 			_ = nc.(*net.TCPConn).CloseWrite()
 		}()
 		_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := io.Copy(io.Discard, nc); errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("the master neither closed nor finished the connection within 5 s of the peer's end (%d bytes sent)", len(frames))
+			t.Fatalf("the server neither closed nor finished the connection within 5 s of the peer's end (%d bytes sent)", len(frames))
 		}
 		nc.Close()
-		for deadline := time.Now().Add(5 * time.Second); s.LeanReceiving() != 0; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); s.Receiving() != 0; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d received bytes still held 5 s after the connection closed", s.LeanReceiving())
+				t.Fatalf("%d received bytes still held 5 s after the connection closed", s.Receiving())
 			}
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		if _, err := dial(t, addr, token).Status(ctx, &masterpb.StatusRequest{}); err != nil {
-			t.Fatalf("the master no longer serves: %v", err)
+			t.Fatalf("the server no longer serves: %v", err)
 		}
 	})
 }
@@ -71,8 +70,8 @@ func settingsFrame() []byte {
 	return b.Bytes()
 }
 
-// leanSeeds are frame sequences a client sends, good and hostile.
-func leanSeeds() [][]byte {
+// fuzzSeeds are frame sequences a client sends, good and hostile.
+func fuzzSeeds() [][]byte {
 	var seeds [][]byte
 	frames := func(write func(fr *http2.Framer, hdr func(tok string) []byte)) {
 		var b, hb bytes.Buffer

@@ -1,4 +1,4 @@
-package master
+package h2
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,64 +25,76 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// The lean transport (TransportLean) is the master's own HTTP/2 server
-// for its gRPC service, every method of which is unary, as grpc-go's
-// clients (the agents) speak it over plaintext (h2c with prior knowledge).
-// It exists for memory at scale (docs/DESIGN.md §5.11): each connection is
-// one goroutine, which reads frames (x/net/http2's Framer and HPACK
-// decoder) and keeps the connection's state; each call is one goroutine
-// while its handler runs (a held long poll included), started on a shallow
-// stack; answers are written by the call's goroutine under the
-// connection's lock, from a pooled buffer. grpc-go's server costs three
-// goroutines and their buffers per connection and grows each call's stack
-// to 8 KiB; x/net's http2.Server two goroutines per connection, 4 KiB of
-// response buffer per call.
-//
-// What it does of HTTP/2 and gRPC: SETTINGS (the peer's initial window,
-// frame size; a value out of range ends the connection), flow control both
-// ways (the peer's windows are respected when answering; what the peer
-// sends is credited back as it is read), PING (answered; too frequent
-// pings end the connection as grpc-go's enforcement policy does),
-// SETTINGS_MAX_CONCURRENT_STREAMS (advertised;
-// a call beyond it is refused with RST_STREAM REFUSED_STREAM),
-// RST_STREAM (the call's context is canceled),
-// GOAWAY on stop (calls in flight are answered, then the connection
-// closes), grpc-timeout, status and message (percent-encoded) in trailers,
-// trailers-only errors. No compression, no server push, no TLS, no
-// streaming methods: the master has none of them. Connections are bounded
-// (ConnLimits): in number, and in how long one may go without a call with
-// the job's token.
-
 const (
-	// leanStreamWindow and leanConnWindow are what a peer may send ahead
-	// of the master's reading, per call and per connection. The master
-	// reads every frame as it comes, so they bound nothing held: they set
-	// how often it sends WINDOW_UPDATE for a large message.
-	leanStreamWindow = 256 << 10
-	leanConnWindow   = 1 << 20
-	// leanPrefaceTimeout bounds how long a new connection may take to send
+	// streamWindow and connWindow are what a peer may send ahead of the
+	// server's reading, per call and per connection. Every frame is read
+	// as it comes, so they bound nothing held: they set how often
+	// WINDOW_UPDATE goes out for a large message.
+	streamWindow = 256 << 10
+	connWindow   = 1 << 20
+	// prefaceTimeout bounds how long a new connection may take to send
 	// the HTTP/2 preface.
-	leanPrefaceTimeout = 10 * time.Second
+	prefaceTimeout = 10 * time.Second
 	// As grpc-go's server's enforcement policy (MinTime, the strikes
 	// allowed): pings closer than this, more than twice in a row with
 	// nothing sent between, end the connection.
-	leanPingMinInterval = 5 * time.Second
-	leanMaxPingStrikes  = 2
-	// leanConnsRefusedLogEvery spaces the lines that say connections were
-	// closed past ConnLimits.MaxConns: a flood of them logs one a minute,
-	// with how many since the last.
-	leanConnsRefusedLogEvery = time.Minute
+	pingMinInterval = 5 * time.Second
+	maxPingStrikes  = 2
+	// connsRefusedLogEvery spaces the lines that say connections were
+	// closed past Config.MaxConns: a flood of them logs one a minute, with
+	// how many since the last.
+	connsRefusedLogEvery = time.Minute
 	// minFrameSize is the frame size every peer takes (RFC 9113 §4.2):
 	// the writers never cut frames smaller, whatever the peer's setting.
 	minFrameSize = 16384
+	// maxReadFrameBytes is the largest frame read: the protocol's minimum,
+	// what grpc-go's clients send anyway. The framer keeps a buffer of the
+	// largest frame it read, per connection.
+	maxReadFrameBytes = minFrameSize
+	// maxDraining bounds conn.draining.
+	maxDraining = 16
+	// maxWindow is the largest a flow-control window may grow (RFC 9113
+	// §6.9.1).
+	maxWindow = 1<<31 - 1
 )
 
-type leanServer struct {
-	s       *Server
-	svc     *service
+// Config is what a Server serves and its bounds. Every field is required.
+type Config struct {
+	// Service is the gRPC service served; its methods must all be unary
+	// (Streams is ignored), and Impl is handed to their handlers.
+	Service *grpc.ServiceDesc
+	Impl    any
+	// TokenHeader names the header that carries a call's credentials
+	// (e.g. "authorization"), and Authorize checks its values: a call it
+	// refuses (an error, a gRPC status, UNAUTHENTICATED) is answered that
+	// error on its headers, none of its message kept, and does not count
+	// as the connection's call with the token (AuthTimeout).
+	TokenHeader string
+	Authorize   func(values []string) error
+	Log         *slog.Logger
+	// AuthTimeout closes a connection that has made no call Authorize
+	// took this long after it was accepted.
+	AuthTimeout time.Duration
+	// MaxConns bounds the connections open at once: one accepted past it
+	// is closed at once (and logged, once a minute at most).
+	MaxConns int
+	// MaxConcurrentCalls bounds a connection's open calls
+	// (SETTINGS_MAX_CONCURRENT_STREAMS; one past it gets RST_STREAM
+	// REFUSED_STREAM). Calls the peer reset count until their handlers
+	// return.
+	MaxConcurrentCalls int
+	// MaxMessageBytes bounds one message either way: RESOURCE_EXHAUSTED
+	// past it (a request's refused on its length prefix).
+	MaxMessageBytes int
+	// MaxHeaderListBytes bounds a call's headers
+	// (SETTINGS_MAX_HEADER_LIST_SIZE).
+	MaxHeaderListBytes int
+}
+
+// Server serves a Config's service on the connections of a listener.
+type Server struct {
+	cfg     Config
 	methods map[string]*grpc.MethodDesc
-	log     *slog.Logger
-	limits  ConnLimits
 
 	// receiving is the bytes held for the messages of calls still
 	// arriving, over every connection (what a declared length must not
@@ -89,27 +102,39 @@ type leanServer struct {
 	receiving atomic.Int64
 
 	mu      sync.Mutex
-	conns   map[*leanConn]struct{}
+	lis     net.Listener
+	conns   map[*conn]struct{}
 	closing bool
 	wg      sync.WaitGroup
 }
 
-func newLeanServer(s *Server) *leanServer {
-	limits := s.opts.Connections
-	if limits.AuthTimeout <= 0 {
-		limits.AuthTimeout = DefaultAuthTimeout
+// NewServer checks cfg and returns a server for it.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Service == nil || cfg.Authorize == nil || cfg.TokenHeader == "" || cfg.Log == nil || cfg.AuthTimeout <= 0 ||
+		cfg.MaxConns <= 0 || cfg.MaxConcurrentCalls <= 0 || cfg.MaxMessageBytes <= 0 || cfg.MaxHeaderListBytes <= 0 {
+		return nil, errors.New("h2: a Config field left empty (every one is required)")
 	}
-	if limits.MaxConns <= 0 {
-		limits.MaxConns = DefaultMaxConns
-	}
-	return &leanServer{s: s, svc: &service{s: s}, methods: unaryMethods(), log: s.log, limits: limits,
-		conns: map[*leanConn]struct{}{}}
+	cfg.TokenHeader = strings.ToLower(cfg.TokenHeader) // as HTTP/2 carries header names
+	return &Server{cfg: cfg, methods: unaryMethods(cfg.Service), conns: map[*conn]struct{}{}}, nil
 }
 
-// serve accepts connections on lis until it is closed.
-func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
+// Receiving is the bytes held for the messages of calls still arriving,
+// over every connection.
+func (t *Server) Receiving() int64 { return t.receiving.Load() }
+
+// Serve accepts connections on lis until Stop (or lis is closed); the
+// calls' contexts derive from ctx's values, not its end: Stop ends them.
+func (t *Server) Serve(ctx context.Context, lis net.Listener) error {
+	t.mu.Lock()
+	if t.closing {
+		t.mu.Unlock()
+		lis.Close()
+		return nil
+	}
+	t.lis = lis
+	t.mu.Unlock()
 	var delay time.Duration
-	base := context.WithoutCancel(ctx) // calls outlive ctx by their answers: stop ends them
+	base := context.WithoutCancel(ctx) // calls outlive ctx by their answers: Stop ends them
 	// Connections closed past MaxConns since the last line that said so.
 	var refused int
 	var refusedLogged time.Time
@@ -120,7 +145,7 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 				return nil
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			t.log.Warn("accept", "err", err, "retry_in", delay)
+			t.cfg.Log.Warn("accept", "err", err, "retry_in", delay)
 			select {
 			case <-time.After(delay):
 			case <-ctx.Done():
@@ -130,20 +155,20 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 		}
 		delay = 0
 		t.mu.Lock()
-		closing, full := t.closing, len(t.conns) >= t.limits.MaxConns
+		closing, full := t.closing, len(t.conns) >= t.cfg.MaxConns
 		if closing || full {
 			t.mu.Unlock()
 			nc.Close()
 			if !closing {
 				refused++
-				if time.Since(refusedLogged) >= leanConnsRefusedLogEvery {
-					t.log.Warn("connections refused: too many open", "max_conns", t.limits.MaxConns, "refused", refused)
+				if time.Since(refusedLogged) >= connsRefusedLogEvery {
+					t.cfg.Log.Warn("connections refused: too many open", "max_conns", t.cfg.MaxConns, "refused", refused)
 					refused, refusedLogged = 0, time.Now()
 				}
 			}
 			continue
 		}
-		c := newLeanConn(t, nc, base)
+		c := newConn(t, nc, base)
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -157,14 +182,17 @@ func (t *leanServer) serve(ctx context.Context, lis net.Listener) error {
 	}
 }
 
-// stop sends every connection GOAWAY: its calls in flight are answered and
-// it closes once they are; after grace the rest are closed. A connection
-// whose peer reads nothing (a write blocked, its lock held) delays neither:
-// GOAWAY goes out from a goroutine of its own, and closing the socket
-// first ends a blocked write.
-func (t *leanServer) stop(grace time.Duration) {
+// Stop closes the listener and sends every connection GOAWAY: its calls in
+// flight are answered and it closes once they are; after grace the rest
+// are closed. A connection whose peer reads nothing (a write blocked, its
+// lock held) delays neither: GOAWAY goes out from a goroutine of its own,
+// and closing the socket first ends a blocked write.
+func (t *Server) Stop(grace time.Duration) {
 	t.mu.Lock()
 	t.closing = true
+	if t.lis != nil {
+		t.lis.Close()
+	}
 	for c := range t.conns {
 		go c.goAway()
 	}
@@ -185,10 +213,10 @@ func (t *leanServer) stop(grace time.Duration) {
 	<-done
 }
 
-// leanConn is one connection. The reading goroutine owns the framer; the
+// conn is one connection. The reading goroutine owns the framer; the
 // rest is under mu, which a call's goroutine also holds while it writes.
-type leanConn struct {
-	t      *leanServer
+type conn struct {
+	t      *Server
 	nc     net.Conn
 	fr     *http2.Framer
 	ctx    context.Context // ends with the connection
@@ -197,21 +225,30 @@ type leanConn struct {
 	mu   sync.Mutex
 	cond *sync.Cond // window updates, resets, close
 	// streams are the calls open: being received, or their handler running.
-	streams map[uint32]*leanStream
+	streams map[uint32]*stream
 	// orphans are the handlers still running of calls the peer reset (or
-	// the master reset): gone from streams, but they count against
+	// the server reset): gone from streams, but they count against
 	// MaxConcurrentCalls until they return, or a peer that opens and
 	// resets calls at once would start handlers without bound (HTTP/2
 	// "rapid reset").
 	orphans int
-	lastID  uint32
-	// authed: a call with the job's token came (ConnLimits.AuthTimeout).
+	// lastID is the highest stream the peer opened: a higher one is idle
+	// (RFC 9113 §5.1), and a frame other than HEADERS or PRIORITY on it a
+	// connection error.
+	lastID uint32
+	// draining are streams the server ended while the peer was still
+	// sending (a refusal, RST_STREAM): what it still sends of them is
+	// dropped, not a stream error (RFC 9113 §5.1, "closed"), until it ends
+	// them. The latest maxDraining at most: one forgotten gets RST_STREAM
+	// STREAM_CLOSED for its late frames, which the peer ignores.
+	draining []uint32
+	// authed: a call Authorize took came (Config.AuthTimeout).
 	authed atomic.Bool
-	// The peer's windows and settings, for what the master sends.
+	// The peer's windows and settings, for what the server sends.
 	sendWindow        int64
 	initialSendWindow int64
 	maxFrame          int
-	// What the peer sent that the master has read and not credited back.
+	// What the peer sent that the server has read and not credited back.
 	recvUnacked int
 	enc         *hpack.Encoder
 	hbuf        bytes.Buffer // HPACK output, one header block at a time
@@ -222,7 +259,7 @@ type leanConn struct {
 	sentSince   bool // an answer of a handler's sent since the last ping
 }
 
-type leanStream struct {
+type stream struct {
 	id         uint32
 	method     *grpc.MethodDesc
 	timeout    time.Duration // 0: none
@@ -236,34 +273,34 @@ type leanStream struct {
 	cancel     context.CancelFunc
 }
 
-func newLeanConn(t *leanServer, nc net.Conn, base context.Context) *leanConn {
-	c := &leanConn{t: t, nc: nc, streams: map[uint32]*leanStream{}, sendWindow: 65535, initialSendWindow: 65535,
+func newConn(t *Server, nc net.Conn, base context.Context) *conn {
+	c := &conn{t: t, nc: nc, streams: map[uint32]*stream{}, sendWindow: 65535, initialSendWindow: 65535,
 		maxFrame: 16384}
 	c.ctx, c.cancel = context.WithCancel(base)
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(nil, nc)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(maxReadFrameBytes)
-	c.fr.MaxHeaderListSize = maxHeaderListBytes
+	c.fr.MaxHeaderListSize = uint32(t.cfg.MaxHeaderListBytes)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.enc = hpack.NewEncoder(&c.hbuf)
-	// The master's answers carry a few short headers: no dynamic table
+	// The answers carry a few short headers: no dynamic table
 	// (memory per connection), at the cost of a few bytes each.
 	c.enc.SetMaxDynamicTableSizeLimit(0)
 	return c
 }
 
-func (c *leanConn) serve() {
+func (c *conn) serve() {
 	defer c.close()
 	// Closing the socket, not under mu, also ends a peer that reads
 	// nothing: the write it blocks, and the lock that write holds.
-	unauthed := time.AfterFunc(c.t.limits.AuthTimeout, func() {
+	unauthed := time.AfterFunc(c.t.cfg.AuthTimeout, func() {
 		if !c.authed.Load() {
 			c.nc.Close()
 		}
 	})
 	defer unauthed.Stop()
-	c.nc.SetReadDeadline(time.Now().Add(leanPrefaceTimeout))
+	c.nc.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	var pre [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.nc, pre[:]); err != nil || string(pre[:]) != http2.ClientPreface {
 		return
@@ -271,10 +308,10 @@ func (c *leanConn) serve() {
 	c.mu.Lock()
 	err := c.write(func(b []byte) []byte {
 		b = appendSettings(b, false,
-			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxConcurrentCalls},
-			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListBytes},
-			http2.Setting{ID: http2.SettingInitialWindowSize, Val: leanStreamWindow})
-		return appendWindowUpdate(b, 0, leanConnWindow-65535)
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: uint32(c.t.cfg.MaxConcurrentCalls)},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: uint32(c.t.cfg.MaxHeaderListBytes)},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow})
+		return appendWindowUpdate(b, 0, connWindow-65535)
 	})
 	c.mu.Unlock()
 	if err != nil {
@@ -290,6 +327,7 @@ func (c *leanConn) serve() {
 			if errors.As(err, &se) {
 				c.mu.Lock()
 				c.endStream(se.StreamID, true)
+				c.drain(se.StreamID)
 				werr := c.write(func(b []byte) []byte { return appendRSTStream(b, se.StreamID, se.Code) })
 				c.mu.Unlock()
 				if werr != nil {
@@ -298,7 +336,10 @@ func (c *leanConn) serve() {
 				continue
 			}
 			var ce http2.ConnectionError
-			if errors.As(err, &ce) {
+			if errors.Is(err, http2.ErrFrameTooLarge) {
+				ce = http2.ConnectionError(http2.ErrCodeFrameSize) // RFC 9113 §4.2
+			}
+			if ce != 0 || errors.As(err, &ce) {
 				c.mu.Lock()
 				_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, http2.ErrCode(ce), nil) })
 				c.mu.Unlock()
@@ -312,7 +353,7 @@ func (c *leanConn) serve() {
 }
 
 // frame handles one frame read; false ends the connection.
-func (c *leanConn) frame(f http2.Frame) bool {
+func (c *conn) frame(f http2.Frame) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -357,10 +398,17 @@ func (c *leanConn) frame(f http2.Frame) bool {
 		c.cond.Broadcast()
 		return c.write(func(b []byte) []byte { return appendSettings(b, true) }) == nil
 	case *http2.WindowUpdateFrame:
+		if f.StreamID > c.lastID {
+			return c.connError(http2.ErrCodeProtocol) // an idle stream
+		}
 		if f.StreamID == 0 {
-			c.sendWindow += int64(f.Increment)
+			if c.sendWindow += int64(f.Increment); c.sendWindow > maxWindow {
+				return c.connError(http2.ErrCodeFlowControl)
+			}
 		} else if st := c.streams[f.StreamID]; st != nil {
-			st.sendWindow += int64(f.Increment)
+			if st.sendWindow += int64(f.Increment); st.sendWindow > maxWindow {
+				return c.streamError(st.id, http2.ErrCodeFlowControl)
+			}
 		}
 		c.cond.Broadcast()
 	case *http2.PingFrame:
@@ -370,11 +418,11 @@ func (c *leanConn) frame(f http2.Frame) bool {
 		now := time.Now()
 		if c.sentSince {
 			c.pingStrikes, c.sentSince = 0, false
-		} else if !c.lastPing.IsZero() && now.Sub(c.lastPing) < leanPingMinInterval {
+		} else if !c.lastPing.IsZero() && now.Sub(c.lastPing) < pingMinInterval {
 			c.pingStrikes++
 		}
 		c.lastPing = now
-		if c.pingStrikes > leanMaxPingStrikes {
+		if c.pingStrikes > maxPingStrikes {
 			_ = c.write(func(b []byte) []byte {
 				return appendGoAway(b, c.lastID, http2.ErrCodeEnhanceYourCalm, []byte("too_many_pings"))
 			})
@@ -383,9 +431,17 @@ func (c *leanConn) frame(f http2.Frame) bool {
 		data := f.Data
 		return c.write(func(b []byte) []byte { return appendPing(b, true, data) }) == nil
 	case *http2.RSTStreamFrame:
+		if f.StreamID > c.lastID {
+			return c.connError(http2.ErrCodeProtocol) // an idle stream
+		}
+		c.drained(f.StreamID, true)
 		c.endStream(f.StreamID, true)
 	case *http2.GoAwayFrame:
 		// The peer closes the connection once its calls are answered.
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return c.streamError(f.StreamID, http2.ErrCodeProtocol) // RFC 9113 §5.3.1
+		}
 	case *http2.PushPromiseFrame:
 		return false // a client may not push
 	}
@@ -394,23 +450,28 @@ func (c *leanConn) frame(f http2.Frame) bool {
 
 // headers starts a call: the token, method and options are checked here,
 // on the headers, before any of its message is read.
-func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
+func (c *conn) headers(f *http2.MetaHeadersFrame) bool {
 	id := f.StreamID
 	if c.streams[id] != nil {
 		// Trailers from the client: a unary call has none. The call ends
 		// as if reset: its handler, if it runs, answers nothing.
-		c.endStream(id, true)
-		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeProtocol) }) == nil
+		return c.streamError(id, http2.ErrCodeProtocol)
 	}
 	if id%2 == 0 || id <= c.lastID {
 		_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, http2.ErrCodeProtocol, nil) })
 		return false
 	}
 	c.lastID = id
-	if c.goingAway || len(c.streams)+c.orphans >= MaxConcurrentCalls {
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		return c.malformed(f)
+	}
+	if c.goingAway || len(c.streams)+c.orphans >= c.t.cfg.MaxConcurrentCalls {
 		// Not processed at all: a client may send it again (grpc-go's
 		// do, transparently; they also wait for a free stream themselves
 		// rather than open one past the bound).
+		if !f.StreamEnded() {
+			c.drain(id)
+		}
 		return c.write(func(b []byte) []byte { return appendRSTStream(b, id, http2.ErrCodeRefusedStream) }) == nil
 	}
 	ended := f.StreamEnded()
@@ -418,29 +479,38 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 		return c.writeStatus(id, status.New(code, msg), !ended) == nil
 	}
 	if f.Truncated {
-		return answer(codes.Internal, fmt.Sprintf("header list larger than %d bytes", maxHeaderListBytes))
+		return answer(codes.Internal, fmt.Sprintf("header list larger than %d bytes", c.t.cfg.MaxHeaderListBytes))
 	}
-	var method, path, contentType, timeout, encoding string
+	var method, scheme, path, contentType, timeout, encoding string
 	var tokens []string
+	malformed := false
 	for _, hf := range f.Fields {
 		switch hf.Name {
 		case ":method":
 			method = hf.Value
+		case ":scheme":
+			scheme = hf.Value
 		case ":path":
 			path = hf.Value
+		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+			malformed = true // connection-specific (RFC 9113 §8.2.2)
+		case "te":
+			malformed = malformed || hf.Value != "trailers"
 		case "content-type":
 			contentType = hf.Value
 		case "grpc-timeout":
 			timeout = hf.Value
 		case "grpc-encoding":
 			encoding = hf.Value
-		case TokenHeader:
+		case c.t.cfg.TokenHeader:
 			tokens = append(tokens, hf.Value)
 		}
 	}
-	if !c.t.s.authentic(tokens) {
-		c.t.s.metrics.refused.Inc()
-		return answer(codes.Unauthenticated, "missing or wrong job token")
+	if malformed || method == "" || scheme == "" || path == "" {
+		return c.malformed(f)
+	}
+	if err := c.t.cfg.Authorize(tokens); err != nil {
+		return c.writeStatus(id, status.Convert(err), !ended) == nil
 	}
 	c.authed.Store(true)
 	if method != "POST" || (contentType != "application/grpc" && !strings.HasPrefix(contentType, "application/grpc+proto") &&
@@ -454,7 +524,7 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 	if encoding != "" && encoding != "identity" {
 		return answer(codes.Unimplemented, fmt.Sprintf("grpc: Decompressor is not installed for grpc-encoding %q", encoding))
 	}
-	st := &leanStream{id: id, method: m, want: -1, sendWindow: c.initialSendWindow}
+	st := &stream{id: id, method: m, want: -1, sendWindow: c.initialSendWindow}
 	if timeout != "" {
 		d, err := decodeTimeout(timeout)
 		if err != nil {
@@ -471,9 +541,9 @@ func (c *leanConn) headers(f *http2.MetaHeadersFrame) bool {
 
 // data takes a DATA frame of a call's message; the message is complete
 // with the call's END_STREAM, and its handler starts.
-func (c *leanConn) data(f *http2.DataFrame) bool {
+func (c *conn) data(f *http2.DataFrame) bool {
 	c.recvUnacked += int(f.Length)
-	if c.recvUnacked >= leanConnWindow/4 {
+	if c.recvUnacked >= connWindow/4 {
 		n := c.recvUnacked
 		c.recvUnacked = 0
 		if c.write(func(b []byte) []byte { return appendWindowUpdate(b, 0, uint32(n)) }) != nil {
@@ -481,8 +551,14 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 		}
 	}
 	st := c.streams[f.StreamID]
-	if st == nil || st.running {
-		return true // a call answered already (refused) or reset: what it still sends is dropped
+	switch {
+	case f.StreamID > c.lastID:
+		return c.connError(http2.ErrCodeProtocol) // an idle stream
+	case st == nil && c.drained(f.StreamID, f.StreamEnded()):
+		return true // a call refused or reset while the peer sent it: the rest is dropped
+	case st == nil || st.running:
+		// Closed, or half-closed (remote): the peer ended it before.
+		return c.streamError(f.StreamID, http2.ErrCodeStreamClosed)
 	}
 	d := f.Data()
 	if st.want < 0 {
@@ -497,8 +573,8 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 			switch {
 			case st.msg[0] != 0:
 				return c.refuse(st, status.New(codes.Internal, "grpc: compressed flag set with identity or empty encoding"), f)
-			case n > MaxMessageBytes:
-				return c.refuse(st, status.Newf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, MaxMessageBytes), f)
+			case int64(n) > int64(c.t.cfg.MaxMessageBytes):
+				return c.refuse(st, status.Newf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, c.t.cfg.MaxMessageBytes), f)
 			}
 			st.want = 5 + int(n)
 		}
@@ -511,7 +587,7 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 	}
 	if !f.StreamEnded() {
 		st.recvUnack += int(f.Length)
-		if st.recvUnack >= leanStreamWindow/2 {
+		if st.recvUnack >= streamWindow/2 {
 			n := st.recvUnack
 			st.recvUnack = 0
 			return c.write(func(b []byte) []byte { return appendWindowUpdate(b, st.id, uint32(n)) }) == nil
@@ -534,14 +610,14 @@ func (c *leanConn) data(f *http2.DataFrame) bool {
 
 // keep appends bytes of a call's message as they arrive: its buffer grows
 // with what the peer sent, never with the length it declared.
-func (c *leanConn) keep(st *leanStream, d []byte) {
+func (c *conn) keep(st *stream, d []byte) {
 	held := cap(st.msg)
 	st.msg = append(st.msg, d...)
 	c.t.receiving.Add(int64(cap(st.msg) - held))
 }
 
 // drop takes a call's message from it: to its handler, or gone.
-func (c *leanConn) drop(st *leanStream) []byte {
+func (c *conn) drop(st *stream) []byte {
 	msg := st.msg
 	st.msg = nil
 	c.t.receiving.Add(-int64(cap(msg)))
@@ -549,29 +625,29 @@ func (c *leanConn) drop(st *leanStream) []byte {
 }
 
 // refuse answers a call before its message is all in, and stops the rest.
-func (c *leanConn) refuse(st *leanStream, s *status.Status, f *http2.DataFrame) bool {
+func (c *conn) refuse(st *stream, s *status.Status, f *http2.DataFrame) bool {
 	delete(c.streams, st.id)
 	c.drop(st)
 	return c.writeStatus(st.id, s, !f.StreamEnded()) == nil
 }
 
 // run is a call's goroutine: its handler on msg, then the answer.
-func (c *leanConn) run(ctx context.Context, st *leanStream, msg []byte) {
+func (c *conn) run(ctx context.Context, st *stream, msg []byte) {
 	defer st.cancel()
 	dec := func(v any) error {
 		if err := proto.Unmarshal(msg, v.(proto.Message)); err != nil {
-			return undecodable(err.Error())
+			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err) // as grpc-go's server
 		}
 		return nil
 	}
 	// No interceptor: the token was checked on the headers.
-	res, err := st.method.Handler(c.t.svc, ctx, dec, nil)
+	res, err := st.method.Handler(c.t.cfg.Impl, ctx, dec, nil)
 	msg = nil
 	var out []byte
 	if err == nil {
 		pm, _ := res.(proto.Message)
-		if size := proto.Size(pm); size > MaxMessageBytes {
-			err = status.Errorf(codes.ResourceExhausted, "grpc: trying to send message larger than max (%d vs. %d)", size, MaxMessageBytes)
+		if size := proto.Size(pm); size > c.t.cfg.MaxMessageBytes {
+			err = status.Errorf(codes.ResourceExhausted, "grpc: trying to send message larger than max (%d vs. %d)", size, c.t.cfg.MaxMessageBytes)
 		} else {
 			out = make([]byte, 5, 5+size)
 			binary.BigEndian.PutUint32(out[1:], uint32(size))
@@ -599,7 +675,7 @@ func (c *leanConn) run(ctx context.Context, st *leanStream, msg []byte) {
 }
 
 // endStream forgets a call; reset: the peer gave up on it.
-func (c *leanConn) endStream(id uint32, reset bool) {
+func (c *conn) endStream(id uint32, reset bool) {
 	st := c.streams[id]
 	if st == nil {
 		return
@@ -622,9 +698,54 @@ func (c *leanConn) endStream(id uint32, reset bool) {
 	}
 }
 
+// malformed refuses a request that is not one (RFC 9113 §8.1.1: a
+// pseudo-header missing, a connection-specific header, a stream that
+// depends on itself): a stream error PROTOCOL_ERROR, nothing answered.
+func (c *conn) malformed(f *http2.MetaHeadersFrame) bool {
+	if !f.StreamEnded() {
+		c.drain(f.StreamID)
+	}
+	return c.streamError(f.StreamID, http2.ErrCodeProtocol)
+}
+
+// connError ends the connection for a connection error (RFC 9113 §5.4.1):
+// GOAWAY with code; it returns false, for frame.
+func (c *conn) connError(code http2.ErrCode) bool {
+	_ = c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, code, nil) })
+	return false
+}
+
+// streamError ends stream id for a stream error (RFC 9113 §5.4.2):
+// RST_STREAM with code, and its call, if open, as if the peer reset it; it
+// reports whether the connection goes on.
+func (c *conn) streamError(id uint32, code http2.ErrCode) bool {
+	c.endStream(id, true)
+	return c.write(func(b []byte) []byte { return appendRSTStream(b, id, code) }) == nil
+}
+
+// drain notes stream id ended by the server while the peer may still send
+// on it (draining).
+func (c *conn) drain(id uint32) {
+	if len(c.draining) == maxDraining {
+		n := copy(c.draining, c.draining[1:])
+		c.draining = c.draining[:n]
+	}
+	c.draining = append(c.draining, id)
+}
+
+// drained reports whether stream id is draining; ended: the peer ended it,
+// forgotten.
+func (c *conn) drained(id uint32, ended bool) bool {
+	i := slices.Index(c.draining, id)
+	if i >= 0 && ended {
+		c.draining = slices.Delete(c.draining, i, i+1)
+	}
+	return i >= 0
+}
+
 // goAway starts the connection's end: no new call, and it closes once the
 // calls open are answered.
-func (c *leanConn) goAway() {
+func (c *conn) goAway() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.goingAway {
@@ -636,13 +757,13 @@ func (c *leanConn) goAway() {
 	}
 }
 
-func (c *leanConn) close() {
+func (c *conn) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closeLocked()
 }
 
-func (c *leanConn) closeLocked() {
+func (c *conn) closeLocked() {
 	if c.closed {
 		return
 	}
@@ -658,19 +779,19 @@ func (c *leanConn) closeLocked() {
 
 // ---- writing (under mu) ----
 
-var leanBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // write appends frames with fill and sends them.
-func (c *leanConn) write(fill func([]byte) []byte) error {
+func (c *conn) write(fill func([]byte) []byte) error {
 	if c.closed {
 		return net.ErrClosed
 	}
-	bp := leanBufs.Get().(*[]byte)
+	bp := bufs.Get().(*[]byte)
 	b := fill((*bp)[:0])
 	_, err := c.nc.Write(b)
 	if cap(b) <= 64<<10 {
 		*bp = b[:0]
-		leanBufs.Put(bp)
+		bufs.Put(bp)
 	}
 	if err != nil {
 		c.closeLocked()
@@ -679,7 +800,7 @@ func (c *leanConn) write(fill func([]byte) []byte) error {
 }
 
 // headerBlock is fields HPACK-encoded (into c.hbuf, valid until the next).
-func (c *leanConn) headerBlock(fields ...string) []byte {
+func (c *conn) headerBlock(fields ...string) []byte {
 	c.hbuf.Reset()
 	for i := 0; i+1 < len(fields); i += 2 {
 		_ = c.enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
@@ -691,7 +812,7 @@ func (c *leanConn) headerBlock(fields ...string) []byte {
 // peer is still sending, told to stop (RST_STREAM NO_ERROR). It forgives
 // no ping (sentSince): a refusal is no answer, or a peer without the token
 // could ping without end between refused calls.
-func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
+func (c *conn) writeStatus(id uint32, s *status.Status, rst bool) error {
 	fields := []string{":status", "200", "content-type", "application/grpc", "grpc-status", strconv.Itoa(int(s.Code()))}
 	if m := s.Message(); m != "" {
 		fields = append(fields, "grpc-message", encodeGRPCMessage(m))
@@ -702,6 +823,9 @@ func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 		}
 	}
 	block := c.headerBlock(fields...)
+	if rst {
+		c.drain(id)
+	}
 	return c.write(func(b []byte) []byte {
 		b = appendHeaders(b, id, block, true, c.maxFrame)
 		if rst {
@@ -713,13 +837,13 @@ func (c *leanConn) writeStatus(id uint32, s *status.Status, rst bool) error {
 
 // writeAnswer sends a call's answer: headers, the message within the
 // peer's windows, and the status in trailers.
-func (c *leanConn) writeAnswer(st *leanStream, msg []byte) error {
+func (c *conn) writeAnswer(st *stream, msg []byte) error {
 	c.sentSince = true
 	block := c.headerBlock(":status", "200", "content-type", "application/grpc")
-	bp := leanBufs.Get().(*[]byte)
+	bp := bufs.Get().(*[]byte)
 	defer func() {
 		if cap(*bp) <= 64<<10 {
-			leanBufs.Put(bp)
+			bufs.Put(bp)
 		}
 	}()
 	b := appendHeaders((*bp)[:0], st.id, block, false, c.maxFrame)
@@ -761,75 +885,4 @@ func (c *leanConn) writeAnswer(st *leanStream, msg []byte) error {
 	err := flush()
 	*bp = b
 	return err
-}
-
-// ---- frames ----
-
-func appendFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) []byte {
-	return append(b, byte(length>>16), byte(length>>8), byte(length), byte(t), byte(flags),
-		byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id))
-}
-
-func appendSettings(b []byte, ack bool, s ...http2.Setting) []byte {
-	var flags http2.Flags
-	if ack {
-		flags = http2.FlagSettingsAck
-	}
-	b = appendFrameHeader(b, 6*len(s), http2.FrameSettings, flags, 0)
-	for _, x := range s {
-		b = binary.BigEndian.AppendUint16(b, uint16(x.ID))
-		b = binary.BigEndian.AppendUint32(b, x.Val)
-	}
-	return b
-}
-
-func appendWindowUpdate(b []byte, id, inc uint32) []byte {
-	b = appendFrameHeader(b, 4, http2.FrameWindowUpdate, 0, id)
-	return binary.BigEndian.AppendUint32(b, inc&0x7fffffff)
-}
-
-func appendPing(b []byte, ack bool, data [8]byte) []byte {
-	var flags http2.Flags
-	if ack {
-		flags = http2.FlagPingAck
-	}
-	b = appendFrameHeader(b, 8, http2.FramePing, flags, 0)
-	return append(b, data[:]...)
-}
-
-func appendRSTStream(b []byte, id uint32, code http2.ErrCode) []byte {
-	b = appendFrameHeader(b, 4, http2.FrameRSTStream, 0, id)
-	return binary.BigEndian.AppendUint32(b, uint32(code))
-}
-
-func appendGoAway(b []byte, last uint32, code http2.ErrCode, debug []byte) []byte {
-	b = appendFrameHeader(b, 8+len(debug), http2.FrameGoAway, 0, 0)
-	b = binary.BigEndian.AppendUint32(b, last&0x7fffffff)
-	b = binary.BigEndian.AppendUint32(b, uint32(code))
-	return append(b, debug...)
-}
-
-// appendHeaders appends a header block as HEADERS and, past the peer's
-// frame size, CONTINUATION frames.
-func appendHeaders(b []byte, id uint32, block []byte, endStream bool, maxFrame int) []byte {
-	maxFrame = max(maxFrame, minFrameSize) // each frame carries some of the block
-	flags := http2.Flags(0)
-	if endStream {
-		flags |= http2.FlagHeadersEndStream
-	}
-	t := http2.FrameHeaders
-	for {
-		n := min(len(block), maxFrame)
-		f := flags
-		if n == len(block) {
-			f |= http2.FlagHeadersEndHeaders
-		}
-		b = appendFrameHeader(b, n, t, f, id)
-		b = append(b, block[:n]...)
-		block = block[n:]
-		if len(block) == 0 {
-			return b
-		}
-		t, flags = http2.FrameContinuation, 0
-	}
 }

@@ -1,4 +1,4 @@
-package master
+package h2
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 // A header block is cut into frames no smaller than HTTP/2's minimum
 // frame size whatever the size given: a size of 0 once looped without
 // end, appending empty frames.
-func TestLeanHeadersAnyFrameSize(t *testing.T) {
+func TestHeadersAnyFrameSize(t *testing.T) {
 	block := bytes.Repeat([]byte{'h'}, 40000)
 	for _, size := range []int{0, -1, 1, minFrameSize, 20000, 1 << 20} {
 		fr := http2.NewFramer(nil, bytes.NewReader(appendHeaders(nil, 1, block, true, size)))
