@@ -371,7 +371,7 @@ func (j *Job) Carry(d master.Decision, now time.Time) {
 		}
 		j.note("master", "the master stopped the job: %s", d.Message)
 	case relaunch.None:
-		j.note("master", "%s (rank %d) is not relaunched after %s: %s", d.Pod, d.Rank, d.Reason, kferrors.OneLine(d.Message))
+		j.note("master", "%s (rank %d) is not relaunched after %s", d.Pod, d.Rank, kferrors.Headline(d.Reason, kferrors.OneLine(d.Message)))
 	default:
 		if p := j.book.Pod(d.Pod); p != nil && p.State == Running {
 			// Its agent has not exited yet (it is leaving, or it is lost):
