@@ -69,3 +69,50 @@ func TestDocumentTimeIsBoundedByItsWriteTime(t *testing.T) {
 		b.Close()
 	}
 }
+
+// S3 keeps Last-Modified to the whole second (a file system's coarse clock
+// a few ms behind): a document dated within ModifiedResolution after its
+// write time is believed, so that two failures of one second, stored with
+// the same whole-second time, keep their order. Clamping those dated
+// every document on S3 to its second, and tied them again.
+func TestDocumentTimeWithinTheStoresResolutionIsKept(t *testing.T) {
+	second := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+	dir := t.TempDir()
+	put := func(key string, f kferrors.Failure) {
+		data, err := kferrors.Encode(f.Document(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, key)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, second, second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The secondary error's document first in the listing.
+	put("error-"+strings.Repeat("ab", 16)+".pb",
+		kferrors.UserError("RuntimeError", "RuntimeError: [gloo] Connection closed by peer", "job-worker-0", second.Add(900*time.Millisecond)))
+	put("error-"+strings.Repeat("cd", 16)+".pb",
+		kferrors.UserError("ValueError", "ValueError: batch 17 has NaN labels", "job-worker-1", second.Add(100*time.Millisecond)))
+	b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outputreader.Read(t.Context(), outputreader.NewBucketSource(b), nil)
+	if err != nil || r.RootCause == nil {
+		t.Fatalf("Read: %v", err)
+	}
+	s, err := outputreader.Summarize(t.Context(), outputreader.NewBucketSource(b), nil)
+	if err != nil || s.RootCause == nil {
+		t.Fatalf("Summarize: %v", err)
+	}
+	for name, got := range map[string]*outputreader.Document{"Read": r.RootCause, "Summarize": s.RootCause} {
+		if got.Failure.Worker != "job-worker-1" || !got.Time().Equal(second.Add(100*time.Millisecond)) ||
+			got.AtSource != outputreader.TimeFromDocument {
+			t.Errorf("%s: root cause %s at %s (%s), want job-worker-1 at its own time", name, got.Failure.Worker, got.Time(), got.AtSource)
+		}
+	}
+}

@@ -373,12 +373,13 @@ func listingProblem(obj Object) error {
 }
 
 // listedObject is what the listing tells of obj. A time-named document
-// written before the time in its name (its writer's clock ran ahead of the
-// store's) may rank before its name once opened (TimeFromModifiedClamped):
-// it is always opened, as a document named otherwise is.
+// written before the time in its name, by more than ModifiedResolution
+// (its writer's clock ran ahead of the store's), may rank before its name
+// once opened (TimeFromModifiedClamped): it is always opened, as a
+// document named otherwise is.
 func listedObject(obj Object) listed {
 	l := listed{key: obj.Key, size: obj.Size, modified: obj.Modified}
-	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !(kferrors.UsableTime(obj.Modified) && obj.Modified.Before(t)) {
+	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !(kferrors.UsableTime(obj.Modified) && obj.Modified.Add(ModifiedResolution).Before(t)) {
 		l.nameTime = t
 	}
 	return l
@@ -435,7 +436,7 @@ func openDocument(ctx context.Context, src Source, o Options, listedAt time.Time
 	}
 	d = Document{Key: l.key, Failure: f, Modified: l.modified, At: f.Time, AtSource: TimeFromDocument}
 	switch {
-	case !f.Time.IsZero() && kferrors.UsableTime(l.modified) && f.Time.After(l.modified):
+	case !f.Time.IsZero() && kferrors.UsableTime(l.modified) && f.Time.After(l.modified.Add(ModifiedResolution)):
 		d.At, d.AtSource = l.modified.UTC(), TimeFromModifiedClamped
 	case !f.Time.IsZero():
 	case kferrors.UsableTime(l.modified):
@@ -447,3 +448,13 @@ func openDocument(ctx context.Context, src Source, o Options, listedAt time.Time
 	}
 	return d, nil, true, nil
 }
+
+// ModifiedResolution is how much later than a store's modification time
+// a document may say it was written and still be believed: S3 keeps
+// Last-Modified to the whole second, and a file system's timestamps come
+// from a coarse clock a few milliseconds behind the real one. Only a
+// document dated past its write time by more than this (a pod whose clock
+// runs ahead) is clamped to it; clamping any later one would date every
+// document on S3 to its whole second, and tie the failures of a second
+// again (issue 27).
+const ModifiedResolution = time.Second

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"gocloud.dev/blob"
+	"golang.org/x/sys/unix"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
@@ -218,6 +219,15 @@ func TestErrorsSymlinkLoop(t *testing.T) {
 	key, _ := w.Write(ctx, kferrors.UserError("ValueError", "bad shape", "job-worker-1", time.Now()))
 	os.Symlink("error-loop.pb", filepath.Join(dir, "error-loop.pb"))
 	os.Symlink("/etc/passwd", filepath.Join(dir, "error-passwd.pb"))
+	// Written after the document, as their times say: an unreadable
+	// document ranks by its modification time, which the file system
+	// keeps on a coarse clock, behind the document's own by a few ms.
+	later := time.Now().Add(2 * time.Second)
+	for _, l := range []string{"error-loop.pb", "error-passwd.pb"} {
+		if err := unix.Lutimes(filepath.Join(dir, l), []unix.Timeval{unix.NsecToTimeval(later.UnixNano()), unix.NsecToTimeval(later.UnixNano())}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out, err := runErrorsCmd(t, 20*time.Second, "file://"+dir)
 	if err != nil || !strings.Contains(out, key) || !strings.Contains(out, "error-loop.pb: unreadable error document: a symbolic link, not followed") ||
 		!strings.Contains(out, "error-passwd.pb: unreadable") || strings.Contains(out, "root:") {
