@@ -61,7 +61,7 @@ func TestCommandEnv(t *testing.T) {
 	// with the fork server's preload, c10d's poll only with the relay.
 	hooked := append(slices.Clone(base), "PYTHONPATH=/image")
 	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook"})
-	for _, kv := range []string{"PYTHONPATH=/hook:/image", "KFELASTIC_SPAWN_PRELOAD=torch", "KFELASTIC_RDZV_POLL=0.1"} {
+	for _, kv := range []string{"PYTHONPATH=/hook:/image", "KFELASTIC_SPAWN_PRELOAD=torch", "KFELASTIC_RDZV_POLL=0.1", "KFELASTIC_DRAIN_ERRORS=1"} {
 		if !slices.Contains(got, kv) {
 			t.Errorf("CommandEnv with the hook: no %s in %q", kv, got)
 		}
@@ -79,11 +79,14 @@ func TestCommandEnv(t *testing.T) {
 	}
 	off := *cfg
 	off.NoForkServer = true
+	// With neither, the hook still reads the workers' error queues (a
+	// traceback past the pipe hung torch 1.13's spawned workers): no
+	// forkserver, no poll.
 	got = CommandEnv(nil, commandSpec{cfg: &off, hook: "/hook"})
 	if slices.ContainsFunc(got, func(s string) bool {
-		return strings.HasPrefix(s, "PYTHONPATH=") || strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") || strings.HasPrefix(s, "KFELASTIC_RDZV_POLL=")
-	}) {
-		t.Errorf("CommandEnv with --fork-server=false and no relay: the hook has nothing to do: %q", got)
+		return strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") || strings.HasPrefix(s, "KFELASTIC_RDZV_POLL=")
+	}) || !slices.Contains(got, "KFELASTIC_DRAIN_ERRORS=1") || !slices.Contains(got, "PYTHONPATH=/hook") {
+		t.Errorf("CommandEnv with --fork-server=false and no relay: want the hook for the error queues alone: %q", got)
 	}
 	// Without a relay (no master) the endpoint is the pod's, or the flag's.
 	got = CommandEnv(nil, commandSpec{cfg: cfg})
