@@ -1,8 +1,6 @@
 package outputreader_test
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,17 +25,7 @@ func TestDocumentTimeIsBoundedByItsWriteTime(t *testing.T) {
 			} else if f.Worker == "job-worker-0" {
 				key = "error-" + strings.Repeat("cd", 16) + ".pb"
 			}
-			data, err := kferrors.Encode(f.Document(0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := filepath.Join(dir, key)
-			if err := os.WriteFile(p, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chtimes(p, written, written); err != nil {
-				t.Fatal(err)
-			}
+			writeAt(t, dir, key, encoded(t, f), written)
 		}
 		// job-worker-1 raised at .100 by the store's clock, stamped 5 s ahead,
 		// written at .120; job-worker-0's secondary error at .150.
@@ -78,19 +66,7 @@ func TestDocumentTimeIsBoundedByItsWriteTime(t *testing.T) {
 func TestDocumentTimeWithinTheStoresResolutionIsKept(t *testing.T) {
 	second := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 	dir := t.TempDir()
-	put := func(key string, f kferrors.Failure) {
-		data, err := kferrors.Encode(f.Document(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(dir, key)
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(p, second, second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key string, f kferrors.Failure) { writeAt(t, dir, key, encoded(t, f), second) }
 	// The secondary error's document first in the listing.
 	put("error-"+strings.Repeat("ab", 16)+".pb",
 		kferrors.UserError("RuntimeError", "RuntimeError: [gloo] Connection closed by peer", "job-worker-0", second.Add(900*time.Millisecond)))

@@ -50,17 +50,8 @@ func TestUnreadableDocumentIsItsPodsFailure(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			write := func(key string, data []byte, at time.Time) {
-				p := filepath.Join(dir, key)
-				if err := os.WriteFile(p, data, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Chtimes(p, at, at); err != nil {
-					t.Fatal(err)
-				}
-			}
-			write("error-"+strings.Repeat("cd", 16)+".pb", gloo, base.Add(160*time.Millisecond))
-			write(c.key, c.data, base.Add(c.written))
+			writeAt(t, dir, "error-"+strings.Repeat("cd", 16)+".pb", gloo, base.Add(160*time.Millisecond))
+			writeAt(t, dir, c.key, c.data, base.Add(c.written))
 			b, err := kferrors.OpenPrefix(t.Context(), "file://"+dir, false)
 			if err != nil {
 				t.Fatal(err)
@@ -110,4 +101,27 @@ func TestUnreadableDocumentIsItsPodsFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeAt writes data as dir/key, its modification time at: the store's
+// write time the reader sees.
+func writeAt(t *testing.T, dir, key string, data []byte, at time.Time) {
+	t.Helper()
+	p := filepath.Join(dir, key)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, at, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// encoded is f's document, encoded.
+func encoded(t *testing.T, f kferrors.Failure) []byte {
+	t.Helper()
+	data, err := kferrors.Encode(f.Document(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
