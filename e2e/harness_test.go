@@ -487,9 +487,36 @@ func (j *job) outcome(limit time.Duration) testenv.WorkflowOutcome {
 	defer cancel()
 	o, err := testenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
 	if err != nil {
-		j.e.t.Fatalf("workflow %s not terminal after %v%s: %v (%v)", j.wf.Name, limit, why, o, err)
+		j.e.t.Fatalf("workflow %s not terminal after %v%s: %v (%v); pods: %s", j.wf.Name, limit, why, o, err, j.podStates())
 	}
 	return o
+}
+
+// podStates is one line per pod of the job: phase and each container's
+// state, for a failure's first lines (CI shows those; the dump at the end
+// may be cut).
+func (j *job) podStates() string {
+	var list corev1.PodList
+	if err := j.e.kube.List(context.Background(), &list, client.InNamespace(j.e.ns),
+		client.MatchingLabels{kubeflowv1.JobNameLabel: j.name}); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, p := range list.Items {
+		line := fmt.Sprintf("%s %s", p.Name, p.Status.Phase)
+		for _, cs := range p.Status.ContainerStatuses {
+			switch {
+			case cs.State.Terminated != nil:
+				line += fmt.Sprintf(" %s exited %d (%s)", cs.Name, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason)
+			case cs.State.Waiting != nil:
+				line += fmt.Sprintf(" %s waiting (%s)", cs.Name, cs.State.Waiting.Reason)
+			case cs.State.Running != nil:
+				line += fmt.Sprintf(" %s running, %d restarts", cs.Name, cs.RestartCount)
+			}
+		}
+		out = append(out, line)
+	}
+	return "[" + strings.Join(out, "; ") + "]"
 }
 
 // outcomeNow is the workflow's outcome as its status says it now.

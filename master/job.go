@@ -489,6 +489,29 @@ func (j *Job) logf(level, msg string, attrs ...any) {
 // Stopped reports whether the job was stopped, and why.
 func (j *Job) Stopped() (bool, string) { return j.stopped, j.stopReason }
 
+// StoppedAndLeft reports whether the job was stopped and none of its nodes
+// still runs or joins: nothing will happen in it any more. It returns the
+// stop's decision (its time and reason). A master that owns pods on
+// Kubernetes then ends, as on success, so that the training operator ends
+// the job too: its pods' exit codes say nothing when a command like
+// flytekit's exits 0 after writing its error document.
+func (j *Job) StoppedAndLeft() (Decision, bool) {
+	if !j.stopped {
+		return Decision{}, false
+	}
+	for _, rec := range j.nodes {
+		if rec.State.alive() {
+			return Decision{}, false
+		}
+	}
+	for i := len(j.decisions) - 1; i >= 0; i-- {
+		if j.decisions[i].Kind == StopJob {
+			return j.decisions[i], true
+		}
+	}
+	return Decision{Kind: StopJob, Rank: -1, Reason: kferrors.CodeJobStopped, Message: j.stopReason}, true
+}
+
 // Latest is the latest completed round, nil before the first.
 func (j *Job) Latest() *Round { return j.latest }
 

@@ -33,10 +33,18 @@ type PodOwner interface {
 // Options configure a Server.
 type Options struct {
 	Job Config
-	// ExitOnSuccess ends Run (and Serve) once the job has succeeded
-	// (Job.Succeeded) and that is durable: on Kubernetes the master's pod
-	// must complete for the training operator to mark the job Succeeded.
-	ExitOnSuccess bool
+	// ExitWhenDone ends Run (and Serve) once the job has succeeded
+	// (Job.Succeeded), or was stopped and every node has left
+	// (Job.StoppedAndLeft), and that is durable: on Kubernetes the
+	// master's pod must complete for the training operator to end the job.
+	// A stopped job's master first writes its own error document under
+	// EventsURL (JobStopped, naming Pod), so that a job whose pods all
+	// exited 0 (flytekit writes its document and exits 0) never reads as a
+	// success.
+	ExitWhenDone bool
+	// Pod is the master's pod name, the worker its own document names
+	// (ExitWhenDone); "master" when empty.
+	Pod string
 	// Token is the job's token; every call must carry it.
 	Token string
 	// StateURL is where the state lives (file://, s3://, mem://); empty: in
@@ -83,13 +91,15 @@ type Options struct {
 type Server struct {
 	// succeeded: Run ended because the job succeeded.
 	succeeded atomic.Bool
-	opts      Options
-	log       *slog.Logger
-	job       *Job
-	store     *store.Store
-	durable   *durableLog
-	bucket    *blob.Bucket
-	metrics   *metrics
+	// stoppedForGood: Run ended on a stopped job (ExitWhenDone).
+	stoppedForGood atomic.Bool
+	opts           Options
+	log            *slog.Logger
+	job            *Job
+	store          *store.Store
+	durable        *durableLog
+	bucket         *blob.Bucket
+	metrics        *metrics
 
 	inbox chan *call
 	done  chan struct{} // closed when the loop ends
@@ -289,8 +299,13 @@ func (s *Server) closeBucket() {
 func (s *Server) Job() Config { return s.job.Config() }
 
 // Succeeded reports whether Run ended because the job succeeded
-// (Options.ExitOnSuccess).
+// (Options.ExitWhenDone).
 func (s *Server) Succeeded() bool { return s.succeeded.Load() }
+
+// StoppedForGood reports whether Run ended because the job was stopped and
+// every node had left, with the master's document written
+// (Options.ExitWhenDone).
+func (s *Server) StoppedForGood() bool { return s.stoppedForGood.Load() }
 
 // Run is the loop; it returns when ctx ends (nil) or the state cannot be
 // written any more (ErrFenced: another master took over).
@@ -306,6 +321,9 @@ func (s *Server) Run(ctx context.Context) error {
 	defer evlog.Close()
 	for _, d := range s.job.Decisions() {
 		owner(d) // carried again: the owner is idempotent
+	}
+	if end, err := s.jobDone(ctx); end {
+		return err
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -383,13 +401,40 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		s.tellRound(ready.Rounds)
-		if s.opts.ExitOnSuccess && s.job.Succeeded() {
-			s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
-			s.succeeded.Store(true)
-			s.fail(fmt.Errorf("%w: job succeeded", errStopped))
-			return nil
+		if end, err := s.jobDone(ctx); end {
+			return err
 		}
 	}
+}
+
+// jobDone ends Run, with ExitWhenDone, once the job succeeded or was stopped
+// with every node gone (a master restarted on such a state ends at once).
+func (s *Server) jobDone(ctx context.Context) (bool, error) {
+	if !s.opts.ExitWhenDone {
+		return false, nil
+	}
+	if s.job.Succeeded() {
+		s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
+		s.succeeded.Store(true)
+		s.fail(fmt.Errorf("%w: job succeeded", errStopped))
+		return true, nil
+	}
+	d, ok := s.job.StoppedAndLeft()
+	if !ok {
+		return false, nil
+	}
+	key, err := s.writeStopDocument(ctx, d)
+	if err != nil {
+		// Exiting 0 without it could read as the job's success: the
+		// restarted master (the pod's OnFailure) tries again.
+		s.err = err
+		s.fail(fmt.Errorf("%w: %w", errStopped, err))
+		return true, err
+	}
+	s.log.Info("job stopped and every node has left: the master ends", "reason", d.Message, "document", key)
+	s.stoppedForGood.Store(true)
+	s.fail(fmt.Errorf("%w: job stopped", errStopped))
+	return true, nil
 }
 
 // settle takes the job's Ready: logs, metrics, wake-ups, then persists the

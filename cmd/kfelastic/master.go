@@ -213,9 +213,12 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 			return err
 		}
 		opts.Owner = owner
-		// The Master replica must complete for the operator to mark the
-		// PyTorchJob Succeeded (it decides on the Master's exit).
-		opts.ExitOnSuccess = true
+		// The Master replica must complete for the operator to end the
+		// PyTorchJob (it decides on the Master's exit): Succeeded, and the
+		// plugin reads the error documents (a stopped job's master writes
+		// one of its own).
+		opts.ExitWhenDone = true
+		opts.Pod, _ = os.Hostname()
 	}
 	s, err := master.NewServer(ctx, opts)
 	if err != nil {
@@ -252,7 +255,7 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	if err := s.Serve(ctx, lis); err != nil {
 		return err
 	}
-	if opts.ExitOnSuccess && !s.Succeeded() {
+	if opts.ExitWhenDone && !s.Succeeded() && !s.StoppedForGood() {
 		// Stopped (SIGTERM: the pod deleted, the node drained) with the
 		// job unfinished: exit 0 would read as the Master replica's success,
 		// and the training operator would mark the running job Succeeded
