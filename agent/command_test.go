@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -556,5 +557,41 @@ func TestCommandDocumentTakesEarliestLocalRank(t *testing.T) {
 	}
 	if msg := r.Message(); !strings.Contains(msg, "] ValueError: batch 17 has NaN labels\n") || !strings.Contains(msg, "Local rank 1") {
 		t.Errorf("UI message: %s", msg)
+	}
+}
+
+// Issue 31: a worker's known error text names the pod's failure. Local
+// rank 1's CUDA ECC error at .300 is the root cause, not rank 0's NCCL
+// watchdog timeout that torch named: the document is GpuEccUncorrectable,
+// the system's and recoverable. And when torch names the rank whose text
+// it is, flytekit's own root cause is read.
+func TestCommandDocumentNamesHardwareFaults(t *testing.T) {
+	ecc := "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+	// (No commas: the helper's modes are comma-separated.)
+	watchdog := "RuntimeError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5 OpType=ALLREDUCE) ran for 600013 milliseconds before timing out."
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"an earlier rank", []string{"314", watchdog, "0", "300", ecc}},
+		{"the rank torch named", []string{"300", ecc, "0", "314", watchdog}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sec := time.Now().Unix() + 2
+			arg := strings.Join(append([]string{dir, strconv.FormatInt(sec, 10)}, c.args...), "|")
+			cfg, out := helperConfig(t, 1, "pyflyte:"+arg)
+			cfg.Launcher, cfg.Pod, cfg.ErrorPrefix = LauncherCommand, "job-worker-1", "file://"+dir
+			cfg.Env = append(cfg.Env, "_F_WN=job-worker-1", "_F_DES=Hardware")
+			if ee, _ := runBounded(t, t.Context(), cfg, 30*time.Second); ee != nil {
+				t.Fatalf("%v, want exit 0 as flytekit\n%s", ee, out)
+			}
+			got := readRootCause(t, dir).RootCause
+			if got.Failure.Code != kferrors.CodeGpuEccUncorrectable || !got.Failure.Recoverable || got.Failure.Origin != core.ExecutionError_SYSTEM ||
+				!got.Time().Equal(time.Unix(sec, 300_000_000)) || !strings.Contains(got.Failure.Message, ecc) {
+				t.Errorf("document %s recoverable=%v %s at %s, want the ECC error at .300\n%s", got.Failure.Code, got.Failure.Recoverable,
+					got.Failure.Origin, got.Time(), out)
+			}
+		})
 	}
 }

@@ -253,6 +253,13 @@ func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string) (f k
 // it).
 func commandDocument(f kferrors.Failure, size int, files []rankError) (refined kferrors.Failure, how string, rewrite bool) {
 	refined, how = refineFromErrorFiles(f, files)
+	if !strings.Contains(how, "exception") {
+		// The exception is still the one torch named: a known text in its
+		// root cause (an ECC error, NCCL's watchdog) names the failure.
+		if r := kferrors.Recognize(refined); r.Code != refined.Code {
+			refined, how = r, strings.TrimPrefix(how+" and the meaning of its text", " and ")
+		}
+	}
 	return refined, how, how != "" || size > kferrors.DefaultMaxDocumentBytes
 }
 
@@ -343,6 +350,9 @@ func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failu
 	fmt.Fprintf(&b, "\n\nLocal rank %d raised first, at %s (its error file %s); torch named another rank. "+
 		"flytekit's document:\n\n%s", first.localRank, first.err.Time.UTC().Format(time.RFC3339Nano), first.path, f.Message)
 	refined.Message = b.String()
+	// The rank's own error, not flytekit's table (which names torch's
+	// rank), says what the failure means.
+	refined = kferrors.RecognizeIn(refined, first.err.Message+"\n"+first.err.Traceback)
 	return refined, "time and exception of local rank " + strconv.Itoa(first.localRank)
 }
 

@@ -89,7 +89,9 @@ func classify(e WorkerExit) Failure {
 			f.Recoverable = true
 			return f
 		}
-		return UserError(te.ExceptionType(), msg, e.Worker, at)
+		// A known text (an ECC error, NCCL's watchdog) says more than the
+		// exception's type.
+		return Recognize(UserError(te.ExceptionType(), msg, e.Worker, at))
 	case e.Signal != 0:
 		return SystemFailure(SignalCode(e.Signal), fmt.Sprintf("worker %s was killed by signal %d (%s)", e.Worker, int(e.Signal), SignalName(e.Signal)), e.Worker, at)
 	case e.RecoverableMarker:
