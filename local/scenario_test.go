@@ -266,7 +266,7 @@ func scenario7FailPod(t *testing.T, py string) {
 	j := runJobOn(t, py, Options{MinNodes: 3, MaxNodes: 4, NProcPerNode: 1, MaxRelaunches: 1}, 40, "fail-pod:3@step=8")
 	j.succeeded()
 	j.expect("failure", j.view, `fail-pod: job-worker-3's machine fails`)
-	j.expect("replacement fails too", j.view, `job-worker-4 replaces job-worker-3 as rank 3 after NodeLost \(relaunch, counted\)(?s).*job-worker-4, rank 3's replacement, fails too`)
+	j.expect("replacement fails too", j.view, `job-worker-4 replaces job-worker-3 as rank 3 after NodeLost \(relaunch-avoid-host, counted\)(?s).*job-worker-4, rank 3's replacement, fails too`)
 	j.expect("not relaunched again", j.view, `job-worker-4 \(rank 3\) is not relaunched after NodeLost: rank relaunched 1 times already`)
 	m := j.expect("a round of 3 after the loss", j.podLog("job-worker-0"), `(?s)group_world_size=4.*group_world_size=3\n(?:.*\n)*?.*resumed from step (\d+)`)
 	if m[1] == "0" {

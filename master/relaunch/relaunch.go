@@ -68,12 +68,18 @@ func (p Policy) Decide(code string, recoverable bool, spent int) (kind Kind, cou
 		return None, false, "a pod that found no round in time would wait in vain elsewhere too"
 	case code == kferrors.CodeJobStopped:
 		return None, false, "the job stopped"
+	case kferrors.IsHardwareCode(code):
+		// The device failed, not the workload: no budget spent, and the
+		// replacement goes to another machine (each such relaunch avoids
+		// one more; with none left the pod pends, and the pend timeout
+		// decides).
+		return AvoidHost, false, "a hardware fault: relaunched elsewhere without spending budget"
 	}
 	kind = Relaunch
 	switch code {
 	case kferrors.CodeOOMKilled:
 		kind = MoreMemory
-	case kferrors.CodeNodeCheckFailed, kferrors.CodeStraggler:
+	case kferrors.CodeNodeCheckFailed, kferrors.CodeStraggler, kferrors.CodeNodeLost:
 		kind = AvoidHost
 	}
 	if spent >= p.MaxPerRank {

@@ -22,7 +22,13 @@ func TestDecide(t *testing.T) {
 		{"NodeCheckFailed", true, 1, AvoidHost, true},
 		{"Straggler", true, 0, AvoidHost, true},
 		{"ValueError", false, 0, None, false},
-		{"NodeLost", true, 0, Relaunch, true},
+		{"NodeLost", true, 0, AvoidHost, true},
+		{"GpuFallenOffBus", true, 0, AvoidHost, false},
+		{"GpuEccUncorrectable", true, 99, AvoidHost, false}, // never counted, never refused
+		{"GpuNvlinkError", true, 0, AvoidHost, false},
+		{"GpuXidError", true, 0, Relaunch, true}, // a user Xid: in place, counted
+		{"NcclTimeout", true, 0, Relaunch, true},
+		{"CudaOutOfMemory", false, 0, None, false},
 		{"Hang", true, 1, Relaunch, true},
 		{"RendezvousTimeout", true, 0, None, false},
 		{"JobStopped", true, 0, None, false},
