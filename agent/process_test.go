@@ -30,11 +30,14 @@ func TestUnreadOutputDoesNotStallWorkers(t *testing.T) {
 	}
 	stdout, stderr := pipe(), pipe()
 	logDir := t.TempDir()
-	cmd := startAgentProcess(t, agentProcess{NProc: 2, Modes: "chatty:2s", HangTimeout: time.Second,
+	// A stalled tee stalls the workers for good, so any hang timeout finds
+	// it; 5 s, not 1, so that a busy machine's pause does not (one did:
+	// exit 203 under -race on 2 cores).
+	cmd := startAgentProcess(t, agentProcess{NProc: 2, Modes: "chatty:2s", HangTimeout: 5 * time.Second,
 		StopGrace: time.Second, LogDir: logDir}, stdout, stderr)
 	stdout.Close()
 	stderr.Close()
-	if code := waitExit(t, cmd, 20*time.Second); code != 0 {
+	if code := waitExit(t, cmd, 40*time.Second); code != 0 {
 		t.Fatalf("agent exit %d, want 0 (a worker killed as hung?)", code)
 	}
 	logs, _ := filepath.Glob(filepath.Join(logDir, "proc_*", "attempt_1", "*", "stdout.log"))
