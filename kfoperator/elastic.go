@@ -424,6 +424,13 @@ func MasterObjects(job, namespace, token string, owner *metav1.OwnerReference, l
 				Resources: []string{"pods"},
 				Verbs:     []string{"get", "list", "watch", "delete"},
 			},
+			{
+				// The GPU health daemons' Warning events on the job's pods
+				// (GPUXidError, GPUSXidError).
+				APIGroups: []string{""},
+				Resources: []string{"events"},
+				Verbs:     []string{"list", "watch"},
+			},
 		},
 	}
 	binding := &rbacv1.RoleBinding{

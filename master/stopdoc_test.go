@@ -1,9 +1,13 @@
 package master_test
 
 import (
+	"context"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"gocloud.dev/blob"
@@ -11,6 +15,7 @@ import (
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/master"
+	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
 // A master that ends when its job is done (--kube-job) ends too when the job
@@ -117,4 +122,65 @@ func readFailure(t *testing.T, dir, key string) kferrors.Failure {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// A hardware fault a node daemon reported takes its live pod out: the
+// master writes the pod's document (once per event, however often it is
+// told) and relaunches the rank on another node without spending budget.
+func TestHardwareFaultTakesThePodOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		docs := t.TempDir()
+		owner := &recordingOwner{}
+		m := startInBubble(t, master.Options{StateURL: "mem://", EventsURL: "file://" + docs, Owner: owner,
+			Job: master.Config{JobID: "hw", MinNodes: 1, MaxNodes: 2}})
+		c := m.client(t, token)
+		joinAll(t, c, 2)
+		g := kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 79, Severity: kferrors.SeverityCritical, GPUIndex: 3, Node: "node-1"}
+		f, _ := g.Failure("job-worker-1", time.Now().Add(-time.Second), "")
+		for range 2 {
+			if err := m.Server.HardwareFault(t.Context(), "job-worker-1", f, "00000000000000e1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		keys := documents(t, docs)
+		if len(keys) != 1 {
+			t.Fatalf("documents %v, want one", keys)
+		}
+		if got := readFailure(t, docs, keys[0]); got.Code != kferrors.CodeGpuFallenOffBus || got.Worker != "job-worker-1" ||
+			!strings.Contains(got.Message, "Xid 79 (GPU has fallen off the bus) on GPU 3 on node node-1") {
+			t.Errorf("document %+v", got)
+		}
+		var found bool
+		for _, d := range owner.carried() {
+			if d.Rank == 1 && d.Reason == kferrors.CodeGpuFallenOffBus {
+				found = true
+				if d.Kind != relaunch.AvoidHost || d.Counted || d.Host != "node-1" {
+					t.Errorf("decision %+v, want relaunch-avoid-host on node-1, not counted", d)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no decision for rank 1: %+v", owner.carried())
+		}
+	})
+}
+
+// recordingOwner is a PodOwner that records the decisions it is handed.
+type recordingOwner struct {
+	mu sync.Mutex
+	ds []master.Decision
+}
+
+func (o *recordingOwner) Carry(_ context.Context, d master.Decision) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ds = append(o.ds, d)
+	return nil
+}
+
+func (o *recordingOwner) carried() []master.Decision {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.ds)
 }

@@ -330,7 +330,7 @@ func TestPluginManager(t *testing.T) {
 			t.Errorf("secret owner %v", secret.OwnerReferences)
 		}
 		var role rbacv1.Role
-		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: kfoperator.MasterAccountName(job.Name)}, &role); err != nil || len(role.Rules) != 2 {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: kfoperator.MasterAccountName(job.Name)}, &role); err != nil || len(role.Rules) != 3 {
 			t.Errorf("role: %v %+v", err, role.Rules)
 		}
 		for _, o := range []client.Object{&corev1.ServiceAccount{}, &rbacv1.RoleBinding{}} {

@@ -247,6 +247,9 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	if w, ok := opts.Owner.(podWatcher); ok {
 		go w.WatchFor(ctx, s)
 	}
+	if w, ok := opts.Owner.(gpuFaultWatcher); ok {
+		go w.WatchGPUFaultsFor(ctx, s)
+	}
 	cfg := s.Job()
 	log.Info("master serving", "listen", lis.Addr().String(), "job", cfg.JobID, "nnodes", strconv.Itoa(cfg.MinNodes)+":"+strconv.Itoa(cfg.MaxNodes),
 		"node_unit", cfg.NodeUnit, "waiting_timeout", cfg.WaitingTimeout, "expected_nodes", cfg.ExpectedNodes, "heartbeat_interval", opts.HeartbeatInterval,
@@ -263,6 +266,12 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 		return exitStatus(143)
 	}
 	return nil
+}
+
+// gpuFaultWatcher is an owner that also reports the GPU faults node
+// daemons record against the job's pods.
+type gpuFaultWatcher interface {
+	WatchGPUFaultsFor(ctx context.Context, s *master.Server)
 }
 
 // podWatcher is an owner that also reports pods that died without their

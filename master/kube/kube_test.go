@@ -114,6 +114,59 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		}
 	})
 
+	// Issue 31: a GPU health daemon's Warning event on a pod (created here
+	// as the daemon would) reaches the master as that pod's fault, with the
+	// pod's node; the master's decision (the policy's: another node) puts
+	// the replacement on the other node; the same event again, the old
+	// pod's events after its replacement, other reasons and free text
+	// posing as the daemon's change nothing. The owner runs with the
+	// master's Role: list and watch on events are enough.
+	t.Run("GPUFaultEventTakesThePodOffItsNode", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "gpu")
+		e.watch(t)
+		w1 := e.waitRunning(t, "worker-1", "")
+		faults := make(chan GPUFault, 16)
+		ctx, cancel := context.WithCancel(e.ctx)
+		done := make(chan error, 1)
+		go func() { done <- e.owner.WatchGPUFaults(ctx, func(g GPUFault) { faults <- g }) }()
+		defer func() { cancel(); <-done }()
+		msg := "[gpu-health] [CRITICAL] Xid 79 (GPU has fallen off the bus) on GPU 3 GPU-1a2b. xid=79 severity=critical gpu_uuid=GPU-1a2b gpu_index=3 pci=0000:3b:00.0"
+		e.gpuEvent(t, w1, "BackOff", msg)
+		e.gpuEvent(t, w1, kferrors.EventReasonXid, "GPU has fallen off the bus xid=79")
+		at := time.Now().Add(-2 * time.Second).Truncate(time.Second)
+		ev := e.gpuEventAt(t, w1, kferrors.EventReasonXid, msg, at)
+		var g GPUFault
+		select {
+		case g = <-faults:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no fault reported")
+		}
+		f, ok := g.Failure()
+		if g.Pod != w1.Name || g.UID != string(w1.UID) || g.Node != nodes[0] || !g.At.Equal(at) || !ok ||
+			f.Code != kferrors.CodeGpuFallenOffBus || !strings.Contains(f.Message, "on node "+nodes[0]) {
+			t.Fatalf("fault %+v, failure %+v", g, f)
+		}
+		kind, counted, _ := relaunch.DefaultPolicy.Decide(f.Code, f.Recoverable, 0)
+		if err := e.owner.Carry(e.ctx, Action{Seq: 1, Kind: kind, Pod: w1.Name, UID: g.UID, Reason: f.Code, Time: time.Now()}); err != nil || counted {
+			t.Fatalf("carry %s (counted %v): %v", kind, counted, err)
+		}
+		p := e.waitRunning(t, "worker-1", w1.UID)
+		if p.Spec.NodeName != nodes[1] || !avoids(p, nodes[0]) {
+			t.Errorf("replacement on %s with affinity %+v", p.Spec.NodeName, p.Spec.Affinity)
+		}
+		// The event again (a series' count) and a late one of the old pod.
+		ev.Count++
+		if err := e.admin.Update(e.ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		e.gpuEvent(t, w1, kferrors.EventReasonXid, msg)
+		select {
+		case g := <-faults:
+			t.Errorf("a fault reported again or of a replaced pod: %+v", g)
+		case <-time.After(3 * time.Second):
+		}
+	})
+
 	t.Run("CarryIsIdempotent", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "idem")
 		e.watch(t)
@@ -401,6 +454,28 @@ func newJobEnv(t *testing.T, cfg *rest.Config, name string, bind ...func(*corev1
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// gpuEvent records a Warning event against pod p as a node daemon would.
+func (e *jobEnv) gpuEvent(t *testing.T, p *corev1.Pod, reason, msg string) *corev1.Event {
+	return e.gpuEventAt(t, p, reason, msg, time.Now())
+}
+
+func (e *jobEnv) gpuEventAt(t *testing.T, p *corev1.Pod, reason, msg string, at time.Time) *corev1.Event {
+	t.Helper()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: p.Name + "." + hex.EncodeToString(r[:]), Namespace: e.ns},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: e.ns, Name: p.Name, UID: p.UID, APIVersion: "v1"},
+		Reason:         reason, Message: msg, Type: corev1.EventTypeWarning, Count: 1,
+		FirstTimestamp: metav1.NewTime(at), LastTimestamp: metav1.NewTime(at),
+		Source: corev1.EventSource{Component: "gpu-health", Host: p.Spec.NodeName},
+	}
+	if err := e.admin.Create(e.ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
 
 // newOwner is an Owner of the test's job running with the master's token.
 func (e *jobEnv) newOwner(t *testing.T, oom relaunch.OOM) *Owner {

@@ -2,7 +2,11 @@ package kube
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
+
+	kferrors "github.com/kfelastic/kfelastic/errors"
 
 	"github.com/kfelastic/kfelastic/master"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -52,4 +56,32 @@ func (k *MasterOwner) WatchFor(ctx context.Context, s *master.Server) {
 	if err != nil && ctx.Err() == nil {
 		k.log.Error("pod watch ended", "err", err)
 	}
+}
+
+// WatchGPUFaultsFor hands s, until ctx ends, the critical GPU faults node
+// daemons report on the job's live pods (Owner.WatchGPUFaults): each takes
+// its pod out with the fault as its failure (Server.HardwareFault). A
+// user or warning fault is only logged: the workload's own error follows.
+func (k *MasterOwner) WatchGPUFaultsFor(ctx context.Context, s *master.Server) {
+	err := k.owner.WatchGPUFaults(ctx, func(g GPUFault) {
+		f, ok := g.Failure()
+		if !ok || g.Fault.Severity != kferrors.SeverityCritical {
+			return
+		}
+		go func() {
+			if err := s.HardwareFault(ctx, g.Pod, f, eventSuffix(g.EventUID)); err != nil && ctx.Err() == nil {
+				k.log.Warn("cannot report a pod's hardware fault to the master", "pod", g.Pod, "err", err)
+			}
+		}()
+	})
+	if err != nil && ctx.Err() == nil {
+		k.log.Error("event watch ended", "err", err)
+	}
+}
+
+// eventSuffix is a document name's suffix for one event: 16 hex
+// characters of its UID's hash.
+func eventSuffix(uid string) string {
+	h := sha256.Sum256([]byte(uid))
+	return hex.EncodeToString(h[:8])
 }

@@ -82,12 +82,16 @@ type terminatedState struct {
 	FinishedAt *time.Time `json:"finishedAt"`
 }
 
-type podList struct {
+// objectList is a list the API server answers: its items and the
+// resource version to watch from.
+type objectList[T any] struct {
 	Metadata struct {
 		ResourceVersion string `json:"resourceVersion"`
 	} `json:"metadata"`
-	Items []pod `json:"items"`
+	Items []T `json:"items"`
 }
+
+type podList = objectList[pod]
 
 // memory is a container's memory as the OOM policy sees it: its limit, or
 // its request where it has no limit; 0 if neither (or unparsable).
