@@ -1,8 +1,8 @@
 # The master (master/, api/): the protocol's generated code and the
 # benchmark beside torch's c10d rendezvous and TCPStore.
-BENCHES += master
+BENCHES += master master-attacks
 
-.PHONY: generate bench-master
+.PHONY: generate bench-master bench-master-attacks
 
 # Regenerates api/masterpb from api/master.proto with pinned generators
 # (protoc from Debian, protoc-gen-go and protoc-gen-go-grpc built into the
@@ -20,3 +20,10 @@ generate:
 bench-master: build
 	scripts/deps.sh apt
 	$(GO) run ./bench/master -kfelastic $(BIN)
+
+# The attack table (issue 29): the master's RSS under rapid reset,
+# CONTINUATION and PING/SETTINGS floods, an HPACK bomb, slowloris and 10,000
+# idle connections beside its idle figure, both transports, honest clients
+# served throughout. ≈2 min; needs no torch.
+bench-master-attacks: build
+	$(GO) run ./bench/master -kfelastic $(BIN) -attacks

@@ -57,15 +57,16 @@ import (
 )
 
 var (
-	binary_ = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary")
-	python  = flag.String("python", "/usr/bin/python3", "the Python whose torch is the anchor (Debian's 1.13; any torch 1.13 or 2.x)")
-	sizes   = flag.String("n", "100,1000,10000", "simulated agent counts")
-	torchN  = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
-	clients = flag.String("clients", "1,16", "concurrent store client counts: one table each")
-	ops     = flag.Int("ops", 2000, "store operations per client and kind")
-	kinds   = flag.String("kinds", "set,get,add,compare_set", "store operations to measure, in order")
-	verbose = flag.Bool("v", false, "also print the master's memory breakdown")
-	mflags  = flag.String("master-flags", "", "more flags for every `kfelastic master` it starts, space-separated (e.g. \"--transport http2\")")
+	binary_  = flag.String("kfelastic", "bin/kfelastic", "the kfelastic binary")
+	python   = flag.String("python", "/usr/bin/python3", "the Python whose torch is the anchor (Debian's 1.13; any torch 1.13 or 2.x)")
+	sizes    = flag.String("n", "100,1000,10000", "simulated agent counts")
+	torchN   = flag.String("torch-n", "4,8,16", "agent counts for torch's c10d rendezvous (real python3 agents) and ours beside it")
+	clients  = flag.String("clients", "1,16", "concurrent store client counts: one table each")
+	ops      = flag.Int("ops", 2000, "store operations per client and kind")
+	kinds    = flag.String("kinds", "set,get,add,compare_set", "store operations to measure, in order")
+	verbose  = flag.Bool("v", false, "also print the master's memory breakdown")
+	mflags   = flag.String("master-flags", "", "more flags for every `kfelastic master` it starts, space-separated (e.g. \"--transport http2\")")
+	attacks_ = flag.Bool("attacks", false, "run only the attack table (both transports): the master's RSS under each attack beside idle, honest clients served throughout")
 )
 
 const token = "bench-token"
@@ -79,6 +80,9 @@ func main() {
 }
 
 func run() error {
+	if *attacks_ {
+		return runAttacks()
+	}
 	for _, p := range []string{*binary_, *python} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%v (make build; scripts/deps.sh apt)", err)
@@ -128,6 +132,25 @@ func run() error {
 	}
 	fmt.Println()
 	return storeBench(dir, tokenFile)
+}
+
+// runAttacks is the attack table alone: no torch needed.
+func runAttacks() error {
+	if _, err := os.Stat(*binary_); err != nil {
+		return fmt.Errorf("%v (make build)", err)
+	}
+	raiseFDLimit()
+	dir, err := os.MkdirTemp("", "bench-master-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("bench-master -attacks: %d CPUs\n\n", numCPU())
+	return attackTable(dir, tokenFile)
 }
 
 // ---- the master process ----
