@@ -38,7 +38,8 @@
 // prefix declares. Frames on idle or closed streams, malformed requests
 // (a pseudo-header missing, a connection-specific header) and frames too
 // large are the stream or connection errors RFC 9113 asks for (h2spec:
-// 138 of its 145 cases pass). Connections are bounded in number and in
+// 139 of its 145 cases pass; a preface that is not HTTP/2's gets GOAWAY
+// and an orderly close). Connections are bounded in number and in
 // how long one may go without a call with the token.
 //
 // Deliberately left out, since the master and its agents use none of it:

@@ -303,6 +303,15 @@ func (c *conn) serve() {
 	c.nc.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	var pre [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.nc, pre[:]); err != nil || string(pre[:]) != http2.ClientPreface {
+		if err == nil {
+			// Not HTTP/2: GOAWAY PROTOCOL_ERROR (RFC 9113 §3.4), then an
+			// orderly close; a close with the peer's bytes unread would
+			// be a TCP reset, which may lose the GOAWAY (h2spec 3.5).
+			c.mu.Lock()
+			_ = c.write(func(b []byte) []byte { return appendGoAway(b, 0, http2.ErrCodeProtocol, []byte("invalid preface")) })
+			c.mu.Unlock()
+			lingerClose(c.nc)
+		}
 		return
 	}
 	c.mu.Lock()
@@ -755,6 +764,17 @@ func (c *conn) goAway() {
 	if c.write(func(b []byte) []byte { return appendGoAway(b, c.lastID, http2.ErrCodeNo, nil) }) != nil || len(c.streams) == 0 {
 		c.closeLocked()
 	}
+}
+
+// lingerClose ends the connection's writing side and reads what the peer
+// still sends, at most 64 KiB for at most a second, so that the close is
+// a FIN the peer sees after what was written, not a reset.
+func lingerClose(nc net.Conn) {
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(nc, 64<<10))
 }
 
 func (c *conn) close() {
