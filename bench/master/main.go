@@ -91,16 +91,11 @@ func run() error {
 	if err := detectTorch(); err != nil {
 		return err
 	}
-	raiseFDLimit()
-	dir, err := os.MkdirTemp("", "bench-master-")
+	dir, tokenFile, cleanup, err := workDir()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
-		return err
-	}
+	defer cleanup()
 	fmt.Printf("bench-master: %d CPUs; kfelastic master with file:// state on local disk", numCPU())
 	if *mflags != "" {
 		fmt.Printf("; master flags %q", *mflags)
@@ -139,18 +134,28 @@ func runAttacks() error {
 	if _, err := os.Stat(*binary_); err != nil {
 		return fmt.Errorf("%v (make build)", err)
 	}
-	raiseFDLimit()
-	dir, err := os.MkdirTemp("", "bench-master-")
+	dir, tokenFile, cleanup, err := workDir()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
-		return err
-	}
+	defer cleanup()
 	fmt.Printf("bench-master -attacks: %d CPUs\n\n", numCPU())
 	return attackTable(dir, tokenFile)
+}
+
+// workDir raises the file limit and makes the run's folder with the job's
+// token file in it; cleanup removes it.
+func workDir() (dir, tokenFile string, cleanup func(), err error) {
+	raiseFDLimit()
+	if dir, err = os.MkdirTemp("", "bench-master-"); err != nil {
+		return "", "", nil, err
+	}
+	tokenFile = filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", "", nil, err
+	}
+	return dir, tokenFile, func() { os.RemoveAll(dir) }, nil
 }
 
 // ---- the master process ----
