@@ -51,8 +51,21 @@ func (l *loop) write(f kferrors.Failure) string {
 	backoff := 250 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(l.work, min(attemptTimeout, time.Until(deadline)))
-		uploaded, err := l.upload(ctx, f, key, data)
+		uploaded, own, err := l.upload(ctx, f, key, data)
 		cancel()
+		if err == nil && own != nil && l.cfg.command() {
+			// The refinement gets the rest of StorageTimeout, and never
+			// less than an attempt: it reads, rewrites and moves a
+			// document that may be megabytes (a tensor printed whole in
+			// its message), and under load that outlasted the attempt
+			// that found it, leaving flytekit's oversized document to
+			// stand for the pod (CI, 2026-12-06).
+			refineBy := deadline
+			if least := time.Now().Add(attemptTimeout); least.After(refineBy) {
+				refineBy = least
+			}
+			uploaded = l.refineOwn(refineBy, uploaded, own)
+		}
 		if err == nil {
 			return uploaded
 		}
@@ -71,11 +84,11 @@ func (l *loop) write(f kferrors.Failure) string {
 
 // upload stores the prepared document under ErrorPrefix, unless the failed
 // worker wrote its own there (flytekit with _F_DES set): then that one's
-// key is returned and ours is not stored.
-func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data []byte) (string, error) {
+// key and bytes (own) are returned and ours is not stored.
+func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data []byte) (_ string, own []byte, _ error) {
 	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer b.Close()
 	worker, since := f.Worker, l.groupStarted
@@ -84,17 +97,9 @@ func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data 
 		// dates its document to torch's whole second.
 		worker, since = l.cfg.Pod, since.Truncate(time.Second)
 	}
-	if own, ok := workerDocument(ctx, b, worker, since); ok {
-		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", own, "worker", f.Worker)
-		if l.cfg.command() {
-			// However the pod ends (the command failed, the master's EXIT,
-			// a preemption, a hang), the command's document is refined
-			// before it stands for the pod.
-			if cf, refined, ok := l.refineFound(ctx, b, own); ok {
-				l.commandDoc, own = &cf, refined
-			}
-		}
-		return own, nil
+	if ownKey, ownData, ok := workerDocument(ctx, b, worker, since); ok {
+		l.log.Info("worker wrote its own error document", "prefix", l.cfg.ErrorPrefix, "key", ownKey, "worker", f.Worker)
+		return ownKey, ownData, nil
 	}
 	err = kferrors.NewWriter(b, nil).Put(ctx, key, data)
 	if goerrors.Is(err, kferrors.ErrExists) {
@@ -102,10 +107,29 @@ func (l *loop) upload(ctx context.Context, f kferrors.Failure, key string, data 
 		err = nil
 	}
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	l.log.Info("error document written", "prefix", l.cfg.ErrorPrefix, "key", key)
-	return key, nil
+	return key, nil, nil
+}
+
+// refineOwn refines the document the command wrote itself (key, its bytes
+// data), however the pod ends (the command failed, the master's EXIT, a
+// preemption, a hang), before it stands for the pod, and returns the key
+// that stands: the refined one, else key.
+func (l *loop) refineOwn(deadline time.Time, key string, data []byte) string {
+	ctx, cancel := context.WithDeadline(l.work, deadline)
+	defer cancel()
+	b, err := kferrors.OpenPrefix(ctx, l.cfg.ErrorPrefix, true)
+	if err != nil {
+		l.log.Error("cannot open error prefix", "prefix", l.cfg.ErrorPrefix, "err", err)
+		return key
+	}
+	defer b.Close()
+	if cf, refined, ok := l.refineFound(ctx, b, key, data); ok {
+		l.commandDoc, key = &cf, refined
+	}
+	return key
 }
 
 // supersede moves this pod's documents dated before a group start out of the
@@ -146,15 +170,15 @@ func (l *loop) supersede(start time.Time) {
 // are skipped unread; at most 64 others are read. Only a document from the
 // last attempt (timed at or after since) counts: worker names repeat across
 // attempts.
-func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (string, bool) {
+func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since time.Time) (key string, data []byte, ok bool) {
 	if worker == "" {
-		return "", false
+		return "", nil, false
 	}
 	it := b.List(&blob.ListOptions{Prefix: kferrors.KeyPrefix})
 	for read := 0; read < 64; {
 		obj, err := it.Next(ctx)
 		if err != nil {
-			return "", false
+			return "", nil, false
 		}
 		if !kferrors.IsDocumentKey(obj.Key) || kferrors.Irregular(obj) != "" {
 			continue
@@ -168,10 +192,10 @@ func workerDocument(ctx context.Context, b *blob.Bucket, worker string, since ti
 			continue
 		}
 		if f, err := kferrors.DecodeFailure(data, maxCommandDocumentBytes); err == nil && f.Worker == worker && !f.Time.Before(since) {
-			return obj.Key, true
+			return obj.Key, data, true
 		}
 	}
-	return "", false
+	return "", nil, false
 }
 
 // refineCommandDocument finds the document the command wrote itself for
@@ -192,11 +216,11 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 	defer b.Close()
 	// flytekit's time is a whole second: one in the second the group
 	// started in is of this attempt.
-	key, ok = workerDocument(ctx, b, l.cfg.Pod, l.groupStarted.Truncate(time.Second))
+	key, data, ok := workerDocument(ctx, b, l.cfg.Pod, l.groupStarted.Truncate(time.Second))
 	if !ok {
 		return f, "", false
 	}
-	return l.refineFound(ctx, b, key)
+	return l.refineFound(ctx, b, key, data)
 }
 
 // refineFound gives the document the command wrote itself for this pod
@@ -213,12 +237,15 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 // key) and flytekit's is moved to refined/ (kferrors.MoveDocument), so the
 // reader sees one document per pod, the copy written before the original
 // is moved. A document too large for the reader is rewritten so too, its
-// message capped. The document (refined or not) is returned; ok is false
-// when it cannot be read.
-func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string) (f kferrors.Failure, _ string, ok bool) {
-	data, err := kferrors.ReadDocument(ctx, b, key, maxCommandDocumentBytes)
-	if err != nil {
-		return f, key, false
+// message capped. data is the document's bytes when the caller has read
+// them (nil: read here). The document (refined or not) is returned; ok is
+// false when it cannot be read.
+func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string, data []byte) (f kferrors.Failure, _ string, ok bool) {
+	var err error
+	if data == nil {
+		if data, err = kferrors.ReadDocument(ctx, b, key, maxCommandDocumentBytes); err != nil {
+			return f, key, false
+		}
 	}
 	if f, err = kferrors.DecodeFailure(data, maxCommandDocumentBytes); err != nil {
 		return f, key, false

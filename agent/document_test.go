@@ -40,7 +40,7 @@ func TestOversizedCommandDocumentRewrittenUnderTheReadersLimit(t *testing.T) {
 	}
 
 	l := &loop{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	got, newKey, ok := l.refineFound(ctx, b, key)
+	got, newKey, ok := l.refineFound(ctx, b, key, nil)
 	if !ok || newKey == key {
 		t.Fatalf("refineFound: %v %s, want the document rewritten under a new key", ok, newKey)
 	}
