@@ -100,6 +100,9 @@ type commandGroups struct {
 	hook string
 	// cpus is the container's CPU limit (containerCPUs; 0: none).
 	cpus float64
+	// roundFile is where the master's current round is kept for the
+	// torch hook (torchhook.Options.RoundFile); "" without the master.
+	roundFile string
 }
 
 var _ groupStarter = (*commandGroups)(nil)
@@ -114,6 +117,7 @@ func newCommandGroups(l *loop) (*commandGroups, error) {
 	}
 	if relay != nil {
 		c.relay, c.relayAddr = relay, relay.Addr()
+		c.roundFile = filepath.Join(l.runDir, "master-round")
 	}
 	if c.hook, err = torchhook.Install(l.runDir); err != nil {
 		// torch then starts and waits as it would: slower, not wrong.
@@ -129,10 +133,11 @@ func newCommandGroups(l *loop) (*commandGroups, error) {
 
 func (c *commandGroups) start(a StartGroup) (*group, []WorkerExited) {
 	l, r := c.l, a.Round
+	c.keepRound(r)
 	gs := l.groupStart(1)
 	gs.commandMode, gs.launcher = true, execLauncher{}
 	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves(), hook: c.hook,
-		cpus: c.cpus}
+		cpus: c.cpus, roundFile: c.roundFile}
 	gs.env = func(w *worker, mark string) []string {
 		s := spec
 		s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, mark
@@ -155,10 +160,23 @@ func (c *commandGroups) roundOutdated(at time.Time) {
 func (c *commandGroups) roundCompleted(r Round) {
 	c.l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 		"round", r.Number, "group_rank", r.GroupRank, "group_world_size", r.GroupWorldSize)
+	c.keepRound(r)
 	if c.relay != nil && !c.outdatedAt.IsZero() {
 		go c.forgetLost(c.outdatedAt, r.DepartedSince, r.GroupWorldSize, r.Departed)
 	}
 	c.outdatedAt = time.Time{}
+}
+
+// keepRound tells the command's torch hook the master's round: c10d's
+// rendezvous there completes once it has that many nodes. Unwritten, c10d
+// waits out its last call as it would without the hook: slower, not wrong.
+func (c *commandGroups) keepRound(r Round) {
+	if c.roundFile == "" || c.hook == "" {
+		return
+	}
+	if err := torchhook.WriteRound(c.roundFile, int64(r.Number), r.GroupWorldSize); err != nil {
+		c.l.log.Warn("cannot keep the master's round for the torch hook", "path", c.roundFile, "err", err)
+	}
 }
 
 // stop closes the store relay.
@@ -201,6 +219,8 @@ type commandSpec struct {
 	// cpus is the container's CPU limit (0: none): below minPreloadCPUs
 	// the hook starts no forkserver.
 	cpus float64
+	// roundFile is the master's round for the hook (commandGroups.keepRound).
+	roundFile string
 }
 
 // CommandEnv is the child's environment under --launcher command: the pod's
@@ -270,7 +290,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 		hook.Preload = c.preload()
 	}
 	if s.rdzvEndpoint != "" {
-		hook.Poll = rdzvPoll
+		hook.Poll, hook.RoundFile = rdzvPoll, s.roundFile
 	}
 	torchhook.Env(env, s.hook, hook)
 	env["TORCHELASTIC_ERROR_FILE"] = s.errorFile

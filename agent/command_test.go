@@ -61,8 +61,9 @@ func TestCommandEnv(t *testing.T) {
 	// The torch hook (agent/torchhook) first on PYTHONPATH: the forkserver
 	// with the fork server's preload, c10d's poll only with the relay.
 	hooked := append(slices.Clone(base), "PYTHONPATH=/image")
-	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook"})
-	for _, kv := range []string{"PYTHONPATH=/hook:/image", "KFELASTIC_SPAWN_PRELOAD=torch", "KFELASTIC_RDZV_POLL=0.1", "KFELASTIC_DRAIN_ERRORS=1"} {
+	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook", roundFile: "/run/master-round"})
+	for _, kv := range []string{"PYTHONPATH=/hook:/image", "KFELASTIC_SPAWN_PRELOAD=torch", "KFELASTIC_RDZV_POLL=0.1", "KFELASTIC_DRAIN_ERRORS=1",
+		"KFELASTIC_RDZV_ROUND_FILE=/run/master-round"} {
 		if !slices.Contains(got, kv) {
 			t.Errorf("CommandEnv with the hook: no %s in %q", kv, got)
 		}
@@ -83,9 +84,10 @@ func TestCommandEnv(t *testing.T) {
 	// With neither, the hook still reads the workers' error queues (a
 	// traceback past the pipe hung torch 1.13's spawned workers): no
 	// forkserver, no poll.
-	got = CommandEnv(nil, commandSpec{cfg: &off, hook: "/hook"})
+	got = CommandEnv(nil, commandSpec{cfg: &off, hook: "/hook", roundFile: "/run/master-round"})
 	if slices.ContainsFunc(got, func(s string) bool {
-		return strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") || strings.HasPrefix(s, "KFELASTIC_RDZV_POLL=")
+		return strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") || strings.HasPrefix(s, "KFELASTIC_RDZV_POLL=") ||
+			strings.HasPrefix(s, "KFELASTIC_RDZV_ROUND_FILE=")
 	}) || !slices.Contains(got, "KFELASTIC_DRAIN_ERRORS=1") || !slices.Contains(got, "PYTHONPATH=/hook") {
 		t.Errorf("CommandEnv with --fork-server=false and no relay: want the hook for the error queues alone: %q", got)
 	}

@@ -20,6 +20,11 @@
 #   - with KFELASTIC_RDZV_POLL (seconds; set when the rendezvous store is the
 #     kfelastic master's, through the agent's relay), has c10d's rendezvous
 #     poll that store that often while it waits, instead of once a second;
+#   - with KFELASTIC_RDZV_ROUND_FILE (a file the agent keeps: the master's
+#     round, "<nodes> <round>"), has c10d's rendezvous complete as soon as
+#     it has that many participants, instead of waiting out its last call
+#     (last_call_timeout, 30 s) for nodes up to max_nodes the master knows
+#     are not coming;
 #   - with KFELASTIC_DRAIN_ERRORS, reads each worker's error queue as the
 #     worker writes it (torch.multiprocessing's ProcessContext, torch 1.x):
 #     a spawned worker puts its whole traceback into a pipe before it
@@ -42,6 +47,7 @@ _TARGET = "torch.distributed.elastic.multiprocessing.api"
 _RDZV = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _POLL_ENV = "KFELASTIC_RDZV_POLL"
 _DRAIN_ENV = "KFELASTIC_DRAIN_ERRORS"
+_ROUND_ENV = "KFELASTIC_RDZV_ROUND_FILE"
 _SPAWN = "torch.multiprocessing.spawn"
 # The pid of the process that set the variables (the agent, or a launcher in
 # _PASS_ON that passes them on): the hook runs only in the topmost Python
@@ -220,6 +226,59 @@ def _patch_poll(rdzv, seconds):
 
     _delay._kfelastic = True
     rdzv._delay = _delay
+
+
+def _round_nodes(path):
+    # The number of nodes in the master's round, from the file the agent
+    # keeps; None when there is none (yet) or it cannot be read.
+    try:
+        with open(path) as f:
+            nodes = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return nodes if nodes > 0 else None
+
+
+def _patch_last_call(rdzv, path):
+    # c10d's rendezvous with min_nodes participants waits out its last call
+    # (last_call_timeout) for more, up to max_nodes, before it completes:
+    # 30 s in every round of an elastic task whose nnodes leaves room
+    # ("2:3"), though the master decided the round already. Its join
+    # operation is taught that a participant may complete the rendezvous
+    # once it has as many participants as the master's round: the deadline
+    # the last call set is then over. Everything else is torch's own (a
+    # closed or completed rendezvous, the wait list, the join timeout).
+    op = getattr(rdzv, "_RendezvousJoinOp", None)
+    call = getattr(op, "__call__", None)
+    if call is None or getattr(call, "_kfelastic", False):
+        return
+
+    def __call__(self, ctx, deadline, _orig=call):
+        try:
+            state = ctx.state
+            if (
+                not state.closed
+                and not state.complete
+                and state.deadline is not None
+                and ctx.node in state.participants
+                and len(state.participants) >= ctx.settings.min_nodes
+            ):
+                nodes = _round_nodes(path)
+                if nodes is not None and len(state.participants) >= nodes:
+                    state.deadline = state.deadline.min.replace(tzinfo=state.deadline.tzinfo)
+        except Exception:
+            pass
+        return _orig(self, ctx, deadline)
+
+    __call__._kfelastic = True
+    op.__call__ = __call__
+
+
+def _patch_rdzv(rdzv, poll, round_file):
+    if poll:
+        _patch_poll(rdzv, float(poll))
+    if round_file:
+        _patch_last_call(rdzv, round_file)
 
 
 class _DrainedQueue:
@@ -452,7 +511,7 @@ class _LaunchState:
 def _take_out():
     # The variables and this folder out of the environment and sys.path:
     # nothing below this interpreter sees the hook.
-    for name in (_ENV, _POLL_ENV, _DRAIN_ENV, _PARENT_ENV):
+    for name in (_ENV, _POLL_ENV, _DRAIN_ENV, _ROUND_ENV, _PARENT_ENV):
         os.environ.pop(name, None)
     rest = _without_here(os.environ.get("PYTHONPATH", ""))
     if rest:
@@ -464,7 +523,8 @@ def _take_out():
 
 def _install():
     preload, poll, drain = os.environ.get(_ENV), os.environ.get(_POLL_ENV), os.environ.get(_DRAIN_ENV)
-    if preload is None and poll is None and not drain:
+    round_file = os.environ.get(_ROUND_ENV)
+    if preload is None and poll is None and not drain and not round_file:
         return
     top = os.environ.get(_PARENT_ENV)
     if top and _below_python(int(top)):
@@ -476,8 +536,8 @@ def _install():
             os.environ[_PARENT_ENV] = str(os.getpid())
         return
     _take_out()
-    if poll:
-        _PATCHES[_RDZV] = lambda m: _patch_poll(m, float(poll))
+    if poll or round_file:
+        _PATCHES[_RDZV] = lambda m: _patch_rdzv(m, poll, round_file)
     if drain:
         _PATCHES[_SPAWN] = _patch_drain
     if preload is not None and not _torchrun(prog):

@@ -27,7 +27,11 @@
 //
 // With Poll, c10d's rendezvous reads its state that often while it waits
 // for other nodes, instead of once a second: its store is then the master,
-// through the agent's relay.
+// through the agent's relay. With RoundFile, c10d's rendezvous completes as
+// soon as it has as many nodes as the master's round (the agent keeps that
+// file), instead of waiting out its last call for nodes up to max_nodes
+// that the master knows are not coming: 30 s of every round of an elastic
+// task such as flytekit's Elastic(nnodes="2:3").
 //
 // It is off with --fork-server=false (Preload) and without a relay (Poll).
 // It runs only in the topmost Python below the caller of Env (ParentEnv):
@@ -41,6 +45,7 @@ package torchhook
 
 import (
 	_ "embed"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,6 +64,9 @@ const (
 	// DrainEnv has the hook read spawned workers' error queues as they
 	// are written (Options.DrainErrors).
 	DrainEnv = "KFELASTIC_DRAIN_ERRORS"
+	// RoundEnv is the file the agent keeps the master's round in
+	// (WriteRound): c10d's rendezvous completes once it has as many nodes.
+	RoundEnv = "KFELASTIC_RDZV_ROUND_FILE"
 	// ParentEnv is the pid of the process that starts the command (the
 	// caller of Env): the hook runs only in the topmost Python below it,
 	// never below a command's Python that ran without it (python -I, -E, -S).
@@ -88,13 +96,30 @@ type Options struct {
 	// as they are written: torch reads one only after its worker exited,
 	// and a worker whose traceback is past the pipe's 64 KiB never exits.
 	DrainErrors bool
+	// RoundFile is where the agent keeps the master's current round
+	// (WriteRound; "": nowhere). c10d's rendezvous in the command then
+	// completes as soon as it has that many nodes, instead of waiting
+	// out its last call (last_call_timeout, 30 s) for nodes up to
+	// max_nodes that the master already knows are not coming.
+	RoundFile string
+}
+
+// WriteRound records the master's round number and its number of nodes in
+// path (Options.RoundFile), replacing it whole (a rename), so that the hook
+// never reads half of it.
+func WriteRound(path string, round int64, nodes int) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %d\n", nodes, round)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Env adds the hook in folder (from Install) to a command's environment:
 // folder first on PYTHONPATH, and the variables of o. Nothing when o asks
 // for nothing. The command must be a child of the calling process.
 func Env(env map[string]string, folder string, o Options) {
-	if folder == "" || (o.Preload == "" && o.Poll == "" && !o.DrainErrors) {
+	if folder == "" || (o.Preload == "" && o.Poll == "" && !o.DrainErrors && o.RoundFile == "") {
 		return
 	}
 	path := folder
@@ -110,6 +135,9 @@ func Env(env map[string]string, folder string, o Options) {
 	}
 	if o.DrainErrors {
 		env[DrainEnv] = "1"
+	}
+	if o.RoundFile != "" {
+		env[RoundEnv] = o.RoundFile
 	}
 	env[ParentEnv] = strconv.Itoa(os.Getpid())
 }

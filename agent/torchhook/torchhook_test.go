@@ -392,3 +392,91 @@ if __name__ == "__main__":
 }
 
 func tail(b []byte) []byte { return b[max(0, len(b)-2000):] }
+
+// lastcall.py is one node of an elastic job of 2 to 3 nodes (argv[2]: 0
+// hosts the c10d store), as flytekit's Elastic(nnodes="2:3") launches it,
+// with a last call of 120 s; its worker records the world it got and when.
+const lastCall = `import json, os, sys, time
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def work(out):
+    with open(out, "w") as f:
+        json.dump({"world_size": os.environ["WORLD_SIZE"], "group_world_size": os.environ["GROUP_WORLD_SIZE"],
+                   "at": time.time()}, f)
+
+
+if __name__ == "__main__":
+    cfg = LaunchConfig(min_nodes=2, max_nodes=3, nproc_per_node=1, run_id="lastcall", rdzv_backend="c10d",
+                       rdzv_endpoint="127.0.0.1:" + sys.argv[3], max_restarts=0, monitor_interval=0.1,
+                       start_method="spawn",
+                       rdzv_configs={"is_host": sys.argv[2] == "0", "last_call_timeout": 120, "join_timeout": 300})
+    elastic_launch(cfg, work)(sys.argv[1])
+`
+
+// Issue 31: with the master's round in the round file (2 nodes), c10d's
+// rendezvous of a 2:3 job completes as soon as both nodes joined, instead
+// of waiting out its last call (120 s here, 30 s by default) for a third
+// node the master knows is not coming. Two real torch elastic agents on
+// one c10d store; the test gives them 90 s, less than the last call, so
+// that torch's own wait fails it. A round file that names 3 nodes, or none,
+// leaves torch's last call as it is (not waited for here: 120 s).
+func TestHookCompletesRendezvousAtTheMastersRound(t *testing.T) {
+	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
+		dir := t.TempDir()
+		script := filepath.Join(dir, "lastcall.py")
+		if err := os.WriteFile(script, []byte(lastCall), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		folder, err := torchhook.Install(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		round := filepath.Join(dir, "master-round")
+		if err := torchhook.WriteRound(round, 4, 2); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		if tc.Version != "1.13" {
+			// The root's sitecustomize (the classic TCPStore for Debian's
+			// libuv-less torch), which the hook hides and runs.
+			env["PYTHONPATH"] = filepath.Join(testenv.ProjectRoot(), "scripts", "torch2.14")
+		}
+		torchhook.Env(env, folder, torchhook.Options{Poll: "0.1", RoundFile: round})
+		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+		defer cancel()
+		port := strconv.Itoa(testenv.FreePort(t))
+		start := time.Now()
+		errs := make(chan error, 2)
+		outs := make([]strings.Builder, 2)
+		for node := range 2 {
+			cmd := exec.CommandContext(ctx, tc.Python, script, filepath.Join(dir, fmt.Sprintf("worker%d.json", node)),
+				strconv.Itoa(node), port)
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+			cmd.WaitDelay = 5 * time.Second
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { errs <- cmd.Wait() }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("a node: %v", err)
+			}
+		}
+		if t.Failed() {
+			t.Fatalf("after %.1f s (last call 120 s):\nnode 0:\n%s\nnode 1:\n%s", time.Since(start).Seconds(), outs[0].String(), outs[1].String())
+		}
+		for node := range 2 {
+			w := readJSON(t, filepath.Join(dir, fmt.Sprintf("worker%d.json", node)))
+			if w["world_size"] != "2" || w["group_world_size"] != "2" {
+				t.Errorf("node %d's worker: %v, want a world of the master's 2 nodes", node, w)
+			}
+		}
+		t.Logf("both nodes' workers ran %.1f s after the start (torch's last call: 120 s)", time.Since(start).Seconds())
+	})
+}
