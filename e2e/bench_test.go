@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // TestBenchPodDeletedBesideUpstream is `make bench-e2e`: E3's and E4's
@@ -63,7 +65,10 @@ func benchPodDeleted(e *env, j *job, victim, survivor string) string {
 	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		if recovered() {
 			took := time.Since(fault)
-			return fmt.Sprintf("first step after recovery %6.1fs, then %s", took.Seconds(), j.outcome(6*time.Minute).Phase)
+			keepBenchLogs(j, fault, victim, survivor)
+			phases := "\n    replacement: " + recoveryPhases(j.logs(victim), fault, j.podOrNil(victim)) +
+				"\n    survivor:    " + recoveryPhases(j.logs(survivor), fault, nil)
+			return fmt.Sprintf("first step after recovery %6.1fs, then %s%s", took.Seconds(), j.outcome(6*time.Minute).Phase, phases)
 		}
 		if o := j.outcomeNow(); o.Terminal() {
 			return fmt.Sprintf("no recovery: %s after %.1fs (%s)", o.Phase, time.Since(fault).Seconds(), tail(o.String(), 300))
@@ -72,4 +77,77 @@ func benchPodDeleted(e *env, j *job, victim, survivor string) string {
 			return fmt.Sprintf("no step and not terminal after %v: %s", 4*time.Minute, j.outcomeNow())
 		}
 	}
+}
+
+// keepBenchLogs writes the survivor's and the replacement's logs to
+// $KFELASTIC_BENCH_E2E_LOGS/<job>-<pod>.log, headed by the fault's time,
+// when that variable names a folder: where a recovery's time went.
+func keepBenchLogs(j *job, fault time.Time, pods ...string) {
+	dir := os.Getenv("KFELASTIC_BENCH_E2E_LOGS")
+	if dir == "" {
+		return
+	}
+	for _, pod := range pods {
+		head := "fault at " + fault.UTC().Format(time.RFC3339Nano) + "\n"
+		if p := j.podOrNil(pod); p != nil {
+			head += "pod created " + p.CreationTimestamp.UTC().Format(time.RFC3339) + "\n"
+		}
+		if err := os.WriteFile(fmt.Sprintf("%s/%s.log", dir, pod), []byte(head+j.logs(pod)), 0o644); err != nil {
+			j.e.t.Log(err)
+		}
+	}
+}
+
+// recoveryMilestones are the log lines that mark a pod's way back to
+// training after a fault, in the order they come: the agent's, the
+// stand-in's (LOGLEVEL=INFO) and torch's elastic agent's.
+var recoveryMilestones = []struct{ name, text string }{
+	{"agent", `msg="agent starting"`},
+	{"command", `msg="command started"`},
+	{"python", "command started, importing torch"},
+	{"torch imported", "command imported torch"},
+	{"rendezvous", "Rendezvous'ing worker group"},
+	{"rendezvous complete", "Rendezvous complete for workers"},
+	{"worker imported", "worker imported, entrypoint called"},
+	{"process group", "process group ready"},
+}
+
+// logTimeRE finds a line's time as the agent (time=…Z), the stand-in
+// (ISO, the pod's UTC) and torch's loggers (asctime, a comma before the
+// milliseconds) print it.
+var logTimeRE = regexp.MustCompile(`(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)[.,](\d+)`)
+
+// recoveryPhases says when each milestone first came after the fault, in
+// seconds from it (the replacement pod's creation too, when pod is given):
+// where a recovery's time went.
+func recoveryPhases(log string, fault time.Time, pod *corev1.Pod) string {
+	var b strings.Builder
+	if pod != nil {
+		fmt.Fprintf(&b, "created +%.0fs", pod.CreationTimestamp.Sub(fault).Seconds())
+	}
+	next := 0
+	for line := range strings.SplitSeq(log, "\n") {
+		if next == len(recoveryMilestones) {
+			break
+		}
+		m := logTimeRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.999999999", strings.Replace(m[1], " ", "T", 1)+"."+m[2])
+		if err != nil || at.Before(fault) {
+			continue
+		}
+		for i := next; i < len(recoveryMilestones); i++ {
+			if strings.Contains(line, recoveryMilestones[i].text) {
+				if b.Len() > 0 {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "%s +%.1fs", recoveryMilestones[i].name, at.Sub(fault).Seconds())
+				next = i + 1
+				break
+			}
+		}
+	}
+	return b.String()
 }

@@ -100,6 +100,10 @@ import urllib.request
 import uuid
 
 BEGIN = time.time()  # this process's start, for --marks (a worker imports this module again)
+if __name__ == "__main__" and os.environ.get("LOGLEVEL"):
+    # (debug_timing's line, before it is defined: the command's Python is
+    # up, its sitecustomize run; the phases of a recovery, make bench-e2e)
+    sys.stderr.write(f"{datetime.datetime.now().isoformat()} pid {os.getpid()}: command started, importing torch\n")
 
 import torch
 import torch.distributed as dist
@@ -449,6 +453,7 @@ def execute(a):
 
 
 def main():
+    debug_timing("command imported torch")
     faulthandler.register(signal.SIGUSR1)
     p = argparse.ArgumentParser()
     p.add_argument("--output-prefix", required=True)
