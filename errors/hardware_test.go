@@ -258,3 +258,38 @@ func TestRecognizeReadsTheRootCauseOnly(t *testing.T) {
 		t.Errorf("the root cause's ECC error: %s %q", f.Code, f.Message[:40])
 	}
 }
+
+// A hardware fault's document is named as ours always are (time, worker),
+// with its random element marked, so that readers open it whatever its
+// time; no other name carries the mark, whatever the worker's name.
+func TestDocumentKeyMarksHardwareFaults(t *testing.T) {
+	at := time.Date(2026, 12, 6, 10, 0, 0, 123, time.UTC)
+	for _, tc := range []struct {
+		code, worker string
+		marked       bool
+	}{
+		{kferrors.CodeGpuFallenOffBus, "job-worker-1", true},
+		{kferrors.CodeGpuEccUncorrectable, "job-worker-1/0", true},
+		{kferrors.CodeNcclTimeout, "job-worker-1", false},
+		{"ValueError", "job-worker-hw", false},
+		{"ValueError", "x-hwdeadbeef", false},
+		{kferrors.CodeGpuNvlinkError, "../hw-../-hw", true},
+	} {
+		f := kferrors.SystemFailure(tc.code, "m", tc.worker, at)
+		key := kferrors.DocumentKey(f, kferrors.RandomSuffix())
+		if got := kferrors.IsHardwareKey(key); got != tc.marked {
+			t.Errorf("%s of %q: key %s marked %v, want %v", tc.code, tc.worker, key, got, tc.marked)
+		}
+		if ts, ok := kferrors.TimeFromKey(key); !ok || !ts.Equal(at) {
+			t.Errorf("%s: key %s does not carry the document's time", tc.code, key)
+		}
+		if w := kferrors.WorkerFromKey(key); w != kferrors.SanitizeWorker(tc.worker) {
+			t.Errorf("%s: key %s names worker %q", tc.code, key, w)
+		}
+	}
+	for _, key := range []string{"error-hw0123.pb", "error.pb", "error-" + strings.Repeat("a", 32) + ".pb"} {
+		if kferrors.IsHardwareKey(key) {
+			t.Errorf("%s taken for a hardware fault's key", key)
+		}
+	}
+}

@@ -32,6 +32,33 @@ func NewKey(t time.Time, worker, random string) string {
 	return fmt.Sprintf("%s-%0*d-%s-%s%s", KeyPrefix, tsDigits, ns, SanitizeWorker(worker), random, KeySuffix)
 }
 
+// HardwareKeyMark begins the random element of a hardware fault's key
+// (DocumentKey): never hex, so no other key of ours carries it.
+const HardwareKeyMark = "hw"
+
+// DocumentKey names f's document: NewKey, with the random element marked
+// (HardwareKeyMark) when f's code is a hardware fault (IsHardwareCode).
+// Readers open a marked document whatever the time its name says
+// (IsHardwareKey): a hardware fault takes precedence over the peers'
+// secondary failures dated before it (docs/DESIGN.md §3), which a reader
+// ranking unopened documents by their names would never weigh against it.
+func DocumentKey(f Failure, random string) string {
+	if IsHardwareCode(f.Code) {
+		random = HardwareKeyMark + random
+	}
+	return NewKey(f.Time, f.Worker, random)
+}
+
+// IsHardwareKey reports whether key is one of ours that DocumentKey marked
+// as a hardware fault's.
+func IsHardwareKey(key string) bool {
+	if _, ok := TimeFromKey(key); !ok {
+		return false
+	}
+	rest := strings.TrimSuffix(key, KeySuffix)
+	return strings.HasPrefix(rest[strings.LastIndexByte(rest, '-')+1:], HardwareKeyMark)
+}
+
 // RandomSuffix returns 16 hex characters from crypto/rand.
 func RandomSuffix() string {
 	var b [8]byte

@@ -227,7 +227,7 @@ const maxLabelBytes = 4 << 10
 var ErrExists = goerrors.New("object exists")
 
 // Prepare encodes f, its message capped, as Write would store it, and names
-// it (NewKey with a fresh RandomSuffix). A caller that must retry an upload
+// it (DocumentKey with a fresh RandomSuffix). A caller that must retry an upload
 // whose outcome it does not know (a timeout) Puts the same key and bytes
 // again, so that a retry never stores the document twice.
 func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
@@ -235,7 +235,7 @@ func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
 	if err == nil && len(data) > DefaultMaxDocumentBytes {
 		// Readers skip what is over their limit: what is written stays
 		// under it, the head and tail of each text kept, the cut said.
-		key := NewKey(f.Time, f.Worker, RandomSuffix())
+		key := DocumentKey(f, RandomSuffix())
 		f.Code, f.Worker = CapMessage(f.Code, maxLabelBytes), CapMessage(f.Worker, maxLabelBytes)
 		data, err = Encode(f.Document(DefaultMaxDocumentBytes / 2))
 		if err == nil {
@@ -245,7 +245,7 @@ func (w *Writer) Prepare(f Failure) (key string, data []byte, err error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("encode error document: %w", err)
 	}
-	return NewKey(f.Time, f.Worker, RandomSuffix()), data, nil
+	return DocumentKey(f, RandomSuffix()), data, nil
 }
 
 // Put stores data under key, conditionally (IfNotExist): an existing object
@@ -271,7 +271,7 @@ func (w *Writer) Write(ctx context.Context, f Failure) (string, error) {
 			first = false
 			return key
 		}
-		return NewKey(f.Time, f.Worker, RandomSuffix())
+		return DocumentKey(f, RandomSuffix())
 	})
 	if err != nil {
 		return "", fmt.Errorf("write error document %s: %w", key, err)

@@ -49,7 +49,7 @@ func (s *Server) writeOwnDocument(ctx context.Context, f kferrors.Failure, suffi
 	if err != nil {
 		return "", err
 	}
-	key := kferrors.NewKey(f.Time, f.Worker, suffix)
+	key := kferrors.DocumentKey(f, suffix)
 	if err := w.Put(ctx, key, data); err != nil && !errors.Is(err, kferrors.ErrExists) {
 		return "", err
 	}

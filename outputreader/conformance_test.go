@@ -193,6 +193,8 @@ func sameSummary(t testing.TB, r *outputreader.Report, s *outputreader.Summary) 
 	case r.RootCause != nil && (r.RootCause.Key != s.RootCause.Key || r.RootCause.Failure != s.RootCause.Failure ||
 		!r.RootCause.At.Equal(s.RootCause.At) && r.RootCause.AtSource != outputreader.TimeFromListing):
 		t.Fatalf("Read root %+v, Summarize root %+v", r.RootCause, s.RootCause)
+	case (r.Displaced == nil) != (s.Displaced == nil) || r.Displaced != nil && r.Displaced.Key != s.Displaced.Key:
+		t.Fatalf("Read displaced %+v, Summarize displaced %+v", r.Displaced, s.Displaced)
 	case r.Opened != s.Opened || len(r.Skipped) != s.Skipped || r.Workers() != s.Workers():
 		t.Fatalf("Read opened %d skipped %d workers %d; Summarize %d %d %d", r.Opened, len(r.Skipped), r.Workers(), s.Opened, s.Skipped, s.Workers())
 	case r.RootCause != nil && r.RootCause.AtSource != outputreader.TimeFromListing && r.Message() != s.Message():

@@ -171,6 +171,23 @@ func compare(a, b Document) int {
 	return strings.Compare(a.Key, b.Key)
 }
 
+// HardwareWindow is how long after a peer's secondary failure (an NCCL
+// watchdog timeout or remote error: kferrors.IsSecondaryCode) a hardware
+// fault (kferrors.IsHardwareCode: a GPU fallen off the bus, an
+// uncorrectable ECC error) still explains it. A GPU that hangs or dies
+// makes its peers' collectives fail within seconds (a remote error) or at
+// NCCL's timeout; a node daemon reports the fault when it polls the
+// driver, which can be after the first of them (docs/DESIGN.md §3).
+const HardwareWindow = 5 * time.Minute
+
+// explains reports whether hardware fault hw stands for the earliest
+// failure first in the root cause: first is a peer's secondary symptom, and
+// hw came at most HardwareWindow after it (both dated).
+func explains(hw, first Document) bool {
+	return kferrors.IsSecondaryCode(first.Failure.Code) && kferrors.IsHardwareCode(hw.Failure.Code) &&
+		!first.Time().IsZero() && !hw.Time().IsZero() && !hw.Time().After(first.Time().Add(HardwareWindow))
+}
+
 // Skipped is a document Read could not use; Err wraps kferrors.ErrCorrupt,
 // ErrEmpty, ErrTooLarge, ErrMissingError, ErrNotFound (vanished) or
 // ErrUnreadable (a link, a special file, no access). Each but a vanished
@@ -184,10 +201,15 @@ type Skipped struct {
 
 // Report is the outcome of Read.
 type Report struct {
-	// RootCause is the earliest failure by Less, with its (capped) message;
-	// nil when there is no usable document at all: the distinct "no
-	// documents" result.
+	// RootCause is the earliest failure by Less, with its (capped) message,
+	// unless that is a peer's secondary failure that the earliest hardware
+	// fault explains (HardwareWindow): then that fault. nil when there is
+	// no usable document at all: the distinct "no documents" result.
 	RootCause *Document
+	// Displaced is the earliest failure when a hardware fault stands for it
+	// as the root cause (a peer's NCCL error; without its message, and
+	// among Others too); nil otherwise.
+	Displaced *Document
 	// Others are every other failure, in the total order, without messages.
 	Others []Document
 	// Skipped are the unusable documents, by key. Those not vanished are
@@ -317,8 +339,8 @@ func Read(ctx context.Context, src Source, opts *Options, extra ...kferrors.Fail
 	return r, nil
 }
 
-// collector keeps the summaries and the one message worth keeping: the
-// current best's.
+// collector keeps the summaries and the messages worth keeping: the
+// current best's, and the earliest hardware fault's (HardwareWindow).
 type collector struct {
 	messageCap int
 	mu         sync.Mutex
@@ -326,6 +348,9 @@ type collector struct {
 	best       int        // index into docs of the best so far, if hasBest
 	bestMsg    string
 	hasBest    bool
+	hw         int // index into docs of the earliest hardware fault, if hasHW
+	hwMsg      string
+	hasHW      bool
 	skipped    []Skipped
 	opened     int
 }
@@ -342,6 +367,10 @@ func (c *collector) add(d Document) {
 	if !c.hasBest || compare(d, c.docs[c.best]) < 0 {
 		c.best, c.hasBest = len(c.docs)-1, true
 		c.bestMsg = kferrors.CapMessage(msg, c.messageCap)
+	}
+	if kferrors.IsHardwareCode(d.Failure.Code) && (!c.hasHW || compare(d, c.docs[c.hw]) < 0) {
+		c.hw, c.hasHW = len(c.docs)-1, true
+		c.hwMsg = kferrors.CapMessage(msg, c.messageCap)
 	}
 }
 
@@ -392,11 +421,17 @@ func (c *collector) report(skipped []Skipped) *Report {
 	if !c.hasBest {
 		return r
 	}
-	root := c.docs[c.best]
-	root.Failure.Message = c.bestMsg
+	at, msg := c.best, c.bestMsg
+	if c.hasHW && explains(c.docs[c.hw], c.docs[c.best]) {
+		displaced := c.docs[c.best]
+		r.Displaced = &displaced
+		at, msg = c.hw, c.hwMsg
+	}
+	root := c.docs[at]
+	root.Failure.Message = msg
 	r.RootCause = &root
 	// In place: the summaries are the only per-document memory; no copy.
-	r.Others = slices.Delete(c.docs, c.best, c.best+1)
+	r.Others = slices.Delete(c.docs, at, at+1)
 	c.docs = nil
 	slices.SortStableFunc(r.Others, compare)
 	return r

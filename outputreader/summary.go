@@ -24,9 +24,17 @@ const maxSkippedSample = 16
 // with their number (see Summarize). A Report gives the same Summary
 // (Report.Summary), and both say the same UI message.
 type Summary struct {
-	// RootCause is the earliest failure by Less, with its (capped) message;
+	// RootCause is the earliest failure by Less, with its (capped) message,
+	// or the hardware fault that explains it (Report.RootCause says when);
 	// nil when there is no usable document at all.
 	RootCause *Document
+	// Displaced is the earliest failure when a hardware fault stands for it
+	// (Report.Displaced); nil otherwise.
+	Displaced *Document
+	// earliest and hardware are the earliest failure and the earliest
+	// hardware fault, from which RootCause and Displaced are decided
+	// (decide): Merge decides again with its failures.
+	earliest, hardware *Document
 	// Opened counts the documents actually read.
 	Opened int
 	// Skipped counts the unusable documents; SkippedSample names the first
@@ -70,11 +78,21 @@ func (s *Summary) Message() string {
 	code, msg := Shown(root.Failure.Code, root.Failure.Message)
 	fmt.Fprintf(&b, "[%s, %s%s] %s", who, root.Time().UTC().Format(TimeLayout), timeNote(*root),
 		kferrors.Headline(code, strings.TrimRight(msg, " \t\r\n")))
-	if line := s.tally.line(*root, s.vanished); line != "" {
+	if line := s.tally.line(*root, s.vanished, s.Displaced); line != "" {
 		b.WriteString("\n")
 		b.WriteString(line)
 	}
 	return b.String()
+}
+
+// decide sets RootCause and Displaced from earliest and hardware.
+func (s *Summary) decide() {
+	s.RootCause, s.Displaced = s.earliest, nil
+	if s.earliest != nil && s.hardware != nil && explains(*s.hardware, *s.earliest) {
+		displaced := *s.earliest
+		displaced.Failure.Message = "" // as Report.Displaced: one message, the root cause's
+		s.RootCause, s.Displaced = s.hardware, &displaced
+	}
 }
 
 // IsRecoverable follows the root cause's kind; false without a root cause.
@@ -115,17 +133,35 @@ func (s *Summary) Merge(extra ...kferrors.Failure) *Summary {
 	for _, f := range extra {
 		d := synthesizedDocument(f, s.listedAt)
 		out.tally.add(d)
-		if out.RootCause == nil || compare(d, *out.RootCause) < 0 {
-			out.RootCause = &d
+		if out.earliest == nil || compare(d, *out.earliest) < 0 {
+			out.earliest = &d
+		}
+		if kferrors.IsHardwareCode(d.Failure.Code) && (out.hardware == nil || compare(d, *out.hardware) < 0) {
+			out.hardware = &d
 		}
 	}
+	out.decide()
 	return &out
 }
 
 // Summary is the report's Summary: the same root cause, tally and message
 // as Summarize gives for the same documents.
 func (r *Report) Summary() *Summary {
-	s := &Summary{RootCause: r.RootCause, Opened: r.Opened, Skipped: len(r.Skipped), listedAt: r.listedAt}
+	s := &Summary{Opened: r.Opened, Skipped: len(r.Skipped), listedAt: r.listedAt}
+	s.earliest = r.RootCause
+	switch {
+	case r.Displaced != nil:
+		s.earliest, s.hardware = r.Displaced, r.RootCause
+	case r.RootCause != nil && kferrors.IsHardwareCode(r.RootCause.Failure.Code):
+		s.hardware = r.RootCause
+	default:
+		// Others are in order: the first hardware fault is the earliest.
+		if i := slices.IndexFunc(r.Others, func(d Document) bool { return kferrors.IsHardwareCode(d.Failure.Code) }); i >= 0 {
+			hw := r.Others[i]
+			s.hardware = &hw
+		}
+	}
+	s.decide()
 	s.SkippedSample = r.Skipped[:min(len(r.Skipped), maxSkippedSample)]
 	for _, sk := range r.Skipped {
 		if goerrors.Is(sk.Err, ErrNotFound) {
@@ -229,6 +265,7 @@ type summarizer struct {
 	mu       sync.Mutex
 	tally    tally
 	best     *Document // message kept, capped
+	hardware *Document // the earliest hardware fault, message kept, capped
 	opened   int
 	skipped  int
 	vanished int
@@ -306,9 +343,16 @@ func (z *summarizer) consider(d Document) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.tally.add(d)
-	if z.best == nil || compare(d, *z.best) < 0 {
+	best := z.best == nil || compare(d, *z.best) < 0
+	hardware := kferrors.IsHardwareCode(d.Failure.Code) && (z.hardware == nil || compare(d, *z.hardware) < 0)
+	if best || hardware {
 		d.Failure.Message = kferrors.CapMessage(d.Failure.Message, z.o.MessageCap)
+	}
+	if best {
 		z.best = &d
+	}
+	if hardware {
+		z.hardware = &d
 	}
 }
 
@@ -322,8 +366,10 @@ func (z *summarizer) bestTime() (time.Time, bool) {
 }
 
 func (z *summarizer) summary() *Summary {
-	return &Summary{RootCause: z.best, Opened: z.opened, Skipped: z.skipped, SkippedSample: z.sample, vanished: z.vanished, tally: z.tally,
+	s := &Summary{earliest: z.best, hardware: z.hardware, Opened: z.opened, Skipped: z.skipped, SkippedSample: z.sample, vanished: z.vanished, tally: z.tally,
 		listedAt: z.listedAt}
+	s.decide()
+	return s
 }
 
 // keyHeap keeps the n smallest keys it is offered: a max-heap on key.
@@ -379,7 +425,11 @@ func listingProblem(obj Object) error {
 // document named otherwise is.
 func listedObject(obj Object) listed {
 	l := listed{key: obj.Key, size: obj.Size, modified: obj.Modified}
-	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !(kferrors.UsableTime(obj.Modified) && obj.Modified.Add(ModifiedResolution).Before(t)) {
+	// A hardware fault's document is opened whatever its name says, as
+	// one named otherwise: it may stand for earlier failures
+	// (HardwareWindow), which its name's time alone cannot tell.
+	if t, ok := kferrors.TimeFromKey(obj.Key); ok && !kferrors.IsHardwareKey(obj.Key) &&
+		!(kferrors.UsableTime(obj.Modified) && obj.Modified.Add(ModifiedResolution).Before(t)) {
 		l.nameTime = t
 	}
 	return l

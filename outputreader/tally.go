@@ -92,8 +92,10 @@ func (t *tally) clone() tally {
 
 // line is the one line about every failure but root (the unreadable
 // documents among them), and the skipped documents that count as no
-// failure: vanished, the documents that vanished while read.
-func (t *tally) line(root Document, vanished int) string {
+// failure: vanished, the documents that vanished while read. It ends
+// "Earliest failure shown.", or, when a hardware fault stands for the
+// earliest failure (displaced, a peer's NCCL error), names that one.
+func (t *tally) line(root Document, vanished int, displaced *Document) string {
 	var parts []string
 	if others := t.docs - 1; others > 0 {
 		codes := maps.Clone(t.codes)
@@ -145,6 +147,15 @@ func (t *tally) line(root Document, vanished int) string {
 	}
 	if vanished > 0 {
 		parts = append(parts, fmt.Sprintf("Skipped %s.", plural(vanished, "document that vanished while read", "documents that vanished while read")))
+	}
+	if displaced != nil {
+		who := displaced.Failure.Worker
+		if who == "" {
+			who = displaced.Key
+		}
+		code, _ := Shown(displaced.Failure.Code, "")
+		return strings.Join(parts, " ") + fmt.Sprintf(" Hardware fault shown: it explains the earlier %s of %s at %s.",
+			tallyCode(code), who, displaced.Time().UTC().Format(TimeLayout))
 	}
 	if len(parts) == 0 {
 		return ""
