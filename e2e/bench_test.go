@@ -36,8 +36,9 @@ func TestBenchPodDeletedBesideUpstream(t *testing.T) {
 		for _, side := range []struct{ name, plugin string }{{"kfelastic-pytorch", ""}, {"upstream pytorch", "pytorch"}} {
 			ns := fmt.Sprintf("b%s-%s", strings.Fields(fault.name)[0][1:], strings.Fields(side.name)[0])
 			e := base.inNamespace(ns, side.plugin)
+			launched := time.Now()
 			rows = append(rows, fmt.Sprintf("%-26s %-18s %s", fault.name, side.name,
-				benchPodDeleted(e, e.launchWorkflow(ns, e.template("flytekit-2-3", nil)), fault.victim, fault.survivor)))
+				benchPodDeleted(e, e.launchWorkflow(ns, e.template("flytekit-2-3", nil)), launched, fault.victim, fault.survivor)))
 		}
 	}
 	t.Logf("fault → first training step of a surviving worker after it (one run, one after the other):\n%s\n"+
@@ -52,8 +53,11 @@ var restartRE = regexp.MustCompile(`restart \d+ rank \d+`)
 // says how long until the survivor's workers trained again: the stand-in
 // prints "restart R rank N …" once a new process group is up, and steps
 // already in flight at the fault do not count.
-func benchPodDeleted(e *env, j *job, victim, survivor string) string {
+func benchPodDeleted(e *env, j *job, launched time.Time, victim, survivor string) string {
 	victim, survivor = j.name+"-"+victim, j.name+"-"+survivor
+	// E1: the workflow created → its first training step (seen within the
+	// 0.2 s the log is polled).
+	first := j.waitStep(survivor, 1, 5*time.Minute).Sub(launched)
 	j.waitStep(survivor, 20, 5*time.Minute)
 	restarts := len(restartRE.FindAllStringIndex(j.logs(survivor), -1))
 	recovered := func() bool {
@@ -68,10 +72,12 @@ func benchPodDeleted(e *env, j *job, victim, survivor string) string {
 			keepBenchLogs(j, fault, victim, survivor)
 			phases := "\n    replacement: " + recoveryPhases(j.logs(victim), fault, j.podOrNil(victim)) +
 				"\n    survivor:    " + recoveryPhases(j.logs(survivor), fault, nil)
-			return fmt.Sprintf("first step after recovery %6.1fs, then %s%s", took.Seconds(), j.outcome(6*time.Minute).Phase, phases)
+			return fmt.Sprintf("E1 created → first step %5.1fs; first step after recovery %6.1fs, then %s%s", first.Seconds(), took.Seconds(),
+				j.outcome(6*time.Minute).Phase, phases)
 		}
 		if o := j.outcomeNow(); o.Terminal() {
-			return fmt.Sprintf("no recovery: %s after %.1fs (%s)", o.Phase, time.Since(fault).Seconds(), tail(o.String(), 300))
+			return fmt.Sprintf("E1 created → first step %5.1fs; no recovery: %s after %.1fs (%s)", first.Seconds(), o.Phase,
+				time.Since(fault).Seconds(), tail(o.String(), 300))
 		}
 		if time.Now().After(deadline) {
 			return fmt.Sprintf("no step and not terminal after %v: %s", 4*time.Minute, j.outcomeNow())
