@@ -18,9 +18,15 @@ import (
 // prints for a fault it ran into (RecognizeText). One table of codes serves
 // both, docs/DESIGN.md §2.4.
 const (
-	// CodeGpuXidError: a GPU fault with no more specific code (the
-	// catch-all, and every user Xid).
+	// CodeGpuXidError: a GPU fault that is the workload's (a user Xid:
+	// 13, 31, 43, 45), or one with no more specific code that the daemon
+	// did not call critical.
 	CodeGpuXidError = "GpuXidError"
+	// CodeGpuDeviceError: a critical GPU fault with no more specific code
+	// (Xid 62, the GPU's micro-controller halted; 109, a context switch
+	// timed out; any Xid the daemon calls critical): the device needs a
+	// reset, and a replacement goes elsewhere.
+	CodeGpuDeviceError = "GpuDeviceError"
 	// CodeGpuFallenOffBus: Xid 79, the GPU is gone from the PCI bus.
 	CodeGpuFallenOffBus = "GpuFallenOffBus"
 	// CodeGpuEccUncorrectable: an uncorrectable ECC error (Xid 48, 94, 95,
@@ -138,6 +144,9 @@ func (g GPUFault) FailureCode() string {
 	}
 	if c, ok := xidCodes[g.Code]; ok {
 		return c
+	}
+	if g.Severity == SeverityCritical {
+		return CodeGpuDeviceError
 	}
 	return CodeGpuXidError
 }
@@ -337,7 +346,8 @@ func IsSecondaryCode(code string) bool {
 // (a replacement should go elsewhere).
 func IsHardwareCode(code string) bool {
 	switch code {
-	case CodeGpuFallenOffBus, CodeGpuEccUncorrectable, CodeGpuRowRemapPending, CodeGpuNvlinkError, CodeGpuGspError:
+	case CodeGpuFallenOffBus, CodeGpuEccUncorrectable, CodeGpuRowRemapPending, CodeGpuNvlinkError, CodeGpuGspError,
+		CodeGpuDeviceError:
 		return true
 	}
 	return false

@@ -32,8 +32,8 @@ func TestXidTable(t *testing.T) {
 		{kferrors.FaultXid, 74, kferrors.CodeGpuNvlinkError, kferrors.SeverityCritical},
 		{kferrors.FaultXid, 119, kferrors.CodeGpuGspError, kferrors.SeverityCritical},
 		{kferrors.FaultXid, 120, kferrors.CodeGpuGspError, kferrors.SeverityCritical},
-		{kferrors.FaultXid, 62, kferrors.CodeGpuXidError, kferrors.SeverityCritical},
-		{kferrors.FaultXid, 109, kferrors.CodeGpuXidError, kferrors.SeverityCritical},
+		{kferrors.FaultXid, 62, kferrors.CodeGpuDeviceError, kferrors.SeverityCritical},
+		{kferrors.FaultXid, 109, kferrors.CodeGpuDeviceError, kferrors.SeverityCritical},
 		{kferrors.FaultXid, 13, kferrors.CodeGpuXidError, kferrors.SeverityUser},
 		{kferrors.FaultXid, 31, kferrors.CodeGpuXidError, kferrors.SeverityUser},
 		{kferrors.FaultXid, 43, kferrors.CodeGpuXidError, kferrors.SeverityUser},
@@ -68,6 +68,17 @@ func TestXidTable(t *testing.T) {
 			!strings.HasPrefix(f.Message, "[gpu-health] [") || !strings.HasSuffix(f.Message, ". exit code 1") || !strings.Contains(f.Message, "on node n1") {
 			t.Errorf("%s %d: failure %+v", c.kind, c.xid, f)
 		}
+	}
+	// The daemon's severity decides over the table's: an Xid the table
+	// calls a warning that the daemon calls critical condemns the device
+	// (a replacement goes elsewhere); a critical one it calls a warning
+	// explains no failure.
+	if g := (kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 92, Severity: kferrors.SeverityCritical}); g.FailureCode() != kferrors.CodeGpuDeviceError ||
+		!kferrors.IsHardwareCode(g.FailureCode()) {
+		t.Errorf("Xid 92 the daemon calls critical: code %s", g.FailureCode())
+	}
+	if f, ok := (kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 62, Severity: kferrors.SeverityWarn}).Failure("w", at, ""); ok {
+		t.Errorf("Xid 62 the daemon calls a warning: failure %+v", f)
 	}
 	g := kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 79, Severity: kferrors.SeverityCritical, GPUIndex: 3, GPUUUID: "GPU-1a2b-3c", Node: "gpu-7"}
 	if want := "[gpu-health] [CRITICAL] Xid 79 (GPU has fallen off the bus) on GPU 3 GPU-1a2b-3c on node gpu-7."; g.Sentence() != want {

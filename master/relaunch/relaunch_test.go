@@ -26,7 +26,8 @@ func TestDecide(t *testing.T) {
 		{"GpuFallenOffBus", true, 0, AvoidHost, false},
 		{"GpuEccUncorrectable", true, 99, AvoidHost, false}, // never counted, never refused
 		{"GpuNvlinkError", true, 0, AvoidHost, false},
-		{"GpuXidError", true, 0, Relaunch, true}, // a user Xid: in place, counted
+		{"GpuXidError", true, 0, Relaunch, true},      // a user Xid: in place, counted
+		{"GpuDeviceError", true, 0, AvoidHost, false}, // Xid 62, 109: the device needs a reset
 		{"NcclTimeout", true, 0, Relaunch, true},
 		{"CudaOutOfMemory", false, 0, None, false},
 		{"Hang", true, 1, Relaunch, true},
