@@ -408,10 +408,14 @@ func scenario11DeleteWorker0Command(t *testing.T, py string) {
 		// pod's torch came up late, is a restart too.) torch counts in
 		// TORCHELASTIC_RESTART_COUNT only the restarts after a failure: a
 		// torch agent that finds a node waiting before it finds its
-		// workers failed (their peer gone) restarts them uncounted.
-		if groups := len(restartRE.FindAllString(log, -1)); groups < 2 {
+		// workers failed (their peer gone) restarts them uncounted. A pod
+		// whose torch came up after that first round of 2 had formed (a
+		// loaded machine) starts its one group in the replacement's round:
+		// the check below, a 3-wide group from the checkpoint, holds for it.
+		groups := len(restartRE.FindAllString(log, -1))
+		if groups == 0 {
 			j.dump()
-			t.Fatalf("%s started %d worker groups, want a restart into the replacement's round", pod, groups)
+			t.Fatalf("%s started no worker group", pod)
 		}
 		if _, w, st := lastRestart(log); w != 3 || st != start {
 			j.dump()
