@@ -3,6 +3,7 @@ package errors
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,22 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 	if pod == "" {
 		return nil, nil
 	}
-	keyWorker := SanitizeWorker(pod)
+	return SupersedePods(ctx, b, []string{pod}, before)
+}
+
+// SupersedePods is Supersede for several pods with one listing: the
+// master's, for the pods a job went on without (a departed rank whose
+// replacement never trained, a scale-down).
+func SupersedePods(ctx context.Context, b *blob.Bucket, pods []string, before time.Time) ([]string, error) {
+	keyWorkers := make([]string, 0, len(pods))
+	for _, pod := range pods {
+		if pod != "" {
+			keyWorkers = append(keyWorkers, SanitizeWorker(pod))
+		}
+	}
+	if len(keyWorkers) == 0 {
+		return nil, nil
+	}
 	var candidates []string
 	var page []*blob.ListObject
 	for token := blob.FirstPageToken; len(page) > 0 || token != nil; {
@@ -52,7 +68,7 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 		// Our own names carry time and sanitized worker: skip the
 		// documents that cannot match without reading them.
 		if t, ok := TimeFromKey(obj.Key); ok {
-			if !t.Before(before) || !keyNamesWorkerOf(obj.Key, keyWorker) {
+			if !t.Before(before) || !slices.ContainsFunc(keyWorkers, func(w string) bool { return keyNamesWorkerOf(obj.Key, w) }) {
 				continue
 			}
 		}
@@ -65,7 +81,8 @@ func Supersede(ctx context.Context, b *blob.Bucket, pod string, before time.Time
 			continue // vanished, unreadable, oversized: left for the reader
 		}
 		f, err := DecodeFailure(data, DefaultMaxDocumentBytes)
-		if err != nil || !ofPod(f.Worker, pod) || f.Time.IsZero() || !f.Time.Before(before) {
+		if err != nil || !slices.ContainsFunc(pods, func(pod string) bool { return pod != "" && ofPod(f.Worker, pod) }) ||
+			f.Time.IsZero() || !f.Time.Before(before) {
 			continue
 		}
 		if err := MoveDocument(ctx, b, key, data, SupersededPrefix); err != nil {

@@ -42,6 +42,11 @@ type Options struct {
 	// exited 0 (flytekit writes its document and exits 0) never reads as a
 	// success.
 	ExitWhenDone bool
+	// SupersedeDeparted: the master moves aside the documents of the pods
+	// its job went on without (departed.go), under EventsURL. On
+	// Kubernetes, where no later agent of such a pod may ever start; the
+	// local engine does it for the replacements it starts.
+	SupersedeDeparted bool
 	// Pod is the master's pod name, the worker its own document names
 	// (ExitWhenDone); "master" when empty.
 	Pod string
@@ -112,6 +117,9 @@ type Server struct {
 	formingSince time.Time
 
 	decisions chan Decision
+	// superseding counts the departed pods' moves under way
+	// (supersedeAfterRound).
+	superseding sync.WaitGroup
 }
 
 // A call is one request as the loop sees it: apply runs in the loop and
@@ -311,6 +319,7 @@ func (s *Server) StoppedForGood() bool { return s.stoppedForGood.Load() }
 // written any more (ErrFenced: another master took over).
 func (s *Server) Run(ctx context.Context) error {
 	defer close(s.done)
+	defer s.superseding.Wait()
 	defer s.closeBucket()
 	owner, stopOwner := s.startOwner(ctx)
 	defer stopOwner()
@@ -401,6 +410,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		s.tellRound(ready.Rounds)
+		s.supersedeAfterRound(ctx, ready.Rounds)
 		if end, err := s.jobDone(ctx); end {
 			return err
 		}
@@ -414,6 +424,14 @@ func (s *Server) jobDone(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	if s.job.Succeeded() {
+		if err := s.supersedeOnSuccess(ctx); err != nil {
+			// Exiting 0 with them in place would read as a departed
+			// pod's failure: the restarted master tries again.
+			err = fmt.Errorf("the departed pods' documents: %w", err)
+			s.err = err
+			s.fail(fmt.Errorf("%w: %w", errStopped, err))
+			return true, err
+		}
 		s.log.Info("job succeeded: every node of the latest round finished its workers", "round", s.job.Latest().Number)
 		s.succeeded.Store(true)
 		s.fail(fmt.Errorf("%w: job succeeded", errStopped))

@@ -218,6 +218,10 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 		// plugin reads the error documents (a stopped job's master writes
 		// one of its own).
 		opts.ExitWhenDone = true
+		// A departed pod's replacement may never train (its node avoided,
+		// no room elsewhere): the job that goes on without it recovered
+		// from its failure.
+		opts.SupersedeDeparted = true
 		opts.Pod, _ = os.Hostname()
 	}
 	s, err := master.NewServer(ctx, opts)
