@@ -151,11 +151,18 @@ func (e *managerEnv) launch(t *testing.T, name, template string) (*flytetest.Con
 // writeDocument puts an error document where the agent or flytekit would.
 func (e *managerEnv) writeDocument(t *testing.T, tctx *flytetest.Context, f kferrors.Failure) {
 	t.Helper()
+	e.writeDocumentUnder(t, tctx, "", f)
+}
+
+// writeDocumentUnder writes f's document under dir ("superseded/") of the
+// task's output prefix.
+func (e *managerEnv) writeDocumentUnder(t *testing.T, tctx *flytetest.Context, dir string, f kferrors.Failure) {
+	t.Helper()
 	data, err := kferrors.Encode(f.Document(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := kferrors.NewKey(f.Time, f.Worker, kferrors.RandomSuffix())
+	key := dir + kferrors.NewKey(f.Time, f.Worker, kferrors.RandomSuffix())
 	ref, err := e.store.ConstructReference(context.Background(), tctx.OutputWriter().GetOutputPrefixPath(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +320,32 @@ func TestPluginManager(t *testing.T) {
 		e.setStatus(t, job, kubeflowv1.JobSucceeded, past, 0)
 		if p := e.handle(t, tctx); p.Phase() != pluginsCore.PhaseSuccess || p.Err() != nil {
 			t.Fatalf("%v", p)
+		}
+	})
+
+	t.Run("succeeded after recovering: success, with what it recovered from", func(t *testing.T) {
+		tctx, job := e.launch(t, "job-healed", "upstream-pytorch-v1")
+		// Worker 1's ranks timed out in NCCL; its node's GPU had fallen off
+		// the bus: the job went on without it, and its documents were
+		// moved aside.
+		nccl := kferrors.SystemFailure(kferrors.CodeNcclTimeout, "Watchdog caught collective operation timeout", "job-healed-worker-1/0", past)
+		g := kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 79, Severity: kferrors.SeverityCritical, GPUIndex: 0, Node: "node-a"}
+		hw, _ := g.Failure("job-healed-worker-1", past.Add(time.Second), "")
+		e.writeDocumentUnder(t, tctx, kferrors.SupersededPrefix, nccl)
+		e.writeDocumentUnder(t, tctx, kferrors.SupersededPrefix, hw)
+		e.setStatus(t, job, kubeflowv1.JobSucceeded, past.Add(time.Minute), 0)
+		p := e.handle(t, tctx)
+		if p.Phase() != pluginsCore.PhaseSuccess || p.Err() != nil {
+			t.Fatalf("%v", p)
+		}
+		var reasons []string
+		for _, r := range p.Info().AdditionalReasons {
+			reasons = append(reasons, r.Reason)
+		}
+		want := "recovered from 2 failures of 1 pods (superseded/): the first:\n[job-healed-worker-1, "
+		if len(reasons) != 1 || !strings.HasPrefix(reasons[0], want) || !strings.Contains(reasons[0], "GpuFallenOffBus") ||
+			!strings.Contains(reasons[0], "node node-a") || !strings.Contains(reasons[0], "explains the earlier NcclTimeout") {
+			t.Errorf("reasons %q, want %q… naming the GPU fault", reasons, want)
 		}
 	})
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/flyteorg/flyte/flyteplugins/go/tasks/pluginmachinery/utils"
 	propellerconfig "github.com/flyteorg/flyte/flytepropeller/pkg/controller/config"
 	propellerutils "github.com/flyteorg/flyte/flytepropeller/pkg/utils"
+	"github.com/flyteorg/flyte/flytestdlib/storage"
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,6 +34,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/outputreader/flyteio"
@@ -310,6 +313,9 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 		return phase, err
 	}
 	if phase.Phase() == pluginsCore.PhaseSuccess && ow != nil {
+		if reason, ok := recoveredReason(ctx, pluginContext.DataStore(), ow.GetOutputPrefixPath(), cfg); ok && phase.Info() != nil {
+			phase.Info().AdditionalReasons = append(phase.Info().AdditionalReasons, pluginsCore.ReasonInfo{Reason: reason, OccurredAt: &now})
+		}
 		// Hand propeller the reader (outputs as upstream, errors as ours).
 		r, err := flyteio.NewOutputReader(ctx, pluginContext.DataStore(), ow, 0, readOptions(cfg))
 		if err != nil {
@@ -323,6 +329,31 @@ func (p *Plugin) GetTaskPhase(ctx context.Context, pluginContext k8s.PluginConte
 		return phase, err
 	}
 	return phase, nil
+}
+
+// recoveredReason says, for a job that succeeded, what it recovered from:
+// the root cause among the documents moved to superseded/ (an agent's
+// restart, a replaced pod, a pod the job went on without), with how many
+// there were; the success event carries it, so that a GPU that fell off
+// the bus on the way is not only in the pods' logs. false when there were
+// none, or they cannot be read now (the success stands).
+func recoveredReason(ctx context.Context, store *storage.DataStore, prefix storage.DataReference, cfg *Config) (string, bool) {
+	if cfg.ReadTimeout.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.ReadTimeout.Duration)
+		defer cancel()
+	}
+	dir := strings.TrimRight(string(prefix), "/") + "/" + strings.TrimSuffix(kferrors.SupersededPrefix, "/")
+	report, err := outputreader.Summarize(ctx, flyteio.NewDataStoreSource(store, storage.DataReference(dir)), readOptions(cfg))
+	if err != nil {
+		slog.WarnContext(ctx, "cannot read the recovered failures", "prefix", dir, "err", err)
+		return "", false
+	}
+	if report.RootCause == nil {
+		return "", false
+	}
+	return fmt.Sprintf("recovered from %d failures of %d pods (%s): the first:\n%s", report.Documents(), report.Pods(),
+		kferrors.SupersededPrefix, report.Message()), true
 }
 
 // readOptions are the reader's options from the config; CallTimeout bounds
