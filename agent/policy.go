@@ -335,11 +335,7 @@ func (p *Policy) rendezvousFailed(ev RendezvousFailed, now time.Time) []Action {
 	f.Recoverable = !ev.Permanent
 	switch {
 	case p.phase == phaseRendezvous:
-		acts := p.finish(f)
-		if ev.NoRelaunch {
-			acts[len(acts)-1] = Exit{Code: 1}
-		}
-		return acts
+		return p.finishExcluded(f, ev.NoRelaunch)
 	case p.cfg.Command && p.phase == phaseRunning && p.rejoining:
 		p.rejoining = false
 		p.excluded, p.exitOne = f, ev.NoRelaunch
@@ -509,11 +505,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		p.phase = phaseRendezvous
 		return []Action{JoinRound{Restart: RestartAfterMembership, RestartCount: p.restarts}}
 	case reasonExcluded:
-		acts := p.finish(p.excluded)
-		if p.exitOne {
-			acts[len(acts)-1] = Exit{Code: 1}
-		}
-		return acts
+		return p.finishExcluded(p.excluded, p.exitOne)
 	}
 	root := podRootCause(p.failures)
 	if NodeLevel(root) || p.unstartable || p.restarts >= p.cfg.MaxRestarts || p.cfg.Command {
@@ -536,6 +528,26 @@ func (p *Policy) preempted() kferrors.Failure {
 	return kferrors.SystemFailure(kferrors.CodePreempted,
 		fmt.Sprintf("pod %s got SIGTERM (preemption, eviction or node drain); workers stopped", p.cfg.Pod),
 		p.cfg.Pod, p.terminated)
+}
+
+// finishExcluded ends the pod with the master's refusal f (exit 1 with
+// noRelaunch). When f is a hardware fault (a node daemon's event on this
+// pod: the master took the pod out) and the last group's workers had failed
+// on their own before it — NCCL's watchdog timing out on the GPU that fell
+// off the bus — their root cause gets its document too, first: it is what
+// the workers saw, and the reader shows it explained by the fault
+// (outputreader.HardwareWindow). The fault's document is the pod's.
+func (p *Policy) finishExcluded(f kferrors.Failure, noRelaunch bool) []Action {
+	acts := p.finish(f)
+	if noRelaunch {
+		acts[len(acts)-1] = Exit{Code: 1}
+	}
+	if kferrors.IsHardwareCode(f.Code) && len(p.failures) > 0 {
+		if own := podRootCause(p.failures); own.Code != f.Code && !own.Time.After(f.Time) {
+			acts = append([]Action{WriteDocument{Failure: own}}, acts...)
+		}
+	}
+	return acts
 }
 
 func (p *Policy) finish(f kferrors.Failure) []Action {
