@@ -136,17 +136,17 @@ func (t *tally) line(root Document, vanished int, displaced *Document) string {
 		if t.workers.has(hashName(kferrors.SanitizeWorker(root.Failure.Worker))) {
 			workers--
 		}
-		what := plural(workers, "other worker", "other workers")
+		what := Plural(workers, "other worker", "other workers")
 		if t.workers.full {
 			what = "at least " + what
 		}
 		if others != workers || t.workers.full {
-			what += ", " + plural(others, "other document", "other documents")
+			what += ", " + Plural(others, "other document", "other documents")
 		}
 		parts = append(parts, fmt.Sprintf("Also failed: %s (%s).", what, strings.Join(items, ", ")))
 	}
 	if vanished > 0 {
-		parts = append(parts, fmt.Sprintf("Skipped %s.", plural(vanished, "document that vanished while read", "documents that vanished while read")))
+		parts = append(parts, fmt.Sprintf("Skipped %s.", Plural(vanished, "document that vanished while read", "documents that vanished while read")))
 	}
 	if displaced != nil {
 		who := displaced.Failure.Worker
@@ -222,7 +222,8 @@ func hashName(s string) uint64 {
 	return h
 }
 
-func plural(n int, one, many string) string {
+// Plural is "1 <one>" or "<n> <many>".
+func Plural(n int, one, many string) string {
 	if n == 1 {
 		return "1 " + one
 	}

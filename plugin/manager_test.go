@@ -342,7 +342,7 @@ func TestPluginManager(t *testing.T) {
 		for _, r := range p.Info().AdditionalReasons {
 			reasons = append(reasons, r.Reason)
 		}
-		want := "recovered from 2 failures of 1 pods (superseded/): the first:\n[job-healed-worker-1, "
+		want := "recovered from 2 failures of 1 pod (superseded/): the first:\n[job-healed-worker-1, "
 		if len(reasons) != 1 || !strings.HasPrefix(reasons[0], want) || !strings.Contains(reasons[0], "GpuFallenOffBus") ||
 			!strings.Contains(reasons[0], "node node-a") || !strings.Contains(reasons[0], "explains the earlier NcclTimeout") {
 			t.Errorf("reasons %q, want %q… naming the GPU fault", reasons, want)

@@ -352,8 +352,10 @@ func recoveredReason(ctx context.Context, store *storage.DataStore, prefix stora
 	if report.RootCause == nil {
 		return "", false
 	}
-	return fmt.Sprintf("recovered from %d failures of %d pods (%s): the first:\n%s", report.Documents(), report.Pods(),
-		kferrors.SupersededPrefix, report.Message()), true
+	reason := fmt.Sprintf("recovered from %s of %s (%s): the first:\n%s", outputreader.Plural(report.Documents(), "failure", "failures"),
+		outputreader.Plural(report.Pods(), "pod", "pods"), kferrors.SupersededPrefix, report.Message())
+	slog.InfoContext(ctx, "the job succeeded after recovering from failures", "prefix", string(prefix), "reason", reason)
+	return reason, true
 }
 
 // readOptions are the reader's options from the config; CallTimeout bounds

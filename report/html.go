@@ -134,8 +134,8 @@ func newPage(in Input) page {
 		skippedDocs = len(in.Current.Skipped)
 	}
 	p.Counts = fmt.Sprintf("%s · %d recovered (superseded) · %d unreadable · %s · %s",
-		plural(m.documents, "failure document", "failure documents"), m.recovered, skippedDocs,
-		plural(m.eventCount, "event", "events"), plural(m.pods, "pod", "pods"))
+		outputreader.Plural(m.documents, "failure document", "failure documents"), m.recovered, skippedDocs,
+		outputreader.Plural(m.eventCount, "event", "events"), outputreader.Plural(m.pods, "pod", "pods"))
 
 	sc := newScale(m.from, m.to, m.failFrom, m.failTo)
 	x := sc.x
@@ -336,13 +336,6 @@ var tickSteps = func() []time.Duration {
 }()
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) }
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return fmt.Sprintf("%d %s", n, many)
-}
 
 // shownCode is a document's code as people read it: flytekit's
 // USER:RuntimeError as the exception it wraps (outputreader.Shown).
