@@ -15,10 +15,15 @@ rank raises ValueError("loss diverged") at step N, a bug in the training code
 that no restart fixes (make demo's fault that ends the job); --alloc-at
 N:MB:RANK: global rank RANK allocates and touches MB megabytes at step N and
 holds them (a memory leak that outgrows a container's limit: the kernel's
-OOM kill, which a relaunch with more memory fixes).
+OOM kill, which a relaunch with more memory fixes); --nccl-timeout-at N:POD:
+at step N every rank in the pod whose hostname ends with POD raises what
+torch's NCCL watchdog raises when a GPU stopped answering (the text of a
+real log, LlamaFactory#7396): how the ranks of a node whose GPU fell off
+the bus fail, while the node's GPU daemon reports the Xid.
 """
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -60,8 +65,11 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--fail-at", type=int, default=-1)
     p.add_argument("--alloc-at", default="")
+    p.add_argument("--nccl-timeout-at", default="")
     a = p.parse_args()
     alloc_step, alloc_mb, alloc_rank = (int(v) for v in a.alloc_at.split(":")) if a.alloc_at else (-1, 0, -1)
+    hang_step, hang_pod = a.nccl_timeout_at.split(":", 1) if a.nccl_timeout_at else (-1, None)
+    hang_step = int(hang_step) if hang_pod and socket.gethostname().endswith(hang_pod) else -1
     held = []
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -80,6 +88,14 @@ def main():
         loss = torch.nn.functional.mse_loss(model(x), y)
         if step == a.fail_at:
             raise ValueError(f"loss diverged at step {step} on rank {rank}: {loss.item() * float('inf')}")
+        if step == hang_step:
+            say(f"rank {rank}: the GPU stops answering at step {step}")
+            # torch 2.x raises DistBackendError, 1.x RuntimeError.
+            error = getattr(dist, "DistBackendError", RuntimeError)
+            raise error(
+                f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={4 * step + 1}, OpType=ALLREDUCE, "
+                "NumelIn=32, NumelOut=32, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+            )
         if step == alloc_step and rank == alloc_rank:
             say(f"rank {rank} allocates {alloc_mb} MB at step {step}")
             held.append(torch.ones(alloc_mb, 1 << 18))  # 1 MB a row of float32

@@ -91,8 +91,9 @@ func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
 // StartKwok runs kwok (simulated nodes and kubelets: a bound pod becomes
 // Running, a deleted pod goes away) against the API server of cfg for the
 // test's duration, and registers the named fake nodes for it to manage,
-// labelled type=kwok and kubernetes.io/hostname=<name>. There is no
-// scheduler: bind pods with BindPods. It skips under -short.
+// labelled type=kwok and kubernetes.io/hostname=<name>. Without a
+// scheduler (envtest) bind pods with BindPods; the e2e cluster's schedules
+// them. It skips under -short.
 func StartKwok(t testing.TB, cfg *rest.Config, nodes ...string) {
 	t.Helper()
 	if testing.Short() {
@@ -121,6 +122,9 @@ func StartKwok(t testing.TB, cfg *rest.Config, nodes ...string) {
 		"--kubeconfig="+kubeconfig, "--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector="+KwokNodeAnnotation+"=fake",
 		"--config="+filepath.Join(stages, "node", "fast", "node-initialize.yaml"),
+		// Heartbeats: a cluster with a controller manager (e2e) would
+		// otherwise find the node unreachable after 40 s and taint it.
+		"--config="+filepath.Join(stages, "node", "heartbeat", "node-heartbeat.yaml"),
 		"--config="+filepath.Join(stages, "pod", "fast", "pod-ready.yaml"),
 		"--config="+filepath.Join(stages, "pod", "fast", "pod-delete.yaml"),
 		fmt.Sprintf("--server-address=127.0.0.1:%d", port))
@@ -153,7 +157,7 @@ func BindPods(ctx context.Context, c client.Client, ns string, labels map[string
 		}
 		node := ""
 		for _, n := range nodes(p) {
-			if hostnameAllowed(p, n) {
+			if HostnameAllowed(p, n) {
 				node = n
 				break
 			}
@@ -175,9 +179,9 @@ func Nodes(names ...string) func(*corev1.Pod) []string {
 	return func(*corev1.Pod) []string { return names }
 }
 
-// hostnameAllowed evaluates the pod's required node affinity on the
+// HostnameAllowed evaluates the pod's required node affinity on the
 // hostname label alone (terms ORed, expressions ANDed).
-func hostnameAllowed(p *corev1.Pod, host string) bool {
+func HostnameAllowed(p *corev1.Pod, host string) bool {
 	a := p.Spec.Affinity
 	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
 		return true
