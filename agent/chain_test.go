@@ -301,8 +301,10 @@ func (tl *chainTimeline) lost() bool { return !tl.pods[tl.primary].flytekit }
 // primary pod's document, at its first failure by its clock and at most at
 // its upload time, is earlier than every other pod's, so bounded.
 func (tl *chainTimeline) knowable() bool {
+	// The reader clamps a document's time to its write time only past the
+	// store's resolution (outputreader.ModifiedResolution).
 	bound := func(p chainPod) time.Time {
-		if p.uploaded.Before(p.docTime) {
+		if p.docTime.After(p.uploaded.Add(outputreader.ModifiedResolution)) {
 			return p.uploaded
 		}
 		return p.docTime
