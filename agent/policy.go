@@ -443,7 +443,7 @@ func (p *Policy) terminate(sig syscall.Signal, now time.Time) []Action {
 	p.terminated, p.stopSig = now, sig
 	switch p.phase {
 	case phaseRendezvous:
-		return p.finish(p.preempted())
+		return p.finishStopped(p.preempted())
 	case phaseRunning:
 		p.phase = phaseStopping
 		p.reason = reasonTerminate
@@ -500,7 +500,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 	p.killAt, p.dumpUntil = time.Time{}, time.Time{}
 	switch p.reason {
 	case reasonTerminate:
-		return p.finish(p.preempted())
+		return p.finishStopped(p.preempted())
 	case reasonMembership:
 		p.phase = phaseRendezvous
 		return []Action{JoinRound{Restart: RestartAfterMembership, RestartCount: p.restarts}}
@@ -532,20 +532,42 @@ func (p *Policy) preempted() kferrors.Failure {
 
 // finishExcluded ends the pod with the master's refusal f (exit 1 with
 // noRelaunch). When f is a hardware fault (a node daemon's event on this
-// pod: the master took the pod out) and the last group's workers had failed
-// on their own before it — NCCL's watchdog timing out on the GPU that fell
-// off the bus — their root cause gets its document too, first: it is what
-// the workers saw, and the reader shows it explained by the fault
-// (outputreader.HardwareWindow). The fault's document is the pod's.
+// pod: the master took the pod out), the workers' own earlier failure is
+// kept too (ownFirst): NCCL's watchdog timing out on the GPU that fell off
+// the bus, which the reader shows explained by the fault
+// (outputreader.HardwareWindow). Other refusals keep one document: the
+// workers' errors are then their consequences.
 func (p *Policy) finishExcluded(f kferrors.Failure, noRelaunch bool) []Action {
 	acts := p.finish(f)
 	if noRelaunch {
 		acts[len(acts)-1] = Exit{Code: 1}
 	}
-	if kferrors.IsHardwareCode(f.Code) && len(p.failures) > 0 {
-		if own := podRootCause(p.failures); own.Code != f.Code && !own.Time.After(f.Time) {
-			acts = append([]Action{WriteDocument{Failure: own}}, acts...)
-		}
+	if kferrors.IsHardwareCode(f.Code) {
+		return p.ownFirst(f, acts)
+	}
+	return acts
+}
+
+// finishStopped ends the pod with its stop signal's document f, keeping
+// the workers' own earlier failure too (ownFirst): a group that failed
+// and then got SIGTERM (the master deleting the pod it just took out,
+// a drain while the group stopped) must not lose what its workers raised.
+// The pod's document, its exit code and what the master hears stay f's.
+func (p *Policy) finishStopped(f kferrors.Failure) []Action {
+	return p.ownFirst(f, p.finish(f))
+}
+
+// ownFirst puts before acts the document of the last group's own root
+// cause, when its workers failed before f, with another code: it is what
+// they saw, and the pod's document f (written last) stays the pod's. Not
+// under Command: the command documents its own failure (flytekit), which
+// the upload finds and refines.
+func (p *Policy) ownFirst(f kferrors.Failure, acts []Action) []Action {
+	if len(p.failures) == 0 || p.cfg.Command {
+		return acts
+	}
+	if own := podRootCause(p.failures); own.Code != f.Code && !own.Time.IsZero() && !own.Time.After(f.Time) {
+		return append([]Action{WriteDocument{Failure: own}}, acts...)
 	}
 	return acts
 }
