@@ -393,7 +393,10 @@ func (p *Policy) workerExited(ev WorkerExited, now time.Time) []Action {
 		f := kferrors.Classify(e)
 		failed = &f
 	}
-	if failed != nil && p.reason != reasonTerminate {
+	// After a stop signal only a failure dated before it is one of the
+	// workers' own (an exception raised before the signal, seen after it);
+	// the rest is the signal's doing.
+	if failed != nil && (p.reason != reasonTerminate || (!failed.Time.IsZero() && failed.Time.Before(p.terminated))) {
 		p.failures = append(p.failures, *failed)
 	}
 	switch p.phase {
