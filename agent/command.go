@@ -98,8 +98,6 @@ type commandGroups struct {
 	// hook is the folder of the command's torch hook (agent/torchhook); ""
 	// when it could not be written.
 	hook string
-	// cpus is the container's CPU limit (containerCPUs; 0: none).
-	cpus float64
 	// roundFile is where the master's current round is kept for the
 	// torch hook (torchhook.Options.RoundFile); "" without the master.
 	roundFile string
@@ -124,10 +122,6 @@ func newCommandGroups(l *loop) (*commandGroups, error) {
 		l.log.Warn("no torch hook for the command", "err", err)
 		c.hook = ""
 	}
-	if c.cpus = containerCPUs(); c.cpus > 0 && c.cpus < minPreloadCPUs && !l.cfg.NoForkServer && !l.cfg.WarmSpares {
-		l.log.Info("the torch hook's forkserver is off: the container's CPU limit is below one CPU, where preloading torch "+
-			"beside the command would slow its start", "cpus", c.cpus)
-	}
 	return c, nil
 }
 
@@ -137,7 +131,7 @@ func (c *commandGroups) start(a StartGroup) (*group, []WorkerExited) {
 	gs := l.groupStart(1)
 	gs.commandMode, gs.launcher = true, execLauncher{}
 	spec := commandSpec{cfg: &l.cfg, rdzvEndpoint: c.relayAddr, loopback: c.relayAddr != "" && !hostnameResolves(), hook: c.hook,
-		cpus: c.cpus, roundFile: c.roundFile}
+		roundFile: c.roundFile}
 	gs.env = func(w *worker, mark string) []string {
 		s := spec
 		s.errorFile, s.progressFile, s.mark = w.errorFile, w.progressFile, mark
@@ -216,9 +210,6 @@ type commandSpec struct {
 	mark         string
 	// hook is the torch hook's folder (agent/torchhook); "" for none.
 	hook string
-	// cpus is the container's CPU limit (0: none): below minPreloadCPUs
-	// the hook starts no forkserver.
-	cpus float64
 	// roundFile is the master's round for the hook (commandGroups.keepRound).
 	roundFile string
 }
@@ -286,7 +277,7 @@ func CommandEnv(base []string, s commandSpec) []string {
 		}
 	}
 	hook := torchhook.Options{DrainErrors: true}
-	if !c.NoForkServer && !c.WarmSpares && (s.cpus == 0 || s.cpus >= minPreloadCPUs) {
+	if !c.NoForkServer && !c.WarmSpares {
 		hook.Preload = c.preload()
 	}
 	if s.rdzvEndpoint != "" {

@@ -68,17 +68,6 @@ func TestCommandEnv(t *testing.T) {
 			t.Errorf("CommandEnv with the hook: no %s in %q", kv, got)
 		}
 	}
-	// Under a CPU limit below one CPU the forkserver would compete with
-	// the command's own start: off, the relay's poll stays.
-	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook", cpus: 0.5})
-	if slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "KFELASTIC_SPAWN_PRELOAD=") }) ||
-		!slices.Contains(got, "KFELASTIC_RDZV_POLL=0.1") {
-		t.Errorf("CommandEnv at 0.5 CPU: want no forkserver, the poll kept: %q", got)
-	}
-	got = CommandEnv(hooked, commandSpec{cfg: cfg, rdzvEndpoint: "127.0.0.1:4242", hook: "/hook", cpus: 2})
-	if !slices.Contains(got, "KFELASTIC_SPAWN_PRELOAD=torch") {
-		t.Errorf("CommandEnv at 2 CPUs: want the forkserver: %q", got)
-	}
 	off := *cfg
 	off.NoForkServer = true
 	// With neither, the hook still reads the workers' error queues (a

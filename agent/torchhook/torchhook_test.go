@@ -18,29 +18,57 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// launch.py runs one worker through torch's own elastic_launch, with spawn
-// and c10d, as flytekit's Elastic task does, and records what the launcher
-// and the worker saw.
-const launch = `import json, os, sys
+// task.py is a task module as flytekit's are: it imports torch at its top
+// and defines the worker's function below; launch.py runs one worker of it
+// through torch's own elastic_launch, with spawn and c10d, as flytekit's
+// Elastic task does, and records what the launcher and the worker saw. The
+// hook's forkserver is forked from launch.py while both are half run.
+const (
+	task = `import json, os, sys
 TORCH_AT_IMPORT = "torch" in sys.modules  # a forkserver's child has it already
+PID_AT_IMPORT = os.getpid()  # the worker's, when it imports this module itself
+LAUNCHER_AT_IMPORT = "torch.distributed.launcher.api" in sys.modules  # in the server forked again
 import torch
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def lineage():
+    # The worker's parent and grandparent: the hook's forkserver and the
+    # command, or the command and its parent when spawned.
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    with open(f"/proc/{ppid}/stat", "rb") as f:
+        gppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    return {"parent": parent, "ppid": ppid, "gppid": gppid}
 
 
 def work(out):
-    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-        parent = f.read().replace(b"\0", b" ").decode()
+    import torch.distributed.rendezvous
+    rendezvous = sys.modules["torch.distributed.rendezvous"]
     with open(out, "w") as f:
-        json.dump({"torch_at_import": TORCH_AT_IMPORT, "dynamo": "torch._dynamo" in sys.modules, "parent": parent,
-                   "late": os.environ.get("LATE"), "hook_env": os.environ.get("KFELASTIC_SPAWN_PRELOAD"),
-                   "pythonpath": os.environ.get("PYTHONPATH", ""), "local_rank": os.environ.get("LOCAL_RANK")}, f)
+        json.dump(dict(lineage(), torch_at_import=TORCH_AT_IMPORT, dynamo="torch._dynamo" in sys.modules,
+                       store_wait=getattr(rendezvous._create_c10d_store, "_kfelastic", False), own_import=PID_AT_IMPORT == os.getpid(),
+                       launcher_at_import=LAUNCHER_AT_IMPORT,
+                       late=os.environ.get("LATE"), hook_env=os.environ.get("KFELASTIC_SPAWN_PRELOAD"),
+                       pythonpath=os.environ.get("PYTHONPATH", ""), local_rank=os.environ.get("LOCAL_RANK")), f)
+`
+	launch = `import json, os, sys, threading, time
+if os.environ.get("THREAD"):  # a thread running when torch is imported
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from task import work
+if os.environ.get("BAD_FORK"):  # as if the command had initialized CUDA since: no fork of it can use it
+    import torch.cuda
+    torch.cuda._is_in_bad_fork = lambda: True
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 
 if __name__ == "__main__":
     import multiprocessing
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
     seen = {"chained": os.environ.get("CHAINED"), "start_method": multiprocessing.get_start_method(allow_none=True),
-            "poll": getattr(dynamic_rendezvous._delay, "_kfelastic", False), "hook_env": os.environ.get("KFELASTIC_RDZV_POLL")}
+            "poll": getattr(dynamic_rendezvous._delay, "_kfelastic", False), "hook_env": os.environ.get("KFELASTIC_RDZV_POLL"),
+            "pid": os.getpid()}
     os.environ["LATE"] = "1"  # after the forkserver started: a spawned worker would see it
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="hook", rdzv_backend="c10d",
                        rdzv_endpoint="127.0.0.1:" + sys.argv[3], max_restarts=0, monitor_interval=0.1,
@@ -49,21 +77,46 @@ if __name__ == "__main__":
     with open(sys.argv[1], "w") as f:
         json.dump(seen, f)
 `
+)
+
+// forkedFrom says how the worker that wrote w came to be under the command
+// whose pid is launcher: "fork" (the hook's forkserver, a fork of the
+// command), "forkserver" (a spawned multiprocessing forkserver), "spawn"
+// (the command's child).
+func forkedFrom(w map[string]any, launcher float64) string {
+	switch {
+	case w["ppid"] == launcher:
+		return "spawn"
+	case w["gppid"] == launcher && strings.Contains(fmt.Sprint(w["parent"]), "multiprocessing.forkserver"):
+		return "forkserver"
+	case w["gppid"] == launcher:
+		return "fork"
+	}
+	return fmt.Sprintf("neither the command's child nor grandchild: %v", w)
+}
 
 // The hook under a real torch elastic_launch (spawn, as flytekit asks):
-// the worker is a child of multiprocessing's forkserver, which had torch
-// (and on 2.x torch._dynamo) imported before the worker's module ran, and
-// it sees what the launcher put in its environment after the start, as a
-// spawned worker would; c10d's rendezvous polls at the hook's interval; the
-// sitecustomize the hook hides still runs; multiprocessing's start method
-// is left for the command to choose; nothing of the hook reaches the
-// worker's environment. Without the hook's variables nothing changes: the
-// worker is spawned by the launcher.
+// the worker is a child of the hook's forkserver, a fork of the command
+// once the command had imported torch (and on 2.x the server imported
+// torch._dynamo), and it sees what the launcher put in its environment
+// after the start, as a spawned worker would, and the task's module and
+// the command's __main__ whole, though the fork came while both were half
+// run; c10d's rendezvous polls at the hook's interval; the sitecustomize
+// the hook hides still runs; multiprocessing's start method is left for the
+// command to choose; nothing of the hook reaches the worker's environment.
+// The server is forked again when the command imports torch's launcher,
+// unless the command initialized CUDA since. A command that runs a thread
+// when it imports torch is not forked: its server is a fresh interpreter,
+// with a line. Without the hook's variables
+// nothing changes: the worker is spawned by the launcher.
 func TestHookUnderElasticLaunch(t *testing.T) {
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) {
 		dir := t.TempDir()
 		script := filepath.Join(dir, "launch.py")
 		if err := os.WriteFile(script, []byte(launch), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "task.py"), []byte(task), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		// An image's own sitecustomize, which the hook hides on sys.path.
@@ -83,25 +136,38 @@ func TestHookUnderElasticLaunch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run := func(t *testing.T, o torchhook.Options) (launcher map[string]any, worker map[string]any) {
+		run := func(t *testing.T, o torchhook.Options, extra ...string) (launcher, worker map[string]any, output string) {
 			env := map[string]string{"PYTHONPATH": other}
 			torchhook.Env(env, folder, o)
 			cmd := exec.Command(tc.Python, script, filepath.Join(dir, "launcher.json"), filepath.Join(dir, "worker.json"),
 				strconv.Itoa(testenv.FreePort(t)))
-			cmd.Env = os.Environ()
+			cmd.Env = append(os.Environ(), extra...)
 			for k, v := range env {
 				cmd.Env = append(cmd.Env, k+"="+v)
 			}
-			if out, err := cmd.CombinedOutput(); err != nil || strings.Contains(string(out), "kfelastic torch hook") {
+			out, err := cmd.CombinedOutput()
+			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			return readJSON(t, filepath.Join(dir, "launcher.json")), readJSON(t, filepath.Join(dir, "worker.json"))
+			return readJSON(t, filepath.Join(dir, "launcher.json")), readJSON(t, filepath.Join(dir, "worker.json")), string(out)
 		}
 
 		t.Run("on", func(t *testing.T) {
-			l, w := run(t, torchhook.Options{Preload: "torch", Poll: "0.1"})
-			if !strings.Contains(w["parent"].(string), "multiprocessing.forkserver") || w["torch_at_import"] != true {
-				t.Errorf("the worker was not forked from a forkserver with torch: %v", w)
+			l, w, out := run(t, torchhook.Options{Preload: "torch", Poll: "0.1"})
+			if strings.Contains(out, "kfelastic torch hook") {
+				t.Errorf("the hook said something:\n%s", out)
+			}
+			if how := forkedFrom(w, l["pid"].(float64)); how != "fork" || w["torch_at_import"] != true {
+				t.Errorf("the worker came from %s, want the hook's forkserver forked from the command with torch: %v", how, w)
+			}
+			if w["launcher_at_import"] != true {
+				t.Errorf("the server was not forked again at the launcher's import: %v", w)
+			}
+			if w["own_import"] != true {
+				t.Errorf("the worker has the command's task module, not its own import of it: %v", w)
+			}
+			if w["store_wait"] != true {
+				t.Errorf("the worker's process group does not wait for its store's listener: %v", w)
 			}
 			if tc.Version != "1.13" && w["dynamo"] != true {
 				t.Errorf("torch._dynamo not preloaded: %v", w)
@@ -116,10 +182,31 @@ func TestHookUnderElasticLaunch(t *testing.T) {
 				t.Errorf("launcher: want the hidden sitecustomize run, no start method fixed, c10d's poll patched, the variables gone: %v", l)
 			}
 		})
+		t.Run("cuda", func(t *testing.T) {
+			l, w, out := run(t, torchhook.Options{Preload: "torch"}, "BAD_FORK=1")
+			if strings.Contains(out, "kfelastic torch hook") {
+				t.Errorf("the hook said something:\n%s", out)
+			}
+			if how := forkedFrom(w, l["pid"].(float64)); how != "fork" || w["launcher_at_import"] != false || w["own_import"] != true {
+				t.Errorf("the worker came from %s; want the server forked at torch's import, kept: %v", how, w)
+			}
+		})
+		t.Run("threaded", func(t *testing.T) {
+			l, w, out := run(t, torchhook.Options{Preload: "torch"}, "THREAD=1")
+			if !strings.Contains(out, "the forkserver imports torch again: the command runs 2 threads") {
+				t.Errorf("no line for the fresh forkserver:\n%s", out)
+			}
+			if how := forkedFrom(w, l["pid"].(float64)); how != "forkserver" || w["torch_at_import"] != true {
+				t.Errorf("the worker came from %s, want a fresh forkserver with torch: %v", how, w)
+			}
+		})
 		t.Run("off", func(t *testing.T) {
-			l, w := run(t, torchhook.Options{})
-			if strings.Contains(w["parent"].(string), "multiprocessing.forkserver") || w["torch_at_import"] != false {
-				t.Errorf("without the hook the worker should be spawned: %v", w)
+			l, w, _ := run(t, torchhook.Options{})
+			if how := forkedFrom(w, l["pid"].(float64)); how != "spawn" || w["torch_at_import"] != false {
+				t.Errorf("without the hook the worker should be spawned, came from %s: %v", how, w)
+			}
+			if w["store_wait"] != false {
+				t.Errorf("without the hook torch's store is torch's: %v", w)
 			}
 			if l["chained"] != "yes" || l["poll"] != false {
 				t.Errorf("launcher: %v", l)
@@ -146,15 +233,20 @@ func readJSON(t *testing.T, path string) map[string]any {
 // narrowed its umask and lowered RLIMIT_NOFILE. The worker records what it
 // saw, and, with fork, whether a forkserver Process of its own runs.
 const state = `import json, os, resource, sys
+# The hook's forkserver starts here, before what main changes.
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 
 def work(out, method):
     import multiprocessing
-    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/cmdline", "rb") as f:
         parent = f.read().replace(b"\0", b" ").decode()
+    with open(f"/proc/{ppid}/stat", "rb") as f:
+        gppid = int(f.read().rsplit(b")", 1)[1].split()[1])
     with open("/proc/self/status") as f:
         umask = [int(l.split()[1], 8) for l in f if l.startswith("Umask:")][0]
-    seen = {"parent": parent, "secret": os.environ.get("SECRET", "-"), "umask": umask,
+    seen = {"parent": parent, "ppid": ppid, "gppid": gppid, "secret": os.environ.get("SECRET", "-"), "umask": umask,
             "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)), "want_nofile": json.loads(os.environ["WANT_NOFILE"]),
             "groups": os.getgroups(), "want_groups": json.loads(os.environ["WANT_GROUPS"])}
     if method == "fork":
@@ -182,7 +274,6 @@ if __name__ == "__main__":  # not in the fork worker's forkserver, which imports
         sys.exit(77)  # no CAP_SYS_RESOURCE, CAP_SETGID
     os.environ["WANT_NOFILE"] = json.dumps(nofile)
     os.environ["WANT_GROUPS"] = json.dumps(os.getgroups())
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="hook", rdzv_backend="c10d",
                        rdzv_endpoint="127.0.0.1:" + sys.argv[2], max_restarts=0, monitor_interval=0.1,
                        start_method=method)
@@ -229,7 +320,7 @@ func TestHookWorkerSeesCommandState(t *testing.T) {
 					t.Fatalf("%v\n%s", err, b)
 				}
 				w := readJSON(t, out)
-				if forked := strings.Contains(w["parent"].(string), "multiprocessing.forkserver"); method == "spawn" && !forked || fallback && forked {
+				if forked := forkedFrom(w, float64(cmd.Process.Pid)) == "fork"; method == "spawn" && !forked || fallback && forked {
 					t.Errorf("want the worker forked from the hook's forkserver with spawn, spawned when the command raised a hard limit or changed its groups: %v", w)
 				}
 				if w["secret"] != "-" || w["umask"] != float64(0o077) || fmt.Sprint(w["nofile"]) != fmt.Sprint(w["want_nofile"]) ||

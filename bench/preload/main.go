@@ -1,17 +1,17 @@
-// Command preload measures what the torch hook's forkserver preload costs
-// a container with a CPU limit (agent/cpulimit.go, DESIGN §4.7): the time
-// from a flytekit-style command's start to its first worker's first line,
-// with the workers spawned as torch elastic does without the hook, and
-// forked from a forkserver that imports torch (and torch._dynamo where the
-// torch has it) beside the command's own start, as the hook has it. Each
-// run is a fresh cgroup with a CFS quota of the given CPUs, as the kubelet
-// sets from limits.cpu. It runs the real torches (scripts/torch-python),
-// one run at a time, and prints the hook's time over the spawn's.
+// Command preload measures what the torch hook (agent/torchhook, DESIGN
+// §4.7) does for a container with a CPU limit: a flytekit-style command
+// (torch's elastic_launch, start method spawn, two workers, one of which
+// fails once) started as torch runs it (the anchor: each worker a new
+// interpreter) and under the real hook (the workers forked from a fork of
+// the command made once it imported torch). It prints the time from the
+// command's start to its first worker's first line, and from the failure to
+// a restarted worker's first line. Each run is a fresh cgroup with a CFS
+// quota of the given CPUs, as the kubelet sets from limits.cpu. It runs the
+// real torches (scripts/torch-python), one run at a time.
 //
 //	go run ./bench/preload [-cpus 0.1,0.25,0.5,1,0] [-runs 3] [-torch 1.13,2.14]
 //
-// Needs root (a writable cgroup file system); the anchor is the same
-// command without the hook, in the same cgroup.
+// Needs root (a writable cgroup file system).
 package main
 
 import (
@@ -28,42 +28,38 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/torchhook"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/local"
 )
 
-// command is the flytekit-style command: torch imported in the command's
-// interpreter, then a worker started with multiprocessing (torch elastic's
-// MultiprocessContext), which imports the script again and says when it
-// runs, then once it ended another (a restart). "hook" starts the
-// preloading forkserver first, as the hook's sitecustomize does before the
-// command's imports.
-const command = `import sys, time
-t0 = float(sys.argv[2])
-if __name__ == "__main__":
-    import multiprocessing as mp
-    if sys.argv[1] == "hook":
-        import importlib.util
-        pre = ["torch"] + (["torch._dynamo"] if importlib.util.find_spec("torch._dynamo") else [])
-        mp.set_forkserver_preload(pre)
-        from multiprocessing import forkserver
-        forkserver.ensure_running()
-        ctx = mp.get_context("forkserver")
-    else:
-        ctx = mp.get_context("spawn")
+// command is the flytekit-style command: torch imported at its top, then
+// torch elastic's elastic_launch of two workers with spawn, as flytekit's
+// Elastic task does; worker 0 fails in the first attempt and torch
+// restarts the group. Each worker prints when it runs ("first"/"restart"
+// and the time), the failing one when it fails.
+const command = `import os, sys, time
 import torch
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-def worker(what, t0):
-    print("%s %.3f" % (what, time.time() - t0), flush=True)
+
+def worker():
+    now = time.time()
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        print("first %.6f" % now, flush=True)
+        if os.environ["LOCAL_RANK"] == "0":
+            print("failed %.6f" % time.time(), flush=True)
+            sys.exit(1)
+        time.sleep(120)  # until torch stops the group
+    else:
+        print("restart %.6f" % now, flush=True)
+
 
 if __name__ == "__main__":
-    for what in ("first", "restart"):
-        p = ctx.Process(target=worker, args=(what, t0))
-        p.start()
-        p.join()
-        if p.exitcode:
-            sys.exit(p.exitcode)
-        t0 = time.time()
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="preload", rdzv_backend="c10d",
+                       rdzv_endpoint="127.0.0.1:" + sys.argv[1], max_restarts=1, monitor_interval=0.1,
+                       start_method="spawn")
+    elastic_launch(cfg, worker)()
 `
 
 func main() {
@@ -100,8 +96,12 @@ func run(cpusFlag string, runs int, torches string) error {
 	if err := os.WriteFile(script, []byte(command), 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("the torch hook's preload under a CPU limit (%s; median of %d runs, seconds: the first worker's first line after the\n"+
-		"command's start, and a restarted worker's after the first ended; spawn is torch without the hook, the anchor)\n", lim.Mode, runs)
+	hook, err := torchhook.Install(dir)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("the torch hook under a CPU limit (%s; median of %d runs, seconds: the first worker's first line after the\n"+
+		"command's start, and a restarted worker's after the failure; spawn is torch without the hook, the anchor)\n", lim.Mode, runs)
 	fmt.Printf("%-6s %-6s %9s %9s %7s %13s %9s %7s\n", "torch", "CPUs", "1st spawn", "1st hook", "ratio", "restart spawn", "hook", "ratio")
 	n := 0
 	for _, tv := range strings.Split(torches, ",") {
@@ -123,7 +123,7 @@ func run(cpusFlag string, runs int, torches string) error {
 					if cpus > 0 && !cg.Throttle(cpus) {
 						return fmt.Errorf("cannot set a CPU limit in %s", lim.Mode)
 					}
-					s, err := once(py, script, way, cg)
+					s, err := once(py, script, way, hook, cg)
 					cg.Remove()
 					if err != nil {
 						return fmt.Errorf("torch %s, %g CPUs, %s, run %d: %w", tv, cpus, way, i+1, err)
@@ -143,16 +143,30 @@ func run(cpusFlag string, runs int, torches string) error {
 	return nil
 }
 
-// once runs the command in the cgroup and returns the seconds its first
-// worker printed (since the command's start) and its restart (since the
-// first ended).
-func once(py, script, way string, cg *local.Cgroup) ([2]float64, error) {
+// once runs the command in the cgroup, with the torch hook (way "hook")
+// or without, and returns the seconds to its first worker's first line
+// (since the command's start) and to a restarted worker's (since the
+// failure).
+func once(py, script, way, hook string, cg *local.Cgroup) ([2]float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	port, err := testenv.FreePortNumber()
+	if err != nil {
+		return [2]float64{}, err
+	}
 	join := `for f in $CGROUP_PROCS; do echo $$ > "$f" || exit 111; done; exec "$@"`
-	t0 := float64(time.Now().UnixNano()) / 1e9
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", join, "sh", py, script, way, strconv.FormatFloat(t0, 'f', 6, 64))
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", join, "sh", py, script, strconv.Itoa(port))
+	env := map[string]string{}
+	if way == "hook" {
+		// As the agent sets it for a --launcher command (the relay's
+		// poll aside: no master here).
+		torchhook.Env(env, hook, torchhook.Options{Preload: "torch", DrainErrors: true})
+	}
 	cmd.Env = append(os.Environ(), "CGROUP_PROCS="+strings.Join(cg.ProcsFiles(), " "))
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
 	// The run's processes die with this one, and with its timeout.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -165,18 +179,23 @@ func once(py, script, way string, cg *local.Cgroup) ([2]float64, error) {
 	if err := cmd.Start(); err != nil {
 		return [2]float64{}, err
 	}
-	secs := [2]float64{-1, -1}
+	at := map[string]float64{}
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
-		what, v, _ := strings.Cut(sc.Text(), " ")
-		if i := slices.Index([]string{"first", "restart"}, what); i >= 0 {
-			secs[i], _ = strconv.ParseFloat(v, 64)
+		what, v, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if t, err := strconv.ParseFloat(v, 64); err == nil {
+			if _, seen := at[what]; !seen {
+				at[what] = t
+			}
 		}
 	}
-	if err := cmd.Wait(); err != nil || secs[0] < 0 || secs[1] < 0 {
-		return secs, fmt.Errorf("%v: %s", err, lastLines(stderr.String(), 5))
+	werr := cmd.Wait()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // a worker left behind
+	first, failed, restart := at["first"], at["failed"], at["restart"]
+	if werr != nil || first == 0 || failed == 0 || restart == 0 {
+		return [2]float64{}, fmt.Errorf("%v: %s", werr, lastLines(stderr.String(), 5))
 	}
-	return secs, nil
+	return [2]float64{first - float64(start.UnixNano())/1e9, restart - failed}, nil
 }
 
 func median(v []float64) float64 {

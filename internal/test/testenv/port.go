@@ -14,3 +14,6 @@ func FreePort(t testing.TB) int {
 	}
 	return p
 }
+
+// FreePortNumber is FreePort outside a test (a benchmark's command).
+func FreePortNumber() (int, error) { return freePort() }
