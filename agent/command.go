@@ -397,7 +397,8 @@ func signalWorkers(pid int, sig syscall.Signal) int {
 // method), when fork started it (the same command line as its parent), or
 // when torch exec'd it (LOCAL_RANK in its environment: torchrun, a binary
 // entrypoint); the children of multiprocessing's forkserver are workers
-// (the torch hook's, agent/torchhook, where spawn was asked for). A single child that is none of these is a launcher in
+// (the torch hook's, agent/torchhook, where spawn was asked for: a fork of
+// the command named torchhook.ServerComm). A single child that is none of these is a launcher in
 // between (pyflyte-fast-execute runs pyflyte-execute as its child; a
 // script may run torchrun), and the search goes on below it, four levels
 // at most. multiprocessing's helpers (the resource tracker that runs
@@ -410,7 +411,7 @@ func commandWorkers(pid int) []int {
 		var kids, forked []int
 		for _, c := range childPIDs(parent) {
 			switch cmd := procCmdline(c); {
-			case forkServer(cmd):
+			case forkServer(cmd) || procComm(c) == torchhook.ServerComm:
 				// multiprocessing's forkserver (the spawn hook's, or the
 				// command's own choice): its children are workers.
 				forked = append(forked, childPIDs(c)...)
@@ -452,6 +453,12 @@ func isWorker(parent, pid int) bool {
 func multiprocessingHelper(cmd string) bool {
 	return strings.Contains(cmd, "multiprocessing.resource_tracker") || forkServer(cmd) ||
 		strings.Contains(cmd, "multiprocessing.semaphore_tracker")
+}
+
+// procComm is pid's name (/proc/PID/comm); "" if gone.
+func procComm(pid int) string {
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+	return strings.TrimSpace(string(b))
 }
 
 // procCmdline is pid's command line, arguments joined by spaces; "" if gone.

@@ -54,6 +54,8 @@ _DRAIN_ENV = "KFELASTIC_DRAIN_ERRORS"
 _ROUND_ENV = "KFELASTIC_RDZV_ROUND_FILE"
 _SPAWN = "torch.multiprocessing.spawn"
 _STORE = "torch.distributed.rendezvous"
+# The hook's forkserver's name (/proc/PID/comm; torchhook.ServerComm).
+_SERVER_COMM = "kfe-forkserver"
 # The pid of the process that set the variables (the agent, or a launcher in
 # _PASS_ON that passes them on): the hook runs only in the topmost Python
 # below it.
@@ -607,6 +609,24 @@ def _serve(listener_fd, alive_r, key_r, modules, imported):
     sys.modules.pop("__mp_main__", None)
     sys.modules["__main__"] = types.ModuleType("__main__")
     gc.collect()
+    # Named so that the agent tells it from the command's workers (its
+    # command line is the command's); each worker takes the name back.
+    try:
+        with open("/proc/self/comm") as f:
+            comm = f.read().strip()
+        with open("/proc/self/comm", "w") as f:
+            f.write(_SERVER_COMM)
+
+        def _rename():
+            try:
+                with open("/proc/self/comm", "w") as f:
+                    f.write(comm)
+            except OSError:
+                pass
+
+        os.register_at_fork(after_in_child=_rename)
+    except OSError:
+        pass
     # Signal handlers as after exec: the command's own go back to the
     # default (ignored signals stay ignored).
     signal.set_wakeup_fd(-1)

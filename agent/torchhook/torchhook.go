@@ -67,6 +67,12 @@ import (
 //go:embed sitecustomize.py
 var program []byte
 
+// ServerComm is the hook's forkserver's process name (/proc/PID/comm): its
+// command line is the command's, whose fork it is, so the agent knows it
+// by this name (its children are the workers). The workers take the
+// command's name back.
+const ServerComm = "kfe-forkserver"
+
 const (
 	// PreloadEnv turns the forkserver on, with the modules it imports
 	// (comma-separated).

@@ -39,7 +39,11 @@ def lineage():
         parent = f.read().replace(b"\0", b" ").decode()
     with open(f"/proc/{ppid}/stat", "rb") as f:
         gppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-    return {"parent": parent, "ppid": ppid, "gppid": gppid}
+    with open(f"/proc/{ppid}/comm") as f:
+        parent_comm = f.read().strip()
+    with open("/proc/self/comm") as f:
+        comm = f.read().strip()
+    return {"parent": parent, "ppid": ppid, "gppid": gppid, "parent_comm": parent_comm, "comm": comm}
 
 
 def work(out):
@@ -159,6 +163,9 @@ func TestHookUnderElasticLaunch(t *testing.T) {
 			}
 			if how := forkedFrom(w, l["pid"].(float64)); how != "fork" || w["torch_at_import"] != true {
 				t.Errorf("the worker came from %s, want the hook's forkserver forked from the command with torch: %v", how, w)
+			}
+			if w["parent_comm"] != torchhook.ServerComm || w["comm"] == torchhook.ServerComm {
+				t.Errorf("want the server named %s and its worker not: %v", torchhook.ServerComm, w)
 			}
 			if w["launcher_at_import"] != true {
 				t.Errorf("the server was not forked again at the launcher's import: %v", w)
