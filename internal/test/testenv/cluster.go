@@ -725,6 +725,24 @@ func (c *Cluster) Namespace(t testing.TB, name string) string {
 	return name
 }
 
+// clusterMinIODir is where the cluster's MinIO keeps its data: in memory
+// (/dev/shm, where it is a tmpfs with 1 GiB free), else a temporary folder.
+// On the one disk this machine has, MinIO's fsync waited up to 7 s behind
+// a pod's start (containerd's snapshots, the agent binary's copy), and the
+// master's state with it (make bench-e2e: "the master could not answer
+// while it waited on its state"); an S3 service shares no disk with the
+// nodes. One cluster runs at a time, so the folder is fixed, and a killed
+// run's is emptied at the next start.
+func clusterMinIODir() string {
+	const shm = "/dev/shm"
+	var fs syscall.Statfs_t
+	const tmpfsMagic = 0x01021994
+	if err := syscall.Statfs(shm, &fs); err != nil || fs.Type != tmpfsMagic || uint64(fs.Bavail)*uint64(fs.Bsize) < 1<<30 {
+		return ""
+	}
+	return filepath.Join(shm, "kfelastic-cluster-minio")
+}
+
 // MinIO is a MinIO server the pods reach (on ClusterNodeIP), started on
 // first use and stopped with the cluster, and a fresh bucket on it; its
 // credentials are in this process's environment (SetCredentialEnv) and go
@@ -735,7 +753,7 @@ func (c *Cluster) MinIO(t testing.TB) *MinIOServer {
 	defer c.mu.Unlock()
 	if c.minio == nil {
 		SetCredentialEnv()
-		p, err := StartMinIOOn(t.Context(), MinIOBinary(), ClusterNodeIP)
+		p, err := StartMinIOAt(t.Context(), MinIOBinary(), ClusterNodeIP, clusterMinIODir())
 		if err != nil {
 			t.Fatal(err)
 		}

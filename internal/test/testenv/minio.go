@@ -72,6 +72,12 @@ func StartMinIO(ctx context.Context, binary string) (*MinIOProcess, error) {
 // StartMinIOOn is StartMinIO on host's address (the one-node cluster's pods
 // reach the host at ClusterNodeIP, not on loopback).
 func StartMinIOOn(ctx context.Context, binary, host string) (*MinIOProcess, error) {
+	return StartMinIOAt(ctx, binary, host, "")
+}
+
+// StartMinIOAt is StartMinIOOn with its data in dir, made empty first ("":
+// a new temporary folder); Stop removes it.
+func StartMinIOAt(ctx context.Context, binary, host, dir string) (*MinIOProcess, error) {
 	if _, err := os.Stat(binary); err != nil {
 		return nil, fmt.Errorf("minio server %s: %w (run scripts/deps.sh minio)", binary, err)
 	}
@@ -83,8 +89,13 @@ func StartMinIOOn(ctx context.Context, binary, host string) (*MinIOProcess, erro
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kfelastic-minio-")
-	if err != nil {
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "kfelastic-minio-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	addr := net.JoinHostPort(host, strconv.Itoa(port))
