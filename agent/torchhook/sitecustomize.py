@@ -602,7 +602,8 @@ def _serve(listener_fd, alive_r, key_r, modules, imported):
     # Only the Python installation's modules stay (the standard library,
     # site- and dist-packages: torch, flytekit in an image): a worker
     # imports the user's modules afresh, as a spawned one does, so that
-    # what they read at their import (LOCAL_RANK) is the worker's.
+    # what they do at their import (a pid, a file, a random seed) is the
+    # worker's own.
     for name, module in list(sys.modules.items()):
         if name != "sitecustomize" and not _installed(module, installed):
             del sys.modules[name]
