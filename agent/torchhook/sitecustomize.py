@@ -441,28 +441,26 @@ def _refork():
     if modules is None or _server.get("used") or _unforkable():
         return
     import signal
-    from multiprocessing import forkserver, util
+    from multiprocessing import forkserver
 
     server = forkserver._forkserver
     if server._forkserver_pid != _server.get("pid"):
         return
-    names = ("_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address", "_forkserver_authkey")
-    old = {n: getattr(server, n) for n in names if hasattr(server, n)}
+    # The old server's state, in an object of its own that multiprocessing
+    # can stop.
+    old = type(server)()
+    old.__dict__.update(server.__dict__)
     server._forkserver_pid = None
     try:
         # Not where the command touched CUDA since (its fork could not use
         # it): the old server stays then.
         _fork_server(modules, _TARGET, check=True)
     except Exception:
-        for n, v in old.items():
-            setattr(server, n, v)
+        server.__dict__.update(old.__dict__)
         return
     try:
-        os.kill(old["_forkserver_pid"], signal.SIGKILL)
-        os.close(old["_forkserver_alive_fd"])
-        os.waitpid(old["_forkserver_pid"], 0)
-        if not util.is_abstract_socket_namespace(old["_forkserver_address"]):
-            os.unlink(old["_forkserver_address"])
+        os.kill(old._forkserver_pid, signal.SIGKILL)
+        old._stop_unlocked()
     except OSError:
         pass
     _server.update(pid=server._forkserver_pid, limits=_limits(), ids=_ids())
@@ -477,15 +475,11 @@ def _unforkable():
 
     if threading.current_thread() is not threading.main_thread():
         return "torch was imported off the main thread"
-    if threading.active_count() != 1:
-        return f"the command runs {threading.active_count()} threads"
     try:
-        tasks = len(os.listdir("/proc/self/task"))
+        threads = len(os.listdir("/proc/self/task"))  # Python's and native ones
     except OSError:
-        tasks = 1
-    if tasks != 1:
-        return f"the command runs {tasks} threads"
-    return ""
+        threads = threading.active_count()
+    return f"the command runs {threads} threads" if threads != 1 else ""
 
 
 def _fork_server(modules, imported, check=False):
@@ -596,16 +590,14 @@ def _serve(listener_fd, alive_r, key_r, modules, imported):
     # Those of the installation the server imports again itself (torch's
     # launcher, imported around torch elastic's multiprocessing).
     again = [n for n in partial if n != "__main__" and _installed(sys.modules[n], installed)]
-    for name in list(sys.modules):
-        if any(name == p or name.startswith(p + ".") for p in partial):
-            del sys.modules[name]
-    # Only the Python installation's modules stay (the standard library,
-    # site- and dist-packages: torch, flytekit in an image): a worker
-    # imports the user's modules afresh, as a spawned one does, so that
-    # what they do at their import (a pid, a file, a random seed) is the
-    # worker's own.
+    # Only the Python installation's whole modules stay (the standard
+    # library, site- and dist-packages: torch, flytekit in an image): a
+    # worker imports the user's modules afresh, as a spawned one does, so
+    # that what they do at their import (a pid, a file, a random seed) is
+    # the worker's own.
     for name, module in list(sys.modules.items()):
-        if name != "sitecustomize" and not _installed(module, installed):
+        half = any(name == p or name.startswith(p + ".") for p in partial)
+        if half or name != "sitecustomize" and not _installed(module, installed):
             del sys.modules[name]
     sys.modules.pop("__mp_main__", None)
     sys.modules["__main__"] = types.ModuleType("__main__")
@@ -679,7 +671,8 @@ def _installed_dirs():
 
 def _installed(module, dirs):
     # Whether a module comes from the Python installation (builtins too).
-    files = [getattr(module, "__file__", None)] if getattr(module, "__file__", None) else list(getattr(module, "__path__", None) or [])
+    file = getattr(module, "__file__", None)
+    files = [file] if file else list(getattr(module, "__path__", None) or [])
     return all(os.path.abspath(f).startswith(dirs) for f in files if isinstance(f, str))
 
 
