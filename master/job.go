@@ -397,6 +397,10 @@ type Job struct {
 	// failedAt is the failure time each pod of the latest round reported
 	// (pod/incarnation → time), for the next round's DepartedSince.
 	failedAt map[string]time.Time
+	// notReady is, by pod/incarnation, the node the Kubernetes node
+	// controller said was not ready under that pod (NodeNotReady); not
+	// durable: a restarted master's owner lists the events again.
+	notReady map[string]NodeNotReady
 
 	decisions   []Decision
 	decisionSeq int64
@@ -1281,6 +1285,78 @@ func (j *Job) PodGone(pod string, f kferrors.Failure, now time.Time) (Decision, 
 	return j.fail(rec, f, now), true
 }
 
+// NodeNotReady is the Kubernetes node controller's word that a pod's node
+// stopped reporting (its NodeNotReady event on the pod): Node is the node,
+// At when the controller said so, Condition the node's Ready condition in
+// words when the master could read it.
+type NodeNotReady struct {
+	Pod, Node, Condition string
+	At                   time.Time
+}
+
+// lost is the NodeLost message of a pod silent for silence on the node.
+func (n NodeNotReady) lost(pod string, silence time.Duration) string {
+	msg := fmt.Sprintf("pod %s lost its node %s: the node controller found the node not ready at %s, and the pod made no call for %s",
+		pod, n.Node, n.At.UTC().Format(time.RFC3339), silence.Round(time.Second))
+	if n.Condition != "" {
+		msg += "; the node's " + n.Condition
+	}
+	return msg
+}
+
+// NodeNotReady notes that a live pod's node is not ready. A node that
+// stopped reporting may still run the pod (a kubelet down, the API server
+// unreachable): the pod is taken out only when its agent is silent too,
+// then after a third of the heartbeat timeout instead of all of it, and
+// its NodeLost names the node; the relaunch avoids that node. An agent
+// that keeps calling keeps its pod training.
+func (j *Job) NodeNotReady(n NodeNotReady, now time.Time) (Decision, bool) {
+	defer j.settle(now)
+	rank, ok := j.byPod[n.Pod]
+	if !ok {
+		return Decision{}, false
+	}
+	rec := j.nodes[rank]
+	if rec.Pod != n.Pod || !rec.State.alive() || rec.Exclusion != nil {
+		return Decision{}, false
+	}
+	if j.notReady == nil {
+		j.notReady = make(map[string]NodeNotReady)
+	}
+	key := rec.Pod + "/" + rec.Incarnation
+	if _, seen := j.notReady[key]; !seen {
+		j.logf("warn", "the node controller says a pod's node is not ready", "rank", rec.Rank, "pod", rec.Pod, "node", n.Node,
+			"at", n.At, "last_seen", rec.LastSeen, "taken_out_if_silent_for", j.notReadySilence())
+	}
+	j.notReady[key] = n
+	if silence := now.Sub(rec.LastSeen); silence > j.notReadySilence() {
+		j.ready.Dead = append(j.ready.Dead, rec.Rank)
+		return j.fail(rec, kferrors.SystemFailure(kferrors.CodeNodeLost, n.lost(rec.Pod, silence), rec.Pod, now), now), true
+	}
+	return Decision{}, false
+}
+
+// nodeNotReady is what the node controller said of rec's node, if anything
+// since rec's agent started.
+func (j *Job) nodeNotReady(rec *Node) (NodeNotReady, bool) {
+	n, ok := j.notReady[rec.Pod+"/"+rec.Incarnation]
+	return n, ok
+}
+
+// notReadySilence is how long an agent on a node that is not ready may be
+// silent before its pod is taken out: two of the agents' default heartbeat
+// intervals at the default timeout.
+func (j *Job) notReadySilence() time.Duration { return j.cfg.HeartbeatTimeout / 3 }
+
+// silenceAllowed is how long rec's agent may make no call before the sweep
+// takes its pod out.
+func (j *Job) silenceAllowed(rec *Node) time.Duration {
+	if _, ok := j.nodeNotReady(rec); ok {
+		return j.notReadySilence()
+	}
+	return j.cfg.HeartbeatTimeout
+}
+
 // fail takes a live pod's rank out: a relaunch decision, an exclusion that
 // answers the pod's every later call (it is fenced off), a wake-up of the
 // others, and a stop of the job if too few nodes can run.
@@ -1302,6 +1378,7 @@ func (j *Job) takeOut(rec *Node, f kferrors.Failure, now time.Time) Decision {
 		j.failedAt = make(map[string]time.Time)
 	}
 	j.failedAt[rec.Pod+"/"+rec.Incarnation] = f.Time
+	delete(j.notReady, rec.Pod+"/"+rec.Incarnation)
 	kind, counted, why := j.cfg.Relaunch.Decide(f.Code, f.Recoverable, rec.Relaunches)
 	if j.closed() && kind != relaunch.None {
 		kind, counted, why = relaunch.None, false, "the rendezvous is closed (a node's workers succeeded): no round can take a relaunched pod"
@@ -1462,7 +1539,7 @@ func (j *Job) sweep(now time.Time) {
 		if !rec.State.alive() || rec.Exclusion != nil {
 			continue
 		}
-		if now.Sub(rec.LastSeen) > j.cfg.HeartbeatTimeout {
+		if now.Sub(rec.LastSeen) > j.silenceAllowed(rec) {
 			silent = append(silent, rec)
 		} else if rec.State == Joining && now.Sub(rec.JoinedAt) >= j.cfg.JoinTimeout {
 			late = append(late, rec)
@@ -1479,8 +1556,11 @@ func (j *Job) sweep(now time.Time) {
 		j.logf("warn", "node lost: no call within the heartbeat timeout", "rank", rec.Rank, "pod", rec.Pod,
 			"last_seen", rec.LastSeen, "heartbeat_timeout", j.cfg.HeartbeatTimeout)
 		j.ready.Dead = append(j.ready.Dead, rec.Rank)
-		f := kferrors.SystemFailure(kferrors.CodeNodeLost,
-			fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout), rec.Pod, now)
+		msg := fmt.Sprintf("pod %s made no call for %s (heartbeat timeout)", rec.Pod, j.cfg.HeartbeatTimeout)
+		if n, ok := j.nodeNotReady(rec); ok {
+			msg = n.lost(rec.Pod, now.Sub(rec.LastSeen))
+		}
+		f := kferrors.SystemFailure(kferrors.CodeNodeLost, msg, rec.Pod, now)
 		j.takeOut(rec, f, now)
 		j.checkReportMissing(rec.Rank, f.Code)
 	}

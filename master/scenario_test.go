@@ -33,6 +33,8 @@ import (
 //	                                 ready: when it reached its group
 //	leave w0 ok|CODE [user]          a pod's agent ends; CODE recoverable unless "user"
 //	gone w0 CODE                     the pod owner saw the pod die (OOMKilled, Evicted…)
+//	notready w0 node=n1 [condition=…] the node controller's NodeNotReady on w0's pod
+//	                                 (the node's condition, "_" for a space)
 //	die w0                           its agent stops calling (hung, cut off); nobody
 //	                                 tells the master (the simulator's silent death)
 //	tick                             time passes (timeouts, last call)
@@ -288,6 +290,15 @@ func (s *scenario) run(command string) string {
 		p := s.pod(f[1])
 		_, ok := s.job.PodGone(p.podName, kferrors.Failure{Code: f[2], Message: f[2], Recoverable: true}, s.now)
 		fmt.Fprintf(&b, "%s: gone (news to the master: %v)", p.name, ok)
+	case "notready":
+		p := s.pod(f[1])
+		a := s.args(f[2:])
+		n := NodeNotReady{Pod: p.podName, Node: a["node"], Condition: strings.ReplaceAll(a["condition"], "_", " "), At: s.now}
+		d, ok := s.job.NodeNotReady(n, s.now)
+		fmt.Fprintf(&b, "%s: node %s not ready (taken out: %v)", p.name, n.Node, ok)
+		if ok {
+			fmt.Fprintf(&b, ", relaunch=%s", KindName(d.Kind))
+		}
 	case "die":
 		p := s.pod(f[1])
 		p.left, p.round, p.task = true, 0, nil

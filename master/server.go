@@ -530,17 +530,24 @@ func (s *Server) confirmHeld(ctx context.Context) error {
 	if s.durable == nil {
 		return nil
 	}
-	return s.retryState(ctx, "cannot check that this master still holds the state; retrying (nothing is answered meanwhile)", s.durable.held)
+	return s.retryState(ctx, "check held", "cannot check that this master still holds the state; retrying (nothing is answered meanwhile)", s.durable.held)
 }
 
-// retryState runs op on the state, each try bounded, with backoff, until it
-// succeeds, fails for good (ErrFenced, ErrStateIO) or ctx ends.
-func (s *Server) retryState(ctx context.Context, msg string, op func(context.Context) error) error {
+// retryState runs op (named name in the logs) on the state, each try
+// bounded, with backoff, until it succeeds, fails for good (ErrFenced,
+// ErrStateIO) or ctx ends. A try slower than slowStateOp is logged with
+// its HTTP steps.
+func (s *Server) retryState(ctx context.Context, name, msg string, op func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		octx, trace := traceState(octx)
 		err := op(octx)
 		cancel()
+		if took := time.Since(trace.start); took > slowStateOp {
+			s.log.Warn("a state operation was slow; nothing was answered meanwhile", "op", name, "took", took.Round(time.Millisecond),
+				"attempt", attempt, "err", err, "steps", trace.String())
+		}
 		if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrStateIO) || ctx.Err() != nil {
 			return err
 		}
@@ -559,7 +566,7 @@ func (s *Server) retryState(ctx context.Context, msg string, op func(context.Con
 // the end of ctx) stops it. Nothing is acknowledged meanwhile.
 func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) error {
 	start := time.Now()
-	if err := s.retryState(ctx, "cannot write master state; retrying (nothing is acknowledged meanwhile)", func(ctx context.Context) error {
+	if err := s.retryState(ctx, "write batch", "cannot write master state; retrying (nothing is acknowledged meanwhile)", func(ctx context.Context) error {
 		return s.durable.append(ctx, records)
 	}); err != nil {
 		return err
@@ -787,6 +794,19 @@ func (s *Server) PodGone(ctx context.Context, pod string, f kferrors.Failure) er
 	c := newCall(nil)
 	c.apply = func(s *Server, now time.Time) {
 		_, news := s.job.PodGone(pod, f, now)
+		c.finish(news, nil)
+	}
+	_, err := s.do(ctx, c, 0, nil)
+	return err
+}
+
+// NodeNotReady hands the job the node controller's word that a pod's node
+// is not ready (Job.NodeNotReady): the pod is taken out now if its agent
+// is silent too, or later if it goes silent.
+func (s *Server) NodeNotReady(ctx context.Context, n NodeNotReady) error {
+	c := newCall(nil)
+	c.apply = func(s *Server, now time.Time) {
+		_, news := s.job.NodeNotReady(n, now)
 		c.finish(news, nil)
 	}
 	_, err := s.do(ctx, c, 0, nil)

@@ -197,6 +197,10 @@ type simRun struct {
 	served map[int64]bool
 	// draining: the drain runs (no faults, prompt agents).
 	draining bool
+	// notReady are the holders (pod/incarnation) whose node the node
+	// controller said was not ready: the sweep may take them out after a
+	// third of the heartbeat timeout.
+	notReady map[string]bool
 }
 
 // simTB turns the runner's fatal errors into a violation of the history
@@ -217,7 +221,7 @@ func newSimRun(t testing.TB) *simRun {
 }
 
 func simAround(s *scenario) *simRun {
-	return &simRun{s: s, agents: map[string]*simAgent{}, heard: map[int]simHeard{}, held: map[string][]string{},
+	return &simRun{s: s, agents: map[string]*simAgent{}, heard: map[int]simHeard{}, held: map[string][]string{}, notReady: map[string]bool{},
 		served: map[int64]bool{}}
 }
 
@@ -257,6 +261,15 @@ func (r *simRun) doOut(cmd string) (out string, ok bool) {
 	// A running agent that joins unasked restarts its workers (one
 	// failed, with restarts left): an event, as a failure is.
 	f := strings.Fields(cmd)
+	if f[0] == "notready" {
+		if p := r.s.pods[f[1]]; p != nil {
+			for _, n := range pre.nodes {
+				if n.Pod == p.podName {
+					r.notReady[n.Pod+"/"+n.Incarnation] = true
+				}
+			}
+		}
+	}
 	restarts := false
 	if f[0] == "join" {
 		if p, a := r.s.pods[f[1]], r.agents[f[1]]; p != nil && a != nil && p.round != 0 && !a.restart {
@@ -512,9 +525,13 @@ func (r *simRun) check(cmd string, pre simSnap, event bool) (string, string) {
 				silence -= st.credit
 			}
 		}
-		if silence <= cfg.HeartbeatTimeout {
-			return "stall", fmt.Sprintf("rank %d (%s) lost after %s of silence the master could answer in (heard at %s, heartbeat timeout %s)",
-				d.Rank, h.holder, silence, h.at.Sub(r.s.t0), cfg.HeartbeatTimeout)
+		allowed := cfg.HeartbeatTimeout
+		if r.notReady[h.holder] {
+			allowed /= 3
+		}
+		if silence <= allowed {
+			return "stall", fmt.Sprintf("rank %d (%s) lost after %s of silence the master could answer in (heard at %s, allowed %s)",
+				d.Rank, h.holder, silence, h.at.Sub(r.s.t0), allowed)
 		}
 	}
 	// Heard: a new holder, a holder's call, a restart's grace.
@@ -649,7 +666,7 @@ func (r *simRun) check(cmd string, pre simSnap, event bool) (string, string) {
 		r.quiet += int(round - pre.round)
 	}
 	switch {
-	case event, len(fresh) > 0, f[0] == "leave", f[0] == "gone", f[0] == "die", f[0] == "stall", f[0] == "master-restart":
+	case event, len(fresh) > 0, f[0] == "leave", f[0] == "gone", f[0] == "notready", f[0] == "die", f[0] == "stall", f[0] == "master-restart":
 		r.quiet = 0
 	case r.draining && r.quiet > simQuietRounds:
 		// Only in the drain, where every agent does at once what it is
@@ -943,6 +960,7 @@ func (g *simGen) next() []string {
 	})
 	add(2, len(live) > 0, func() []string { return []string{"die " + pick(live)} })
 	add(2, len(r.names) > 0, func() []string { return []string{"gone " + pick(r.names) + " " + pick(simPodCodes)} })
+	add(1, len(r.names) > 0, func() []string { return []string{"notready " + pick(r.names) + " node=n"} })
 	add(6, len(wanted) > 0, func() []string {
 		n := wanted[rng.IntN(len(wanted))]
 		if rng.IntN(2) == 0 {

@@ -251,8 +251,8 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	if w, ok := opts.Owner.(podWatcher); ok {
 		go w.WatchFor(ctx, s)
 	}
-	if w, ok := opts.Owner.(gpuFaultWatcher); ok {
-		go w.WatchGPUFaultsFor(ctx, s)
+	if w, ok := opts.Owner.(podWarningWatcher); ok {
+		go w.WatchPodWarningsFor(ctx, s)
 	}
 	cfg := s.Job()
 	log.Info("master serving", "listen", lis.Addr().String(), "job", cfg.JobID, "nnodes", strconv.Itoa(cfg.MinNodes)+":"+strconv.Itoa(cfg.MaxNodes),
@@ -272,10 +272,10 @@ func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error
 	return nil
 }
 
-// gpuFaultWatcher is an owner that also reports the GPU faults node
-// daemons record against the job's pods.
-type gpuFaultWatcher interface {
-	WatchGPUFaultsFor(ctx context.Context, s *master.Server)
+// podWarningWatcher is an owner that also reports the Warning events on
+// the job's pods the master acts on (GPU faults, nodes not ready).
+type podWarningWatcher interface {
+	WatchPodWarningsFor(ctx context.Context, s *master.Server)
 }
 
 // podWatcher is an owner that also reports pods that died without their

@@ -15,6 +15,7 @@ import (
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,7 +129,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		faults := make(chan GPUFault, 16)
 		ctx, cancel := context.WithCancel(e.ctx)
 		done := make(chan error, 1)
-		go func() { done <- e.owner.WatchGPUFaults(ctx, func(g GPUFault) { faults <- g }) }()
+		go func() { done <- e.owner.WatchPodWarnings(ctx, PodWarnings{GPUFault: func(g GPUFault) { faults <- g }}) }()
 		defer func() { cancel(); <-done }()
 		msg := "[gpu-health] [CRITICAL] Xid 79 (GPU has fallen off the bus) on GPU 3 GPU-1a2b. xid=79 severity=critical gpu_uuid=GPU-1a2b gpu_index=3 pci=0000:3b:00.0"
 		e.gpuEvent(t, w1, "BackOff", msg)
@@ -164,6 +165,79 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		case g := <-faults:
 			t.Errorf("a fault reported again or of a replaced pod: %+v", g)
 		case <-time.After(3 * time.Second):
+		}
+	})
+
+	// Issue 31: the node controller's NodeNotReady on a pod (recorded here
+	// as kube-controller-manager's MarkPodsNotReady does) reaches the
+	// master with the pod's node, from the master's Role: the node's own
+	// condition is read only once a ClusterRole grants get on nodes (the
+	// kwok node is Ready: the read is what is tested). The same reason from
+	// another source, and the event again, change nothing.
+	t.Run("NodeNotReadyEventNamesThePodsNode", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "notready")
+		e.watch(t)
+		w1 := e.waitRunning(t, "worker-1", "")
+		watch := func(o *Owner) (chan NodeNotReady, func()) {
+			got := make(chan NodeNotReady, 16)
+			ctx, cancel := context.WithCancel(e.ctx)
+			done := make(chan error, 1)
+			go func() { done <- o.WatchPodWarnings(ctx, PodWarnings{NodeNotReady: func(n NodeNotReady) { got <- n }}) }()
+			return got, func() { cancel(); <-done }
+		}
+		next := func(got chan NodeNotReady) NodeNotReady {
+			t.Helper()
+			select {
+			case n := <-got:
+				return n
+			case <-time.After(20 * time.Second):
+				t.Fatal("no NodeNotReady reported")
+				return NodeNotReady{}
+			}
+		}
+		got, stop := watch(e.owner)
+		e.warningEvent(t, w1, "someone", "NodeNotReady", "Node is not ready", time.Now())
+		at := time.Now().Add(-time.Second).Truncate(time.Second)
+		ev := e.warningEvent(t, w1, "node-controller", "NodeNotReady", "Node is not ready", at)
+		n := next(got)
+		if n.Pod != w1.Name || n.UID != string(w1.UID) || n.Node != nodes[0] || !n.At.Equal(at) || n.Condition != "" {
+			t.Fatalf("report %+v, want pod %s on %s at %s with no condition (the Role does not grant nodes)", n, w1.Name, nodes[0], at)
+		}
+		ev.Count++
+		if err := e.admin.Update(e.ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case n := <-got:
+			t.Errorf("reported again or from another source: %+v", n)
+		case <-time.After(2 * time.Second):
+		}
+		stop()
+
+		// A platform engineer grants the read the log asks for.
+		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-nodes"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}}}
+		binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-nodes"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: kfoperator.MasterAccountName(e.job0), Namespace: e.ns}}}
+		for _, o := range []client.Object{role, binding} {
+			if err := e.admin.Create(e.ctx, o); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.admin.Delete(context.Background(), o) })
+		}
+		// RBAC's authorizer learns of the binding through its informers.
+		for end := time.Now().Add(10 * time.Second); e.newOwner(t, relaunch.OOM{}).nodeCondition(e.ctx, nodes[0]) == ""; {
+			if time.Now().After(end) {
+				t.Fatal("the master's service account still may not read nodes 10 s after the binding")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		got, stop = watch(e.newOwner(t, relaunch.OOM{}))
+		defer stop()
+		n = next(got) // the event above, listed again by a new owner
+		if !strings.HasPrefix(n.Condition, "Ready=True (") {
+			t.Errorf("condition %q, want the kwok node's Ready condition", n.Condition)
 		}
 	})
 
@@ -462,6 +536,12 @@ func (e *jobEnv) gpuEvent(t *testing.T, p *corev1.Pod, reason, msg string) *core
 
 func (e *jobEnv) gpuEventAt(t *testing.T, p *corev1.Pod, reason, msg string, at time.Time) *corev1.Event {
 	t.Helper()
+	return e.warningEvent(t, p, "gpu-health", reason, msg, at)
+}
+
+// warningEvent records a Warning event against pod p from source.
+func (e *jobEnv) warningEvent(t *testing.T, p *corev1.Pod, source, reason, msg string, at time.Time) *corev1.Event {
+	t.Helper()
 	var r [4]byte
 	_, _ = rand.Read(r[:])
 	ev := &corev1.Event{
@@ -469,7 +549,7 @@ func (e *jobEnv) gpuEventAt(t *testing.T, p *corev1.Pod, reason, msg string, at 
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: e.ns, Name: p.Name, UID: p.UID, APIVersion: "v1"},
 		Reason:         reason, Message: msg, Type: corev1.EventTypeWarning, Count: 1,
 		FirstTimestamp: metav1.NewTime(at), LastTimestamp: metav1.NewTime(at),
-		Source: corev1.EventSource{Component: "gpu-health", Host: p.Spec.NodeName},
+		Source: corev1.EventSource{Component: source, Host: p.Spec.NodeName},
 	}
 	if err := e.admin.Create(e.ctx, ev); err != nil {
 		t.Fatal(err)

@@ -58,21 +58,34 @@ func (k *MasterOwner) WatchFor(ctx context.Context, s *master.Server) {
 	}
 }
 
-// WatchGPUFaultsFor hands s, until ctx ends, the critical GPU faults node
-// daemons report on the job's live pods (Owner.WatchGPUFaults): each takes
-// its pod out with the fault as its failure (Server.HardwareFault). A
-// user or warning fault is only logged: the workload's own error follows.
-func (k *MasterOwner) WatchGPUFaultsFor(ctx context.Context, s *master.Server) {
-	err := k.owner.WatchGPUFaults(ctx, func(g GPUFault) {
-		f, ok := g.Failure()
-		if !ok || g.Fault.Severity != kferrors.SeverityCritical {
-			return
-		}
-		go func() {
-			if err := s.HardwareFault(ctx, g.Pod, f, eventSuffix(g.EventUID)); err != nil && ctx.Err() == nil {
-				k.log.Warn("cannot report a pod's hardware fault to the master", "pod", g.Pod, "err", err)
+// WatchPodWarningsFor hands s, until ctx ends, the Warning events on the
+// job's live pods that it acts on (Owner.WatchPodWarnings): a critical GPU
+// fault a node daemon reports takes its pod out with the fault as its
+// failure (Server.HardwareFault; a user or warning fault is only logged:
+// the workload's own error follows), and the node controller's
+// NodeNotReady takes the pod out once its agent is silent too
+// (Server.NodeNotReady).
+func (k *MasterOwner) WatchPodWarningsFor(ctx context.Context, s *master.Server) {
+	err := k.owner.WatchPodWarnings(ctx, PodWarnings{
+		GPUFault: func(g GPUFault) {
+			f, ok := g.Failure()
+			if !ok || g.Fault.Severity != kferrors.SeverityCritical {
+				return
 			}
-		}()
+			go func() {
+				if err := s.HardwareFault(ctx, g.Pod, f, eventSuffix(g.EventUID)); err != nil && ctx.Err() == nil {
+					k.log.Warn("cannot report a pod's hardware fault to the master", "pod", g.Pod, "err", err)
+				}
+			}()
+		},
+		NodeNotReady: func(n NodeNotReady) {
+			go func() {
+				err := s.NodeNotReady(ctx, master.NodeNotReady{Pod: n.Pod, Node: n.Node, Condition: n.Condition, At: n.At})
+				if err != nil && ctx.Err() == nil {
+					k.log.Warn("cannot report a pod's node not ready to the master", "pod", n.Pod, "err", err)
+				}
+			}()
+		},
 	})
 	if err != nil && ctx.Err() == nil {
 		k.log.Error("event watch ended", "err", err)

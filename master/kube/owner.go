@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -113,6 +114,10 @@ type Owner struct {
 	// names are <job>-<replica type in lower case>-<index>.
 	names    *regexp.Regexp
 	selector string
+
+	// nodesForbidden: the API server refused to let the owner read a node
+	// (nodeCondition asks no more).
+	nodesForbidden atomic.Bool
 
 	mu sync.Mutex
 	// expect: pod name → what its next incarnation must satisfy.
