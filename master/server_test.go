@@ -60,7 +60,7 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv("KFELASTIC_TEST_MASTER"); addr != "" {
 		os.Exit(runMasterProcess(addr))
 	}
-	os.Exit(m.Run())
+	testenv.Main(m) // stops the MinIO a test started
 }
 
 func runMasterProcess(addr string) int {
