@@ -50,6 +50,9 @@ type Options struct {
 	OOMMaxIncrement string
 	OOMMaxMemory    string
 	MaxRelaunches   int
+	// TaintFailedNodes: the master taints the nodes it relaunches pods
+	// away from (master --taint-failed-nodes).
+	TaintFailedNodes bool
 }
 
 // badSpec is the error every builder returns for a template it refuses;

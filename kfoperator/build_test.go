@@ -500,3 +500,19 @@ func TestTFJobDynamicWorkers(t *testing.T) {
 		}
 	}
 }
+
+// The plugin's taintFailedNodes reaches the master as --taint-failed-nodes;
+// off by default (it needs a ClusterRole).
+func TestMasterTaintFlag(t *testing.T) {
+	two := int32(2)
+	worker := &kubeflowv1.ReplicaSpec{Replicas: &two}
+	for _, taint := range []bool{false, true} {
+		o := testOpts
+		o.TaintFailedNodes = taint
+		m := masterReplica(nil, worker, 2, 3, o)
+		args := strings.Join(m.Template.Spec.Containers[0].Args, " ")
+		if strings.Contains(args, "--taint-failed-nodes") != taint {
+			t.Errorf("TaintFailedNodes %v: master args %q", taint, args)
+		}
+	}
+}

@@ -314,6 +314,9 @@ func masterReplica(flyteMaster, worker *kubeflowv1.ReplicaSpec, min, max int32, 
 	if opts.ExcludeStraggler {
 		args = append(args, "--exclude-straggler")
 	}
+	if opts.TaintFailedNodes {
+		args = append(args, "--taint-failed-nodes")
+	}
 	c := corev1.Container{
 		Name:    kubeflowv1.PyTorchJobDefaultContainerName,
 		Image:   opts.AgentImage,

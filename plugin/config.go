@@ -41,6 +41,9 @@ type Config struct {
 	OOMMaxIncrement string `json:"oomMaxIncrement" pflag:",Largest memory increase of one OOM relaunch (a Kubernetes quantity)."`
 	OOMMaxMemory    string `json:"oomMaxMemory" pflag:",Memory cap of OOM relaunches (a Kubernetes quantity)."`
 	MaxRelaunches   int    `json:"maxRelaunches" pflag:",Relaunches per rank the master allows (preemptions not counted)."`
+	// TaintFailedNodes: the master also taints a node it relaunches a pod
+	// away from (needs a ClusterRole for the master's service account).
+	TaintFailedNodes bool `json:"taintFailedNodes" pflag:",The master also taints (kfelastic.io/unhealthy:NoSchedule) a node it relaunches a pod away from (a hardware fault,  a lost node,  a failed node check); needs get and update on nodes for the master's service account."`
 	// Agent behaviour for elastic tasks.
 	RDZVBackend      string          `json:"rdzvBackend" pflag:",Rendezvous backend when the task's ElasticConfig leaves it empty."`
 	NetworkCheck     bool            `json:"networkCheck" pflag:",Run the node health check before training (agent --network-check)."`

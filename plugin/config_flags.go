@@ -61,6 +61,7 @@ func (cfg Config) GetPFlagSet(prefix string) *pflag.FlagSet {
 	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "oomMaxIncrement"), defaultConfig.OOMMaxIncrement, "Largest memory increase of one OOM relaunch (a Kubernetes quantity).")
 	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "oomMaxMemory"), defaultConfig.OOMMaxMemory, "Memory cap of OOM relaunches (a Kubernetes quantity).")
 	cmdFlags.Int(fmt.Sprintf("%v%v", prefix, "maxRelaunches"), defaultConfig.MaxRelaunches, "Relaunches per rank the master allows (preemptions not counted).")
+	cmdFlags.Bool(fmt.Sprintf("%v%v", prefix, "taintFailedNodes"), defaultConfig.TaintFailedNodes, "The master also taints (kfelastic.io/unhealthy:NoSchedule) a node it relaunches a pod away from (a hardware fault,  a lost node,  a failed node check); needs get and update on nodes for the master's service account.")
 	cmdFlags.String(fmt.Sprintf("%v%v", prefix, "rdzvBackend"), defaultConfig.RDZVBackend, "Rendezvous backend when the task's ElasticConfig leaves it empty.")
 	cmdFlags.Bool(fmt.Sprintf("%v%v", prefix, "networkCheck"), defaultConfig.NetworkCheck, "Run the node health check before training (agent --network-check).")
 	cmdFlags.Bool(fmt.Sprintf("%v%v", prefix, "excludeStraggler"), defaultConfig.ExcludeStraggler, "Exit stragglers found by the health check (agent --exclude-straggler).")

@@ -267,6 +267,20 @@ func TestConfig_SetFlags(t *testing.T) {
 			}
 		})
 	})
+	t.Run("Test_taintFailedNodes", func(t *testing.T) {
+
+		t.Run("Override", func(t *testing.T) {
+			testValue := "1"
+
+			cmdFlags.Set("taintFailedNodes", testValue)
+			if vBool, err := cmdFlags.GetBool("taintFailedNodes"); err == nil {
+				testDecodeJson_Config(t, fmt.Sprintf("%v", vBool), &actual.TaintFailedNodes)
+
+			} else {
+				assert.FailNow(t, err.Error())
+			}
+		})
+	})
 	t.Run("Test_networkCheck", func(t *testing.T) {
 
 		t.Run("Override", func(t *testing.T) {

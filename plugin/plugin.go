@@ -206,6 +206,7 @@ func (p *Plugin) options(taskCtx pluginsCore.TaskExecutionContext, cfg *Config) 
 		OOMMaxIncrement:  cfg.OOMMaxIncrement,
 		OOMMaxMemory:     cfg.OOMMaxMemory,
 		MaxRelaunches:    cfg.MaxRelaunches,
+		TaintFailedNodes: cfg.TaintFailedNodes,
 	}
 	if cfg.OOMFactor != "" {
 		f, err := strconv.ParseFloat(cfg.OOMFactor, 64)

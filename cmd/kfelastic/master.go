@@ -17,6 +17,7 @@ import (
 
 	"github.com/kfelastic/kfelastic/internal/jobtoken"
 	"github.com/kfelastic/kfelastic/master"
+	"github.com/kfelastic/kfelastic/master/kube"
 	"github.com/kfelastic/kfelastic/master/relaunch"
 )
 
@@ -45,6 +46,7 @@ type masterFlags struct {
 	metricsListen     string
 	kubeNamespace     string
 	kubeJob           string
+	taintFailedNodes  bool
 	errorPrefix       string
 	transport         string
 }
@@ -107,6 +109,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HOST:PORT to serve Prometheus metrics on /metrics (empty: off)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "", "with --kube-job: carry out relaunch decisions on this Kubernetes namespace's PyTorchJob (in-cluster credentials)")
 	fl.StringVar(&f.kubeJob, "kube-job", "", "the PyTorchJob whose pods this master owns (see --kube-namespace)")
+	fl.BoolVar(&f.taintFailedNodes, "taint-failed-nodes", false, "with --kube-job: also taint ("+kube.UnhealthyTaint+":NoSchedule) a node a pod is relaunched away from (hardware fault, lost node, failed node check); needs get and update on nodes (a ClusterRole)")
 	fl.StringVar(&f.transport, "transport", "", "how the gRPC service is served: lean (the master's own HTTP/2 server: under half of grpc-go's memory per agent) or grpc (grpc-go's server, to fall back on); empty: $"+master.TransportEnv+", else "+string(master.DefaultTransport)+" (docs/DESIGN.md §5.11)")
 	fl.StringVar(&f.errorPrefix, "error-prefix", "", "the job's error prefix (the agents'): the master appends a relaunch event there for each relaunch it decides, for kfelastic report (empty: none)")
 	return cmd
@@ -208,7 +211,7 @@ func quantity(flag, s string) (int64, error) {
 func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error {
 	log := opts.Logger
 	if f.kubeJob != "" {
-		owner, err := kubeOwner(f.kubeNamespace, f.kubeJob, opts.Job.Relaunch.OOM, log)
+		owner, err := kubeOwner(f.kubeNamespace, f.kubeJob, opts.Job.Relaunch.OOM, f.taintFailedNodes, log)
 		if err != nil {
 			return err
 		}

@@ -9,12 +9,12 @@ import (
 
 // kubeOwner is the master's pod owner on Kubernetes (master/kube) with the
 // in-cluster credentials of the account the plugin made for it.
-func kubeOwner(namespace, job string, oom relaunch.OOM, log *slog.Logger) (*kube.MasterOwner, error) {
+func kubeOwner(namespace, job string, oom relaunch.OOM, taint bool, log *slog.Logger) (*kube.MasterOwner, error) {
 	cfg, err := kube.InCluster(namespace, job)
 	if err != nil {
 		return nil, err
 	}
-	cfg.OOM, cfg.Logger = oom, log
+	cfg.OOM, cfg.Logger, cfg.TaintNodes = oom, log, taint
 	o, err := kube.New(cfg)
 	if err != nil {
 		return nil, err

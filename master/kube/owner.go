@@ -57,6 +57,11 @@ type Config struct {
 	// may stay terminating (its kubelet is gone) before it is deleted with
 	// no grace, so that the operator can recreate it; default 30 s.
 	ForceAfter time.Duration
+	// TaintNodes also taints the node an avoid-host relaunch leaves
+	// (UnhealthyTaint, NoSchedule), so that other workloads stay off it
+	// too. Off by default: it needs a ClusterRole (get and update on
+	// nodes), and it changes the cluster beyond the job.
+	TaintNodes bool
 }
 
 // Action is one relaunch decision for the owner to carry out.
@@ -116,8 +121,8 @@ type Owner struct {
 	selector string
 
 	// nodesForbidden: the API server refused to let the owner read a node
-	// (nodeCondition asks no more).
-	nodesForbidden atomic.Bool
+	// (nodeCondition asks no more); taintForbidden: to taint one.
+	nodesForbidden, taintForbidden atomic.Bool
 
 	mu sync.Mutex
 	// expect: pod name → what its next incarnation must satisfy.
@@ -266,6 +271,9 @@ func (o *Owner) Carry(ctx context.Context, a Action) error {
 	rec, err := o.editJob(ctx, a, failed, log)
 	if err != nil {
 		return err
+	}
+	if o.cfg.TaintNodes && rec.Host != "" {
+		o.taintNode(ctx, rec.Host, a.Reason, log)
 	}
 	o.addExpectation(a.Pod, rec)
 	if current == nil {
