@@ -32,6 +32,20 @@ type podProc struct {
 	cg      *Cgroup
 	started time.Time
 	done    chan struct{}
+	// sems are the named semaphores the pod's processes had mapped when
+	// the engine killed them (killPod), unlinked when the pod has exited.
+	semMu sync.Mutex
+	sems  []string
+}
+
+// killing kills pids with SIGKILL, first noting the named semaphores they
+// have mapped for exited to unlink (semaphores).
+func (p *podProc) killing(pids []int) {
+	found := semaphores(pids)
+	p.semMu.Lock()
+	p.sems = append(p.sems, found...)
+	p.semMu.Unlock()
+	killAll(pids, syscall.SIGKILL)
 }
 
 // start runs a pod's agent (with e.mu held) and returns its pid.
@@ -175,7 +189,10 @@ func (e *Engine) exited(p *podProc, werr error) {
 	ws, _ := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	// Whatever the agent left behind (its guardian kills its workers; a
 	// SIGKILLed pod may leave a helper): the pod is gone as a whole.
-	killAll(append(descendants(p.cmd.Process.Pid), p.cg.Procs()...), syscall.SIGKILL)
+	p.killing(podPids(p))
+	p.semMu.Lock()
+	unlinkSemaphores(p.sems)
+	p.semMu.Unlock()
 	end := PodEnd{Succeeded: werr == nil, OOMKilled: p.cg.OOMKills() > 0}
 	if ws.Signaled() {
 		end.Signal = ws.Signal()
@@ -291,7 +308,7 @@ func (e *Engine) killPod(p *podProc, cause string) {
 	e.update(func(j *Job) { j.Caused(p.pod.Name, cause) })
 	pid := p.cmd.Process.Pid
 	for range 3 { // SIGKILL stops nothing from forking in between: twice more
-		killAll(append(descendants(pid), p.cg.Procs()...), syscall.SIGKILL)
+		p.killing(podPids(p))
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 }
