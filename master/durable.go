@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gocloud.dev/blob"
@@ -625,11 +626,18 @@ func (d *durableLog) wantsSnapshot() bool {
 // replaces. A crash in between leaves both, which loads the same; on a
 // file:// state the snapshot is fsynced before anything is deleted, and
 // this master goes on in a new segment (rollSegment).
-func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) error {
+//
+// On other stores the batches it replaces are an object each, up to
+// snapshotEveryBatches of them: their deletion is returned as prune, for
+// the caller to run off the master's loop (a thousand deletes one after
+// the other held the loop, and so every node's call, ≈7 s on MinIO). nil
+// when there is nothing to delete. Until prune has run the old batches are
+// still there, which loads the same.
+func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) (prune func(context.Context) error, err error) {
 	seq := d.seq
 	data, err := proto.Marshal(&masterpb.StateFile{Format: stateFormat, Job: d.job, Seq: seq, Snapshot: true, Records: all, TokenFingerprint: d.fingerprint})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	key := seqKey(snapDir, seq)
 	if d.dir != "" {
@@ -642,30 +650,33 @@ func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) 
 	}
 	if err != nil {
 		d.snapshotDelay = snapshotEveryBatches / 10
-		return err
+		return nil, err
 	}
-	var firstErr error
-	del := func(key string) {
-		if err := d.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound && firstErr == nil {
-			firstErr = err
-		}
-	}
+	var old []string
 	// Oldest first: a master fenced earlier looks for the segment after
 	// its own before its own (segment.held).
 	for _, g := range d.segments {
 		if d.seg != nil && g < d.seg.gen {
-			del(segKey(g))
-		}
-	}
-	for _, s := range d.logs {
-		if s <= seq {
-			del(seqKey(logDir, s))
+			old = append(old, segKey(g))
 		}
 	}
 	for _, s := range d.snapshots {
 		if s < seq {
-			del(seqKey(snapDir, s))
+			old = append(old, seqKey(snapDir, s))
 		}
+	}
+	// The segments and snapshots, a few, go now (a fenced master finds
+	// its segment gone); the batches are prune's.
+	err = deleteKeys(ctx, d.bucket, old, 1)
+	var batches []string
+	for _, s := range d.logs {
+		if s <= seq {
+			batches = append(batches, seqKey(logDir, s))
+		}
+	}
+	if len(batches) > 0 {
+		bucket := d.bucket
+		prune = func(ctx context.Context) error { return deleteKeys(ctx, bucket, batches, pruneConcurrency) }
 	}
 	if d.seg != nil {
 		d.segments = []uint64{d.seg.gen}
@@ -673,6 +684,35 @@ func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) 
 	d.logs = slices.DeleteFunc(d.logs, func(s uint64) bool { return s <= seq })
 	d.snapshots = []uint64{seq}
 	d.batches, d.bytes = 0, 0
+	return prune, err
+}
+
+// pruneConcurrency is how many deletes a snapshot's prune has in flight.
+const pruneConcurrency = 8
+
+// deleteKeys deletes keys, n at a time; a key already gone is no error.
+// It returns the first error, having tried every key.
+func deleteKeys(ctx context.Context, b *blob.Bucket, keys []string, n int) error {
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+		slots    = make(chan struct{}, n)
+	)
+	for _, k := range keys {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := b.Delete(ctx, k); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
 	return firstErr
 }
 

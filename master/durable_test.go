@@ -146,8 +146,23 @@ func TestDurableLogSnapshotAndReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := d.snapshot(ctx, all); err != nil {
+			before, _ := filepath.Glob(filepath.Join(dir, "log", "*"))
+			prune, err := d.snapshot(ctx, all)
+			if err != nil {
 				t.Fatal(err)
+			}
+			// The batches an object store holds one per object are the
+			// prune's, run off the loop; the segment goes at once.
+			if (prune != nil) != (kind == "objects") {
+				t.Fatalf("%s: prune %v", kind, prune != nil)
+			}
+			if prune != nil {
+				if logs, _ := filepath.Glob(filepath.Join(dir, "log", "*")); len(logs) != len(before) {
+					t.Errorf("batches before the prune: %v, want those of before the snapshot, %v", logs, before)
+				}
+				if err := prune(ctx); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := d.append(ctx, []*masterpb.StateRecord{kvRecord("a", "latest")}); err != nil {
 				t.Fatal(err)

@@ -118,8 +118,9 @@ type Server struct {
 
 	decisions chan Decision
 	// superseding counts the departed pods' moves under way
-	// (supersedeAfterRound).
-	superseding sync.WaitGroup
+	// (supersedeAfterRound); pruning the deletions of batches a snapshot
+	// replaced (persist).
+	superseding, pruning sync.WaitGroup
 }
 
 // A call is one request as the loop sees it: apply runs in the loop and
@@ -321,6 +322,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer close(s.done)
 	defer s.superseding.Wait()
 	defer s.closeBucket()
+	defer s.pruning.Wait() // before the bucket closes
 	owner, stopOwner := s.startOwner(ctx)
 	defer stopOwner()
 	evlog, err := podevents.OpenAppender(ctx, s.opts.EventsURL, s.log, 10*time.Second, 5*time.Second)
@@ -579,9 +581,23 @@ func (s *Server) persist(ctx context.Context, records []*masterpb.StateRecord) e
 		all = append(all, storeRecords(kvs, sessions)...)
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		if err := s.durable.snapshot(wctx, all); err != nil {
+		prune, err := s.durable.snapshot(wctx, all)
+		if err != nil {
 			// The log still holds everything; a later batch tries again.
 			s.log.Warn("cannot write master state snapshot", "err", err)
+		}
+		if prune != nil {
+			s.pruning.Go(func() {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+				defer cancel()
+				start := time.Now()
+				if err := prune(pctx); err != nil && ctx.Err() == nil {
+					// They load the same; they only take room.
+					s.log.Warn("cannot delete every batch the snapshot replaced; they stay, and a restarted master skips them", "err", err)
+					return
+				}
+				s.log.Debug("deleted the batches the snapshot replaced", "took", time.Since(start))
+			})
 		}
 	}
 	return nil
