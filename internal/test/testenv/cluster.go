@@ -77,6 +77,17 @@ const (
 	InitImage = "kfelastic.local/init:1"
 
 	clusterBridge     = "kfe0"
+	// bridgeMAC is the bridge's own address, set once (locally
+	// administered). A bridge whose address the kernel chose takes the
+	// lowest of its ports' instead, so it changed whenever a pod's veth came
+	// or went with a lower one: the pods' ARP entries for the node then
+	// named a MAC nobody answered to until the kernel probed again, and a
+	// pod's connection to the node (MinIO, the API server) went unanswered
+	// for ≈6.6 s (TCP retransmits while the neighbour entry went from
+	// DELAY to PROBE). A master's state check stalled that long just after
+	// a pod was deleted, in 3 of 8 bench-e2e runs; docker and the CNI
+	// bridge plugin set their bridges' address for the same reason.
+	bridgeMAC = "02:6b:66:65:00:01"
 	podSubnet         = "10.77.0.0/16"
 	serviceSubnet     = "10.78.0.0/24"
 	kubernetesService = "10.78.0.1"
@@ -308,6 +319,7 @@ func lockFile(ctx context.Context, path string) (*os.File, error) {
 func (c *Cluster) bridge() error {
 	for _, args := range [][]string{
 		{"link", "add", clusterBridge, "type", "bridge"},
+		{"link", "set", clusterBridge, "address", bridgeMAC},
 		{"addr", "add", ClusterNodeIP + "/16", "dev", clusterBridge},
 		{"addr", "add", kubernetesService + "/32", "dev", clusterBridge},
 		{"link", "set", clusterBridge, "up"},
