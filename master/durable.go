@@ -630,7 +630,8 @@ func (d *durableLog) wantsSnapshot() bool {
 // On other stores the batches it replaces are an object each, up to
 // snapshotEveryBatches of them: their deletion is returned as prune, for
 // the caller to run off the master's loop (a thousand deletes one after
-// the other held the loop, and so every node's call, ≈7 s on MinIO). nil
+// the other held the loop, and so every node's call, for a thousand round
+// trips to the store). nil
 // when there is nothing to delete. Until prune has run the old batches are
 // still there, which loads the same.
 func (d *durableLog) snapshot(ctx context.Context, all []*masterpb.StateRecord) (prune func(context.Context) error, err error) {
