@@ -76,7 +76,7 @@ const (
 	// --pytorch-init-container-image=InitImage.
 	InitImage = "kfelastic.local/init:1"
 
-	clusterBridge     = "kfe0"
+	clusterBridge = "kfe0"
 	// bridgeMAC is the bridge's own address, set once (locally
 	// administered). A bridge whose address the kernel chose takes the
 	// lowest of its ports' instead, so it changed whenever a pod's veth came
@@ -87,7 +87,7 @@ const (
 	// DELAY to PROBE). A master's state check stalled that long just after
 	// a pod was deleted, in 3 of 8 bench-e2e runs; docker and the CNI
 	// bridge plugin set their bridges' address for the same reason.
-	bridgeMAC = "02:6b:66:65:00:01"
+	bridgeMAC         = "02:6b:66:65:00:01"
 	podSubnet         = "10.77.0.0/16"
 	serviceSubnet     = "10.78.0.0/24"
 	kubernetesService = "10.78.0.1"
