@@ -188,11 +188,12 @@ func (e *Engine) exited(p *podProc, werr error) {
 	close(p.done)
 	ws, _ := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	// Whatever the agent left behind (its guardian kills its workers; a
-	// SIGKILLed pod may leave a helper): the pod is gone as a whole.
-	p.killing(podPids(p))
-	p.semMu.Lock()
-	unlinkSemaphores(p.sems)
-	p.semMu.Unlock()
+	// SIGKILLed pod may leave a helper): the pod is gone as a whole. A
+	// Python resource tracker left behind unlinks its process's semaphores
+	// once the processes it serves are gone: it gets a moment to finish
+	// after them, off this path (below), and is killed then if still there.
+	trackers, others := splitTrackers(podPids(p))
+	p.killing(others)
 	end := PodEnd{Succeeded: werr == nil, OOMKilled: p.cg.OOMKills() > 0}
 	if ws.Signaled() {
 		end.Signal = ws.Signal()
@@ -212,6 +213,11 @@ func (e *Engine) exited(p *podProc, werr error) {
 		tfFailure = e.tfFailure(p, ending, now)
 	}
 	go func() {
+		awaitTrackers(trackers, 2*time.Second)
+		p.killing(trackers)
+		p.semMu.Lock()
+		unlinkSemaphores(p.sems)
+		p.semMu.Unlock()
 		for range 50 {
 			if os.Remove(p.cg.mem) == nil || p.cg.mem == "" {
 				break

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -356,5 +357,32 @@ func semaphores(pids []int) []string {
 func unlinkSemaphores(paths []string) {
 	for _, p := range paths {
 		_ = os.Remove(p)
+	}
+}
+
+// splitTrackers parts pids into Python multiprocessing's resource trackers
+// and the rest. A tracker outlives the process it serves by the time it
+// takes to unlink that process's semaphores (it ignores SIGTERM and
+// SIGINT, and ends when its pipe closes): killed with it, it leaves them
+// in /dev/shm, where nothing of the pod maps them any more.
+func splitTrackers(pids []int) (trackers, others []int) {
+	for _, pid := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, []byte("multiprocessing.resource_tracker")) {
+			trackers = append(trackers, pid)
+		} else {
+			others = append(others, pid)
+		}
+	}
+	return trackers, others
+}
+
+// awaitTrackers waits, up to limit, for the trackers to exit (or be
+// zombies).
+func awaitTrackers(trackers []int, limit time.Duration) {
+	for end := time.Now().Add(limit); len(trackers) > 0 && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		trackers = slices.DeleteFunc(trackers, func(pid int) bool {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || bytes.Contains(st, []byte(") Z "))
+		})
 	}
 }
