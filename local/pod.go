@@ -16,6 +16,7 @@ import (
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/shmsem"
 )
 
 // The pods' processes: the engine's I/O around the Job's bookkeeping. Each
@@ -41,7 +42,7 @@ type podProc struct {
 // killing kills pids with SIGKILL, first noting the named semaphores they
 // have mapped for exited to unlink (semaphores).
 func (p *podProc) killing(pids []int) {
-	found := semaphores(pids)
+	found := shmsem.Mapped(pids)
 	p.semMu.Lock()
 	p.sems = append(p.sems, found...)
 	p.semMu.Unlock()
@@ -216,7 +217,7 @@ func (e *Engine) exited(p *podProc, werr error) {
 		awaitTrackers(trackers, 2*time.Second)
 		p.killing(trackers)
 		p.semMu.Lock()
-		unlinkSemaphores(p.sems)
+		shmsem.Unlink(p.sems)
 		p.semMu.Unlock()
 		for range 50 {
 			if os.Remove(p.cg.mem) == nil || p.cg.mem == "" {

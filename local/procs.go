@@ -10,8 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Processes of a pod are found the way a node agent would: the pod's
@@ -292,71 +290,6 @@ func (l *Limits) Remove() {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// semaphores are the POSIX named semaphores (/dev/shm/sem.*) that pids
-// have mapped and that still have a name. Python's multiprocessing names
-// one for each lock and queue it makes under spawn and forkserver (torch
-// 1.13's error queues among them) and leaves their unlinking to its
-// resource tracker: a pod killed together with its tracker would leave
-// them in the machine's /dev/shm for good. A Kubernetes pod's /dev/shm
-// goes with the pod; the local engine's pods share the machine's, so the
-// engine unlinks them (unlinkSemaphores) once the pod's processes are gone.
-//
-// glibc's sem_open maps a temporary file and links it under the name, so
-// a process's maps show the temporary name, deleted: the names are found
-// by the mapped files' device and inode.
-func semaphores(pids []int) []string {
-	type file struct{ dev, ino uint64 }
-	mapped := map[file]bool{}
-	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-		if err != nil {
-			continue
-		}
-		for line := range strings.SplitSeq(string(b), "\n") {
-			// address perms offset major:minor inode path
-			f := strings.Fields(line)
-			if len(f) < 6 || !strings.HasPrefix(f[5], "/dev/shm/sem.") {
-				continue
-			}
-			major, minor, ok := strings.Cut(f[3], ":")
-			ma, err1 := strconv.ParseUint(major, 16, 32)
-			mi, err2 := strconv.ParseUint(minor, 16, 32)
-			ino, err3 := strconv.ParseUint(f[4], 10, 64)
-			if ok && err1 == nil && err2 == nil && err3 == nil {
-				mapped[file{unix.Mkdev(uint32(ma), uint32(mi)), ino}] = true
-			}
-		}
-	}
-	if len(mapped) == 0 {
-		return nil
-	}
-	entries, err := os.ReadDir("/dev/shm")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "sem.") {
-			continue
-		}
-		path := filepath.Join("/dev/shm", e.Name())
-		var st syscall.Stat_t
-		if syscall.Lstat(path, &st) == nil && mapped[file{st.Dev, st.Ino}] {
-			out = append(out, path)
-		}
-	}
-	return out
-}
-
-// unlinkSemaphores removes the named semaphores semaphores found, once
-// nothing of the pod that mapped them runs (a name already gone is fine:
-// the tracker got there first).
-func unlinkSemaphores(paths []string) {
-	for _, p := range paths {
-		_ = os.Remove(p)
 	}
 }
 

@@ -214,10 +214,9 @@ func commandScenario11WorkerZeroLost(t *testing.T, py string) {
 		p.waitFor(t, step, 90*time.Second)
 	}
 	killed := time.Now()
-	if err := syscall.Kill(-p0.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := p0.killGroup(); err != nil {
 		t.Fatal(err)
 	}
-	_ = p0.cmd.Wait()
 	r0 := j.pod(0)
 	// Resumed: a 3-wide world from the checkpoint (start > 0, which only a
 	// restart after the kill shows). torch's count of the restart is its
@@ -286,10 +285,9 @@ func upstreamLayoutWorkerZeroLostFails(t *testing.T, py string) {
 	for _, p := range []*proc{p0, p1, p2} {
 		p.waitFor(t, step, 90*time.Second)
 	}
-	if err := syscall.Kill(-p0.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := p0.killGroup(); err != nil {
 		t.Fatal(err)
 	}
-	_ = p0.cmd.Wait()
 	r0 := pod()
 	// flytekit exits 0 after writing the pod's error document: a pod that
 	// failed says so there and in its log.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/internal/shmsem"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
@@ -62,11 +63,24 @@ func startProc(t *testing.T, env []string, bin string, args ...string) *proc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		_ = p.cmd.Wait()
-	})
+	t.Cleanup(func() { _ = p.killGroup() })
 	return p
+}
+
+// killGroup SIGKILLs the process's group (a pod whose machine died) and
+// waits for it; then it unlinks the POSIX semaphores the group had mapped:
+// its Python resource tracker, killed with it, cannot (a Kubernetes pod's
+// /dev/shm would go with the pod; these share the machine's).
+func (p *proc) killGroup() error {
+	pgid := p.cmd.Process.Pid
+	sems := shmsem.Mapped(shmsem.Group(pgid))
+	err := syscall.Kill(-pgid, syscall.SIGKILL)
+	_ = p.cmd.Wait()
+	for end := time.Now().Add(5 * time.Second); len(shmsem.Group(pgid)) > 0 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	shmsem.Unlink(sems)
+	return err
 }
 
 func (p *proc) waitFor(t *testing.T, re *regexp.Regexp, d time.Duration) {
