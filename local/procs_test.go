@@ -1,43 +1,20 @@
 package local
 
 import (
-	"bufio"
 	"os"
-	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // A pod whose main process ends leaves its resource tracker unlinking the
 // semaphores: the engine finds the tracker, kills the rest first, and
 // gives the tracker its moment, after which nothing is left in /dev/shm.
 func TestResourceTrackerFinishesBeforeTheKill(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3 on PATH")
-	}
-	cmd := exec.Command(py, "-c", `
-import multiprocessing as mp, time
-lock = mp.get_context("spawn").Lock()
-print(lock._semlock.name, flush=True)
-time.sleep(60)
-`)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() {
-		t.Fatal("python printed no semaphore name")
-	}
-	path := "/dev/shm/sem." + strings.TrimPrefix(sc.Text(), "/")
+	cmd, paths := testenv.PythonHoldingSemaphores(t, 1)
+	path := paths[0]
 	trackers, others := splitTrackers(descendants(cmd.Process.Pid))
 	if len(trackers) != 1 || len(others) != 1 || others[0] != cmd.Process.Pid {
 		t.Fatalf("trackers %v, others %v, want one tracker and python %d", trackers, others, cmd.Process.Pid)
