@@ -67,16 +67,36 @@ func startProc(t *testing.T, env []string, bin string, args ...string) *proc {
 	return p
 }
 
-// killGroup SIGKILLs the process's group (a pod whose machine died) and
-// waits for it; then it unlinks the POSIX semaphores the group had mapped:
-// its Python resource tracker, killed with it, cannot (a Kubernetes pod's
-// /dev/shm would go with the pod; these share the machine's).
+// killGroup SIGKILLs the process's group and every process below it (a
+// pod whose machine died: the agent starts its command in a group of its
+// own) and waits for them; then it unlinks the POSIX semaphores they had
+// mapped: their Python resource tracker, killed with them, cannot (a
+// Kubernetes pod's /dev/shm would go with the pod; these share the
+// machine's).
 func (p *proc) killGroup() error {
 	pgid := p.cmd.Process.Pid
-	sems := shmsem.Mapped(shmsem.Group(pgid))
+	if p.cmd.ProcessState != nil {
+		// Waited for already: its pid may be another process's now, so
+		// only its group's leftovers are killed, as before.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		return nil
+	}
+	pids := append(shmsem.Tree(pgid), shmsem.Group(pgid)...)
+	sems := shmsem.Mapped(pids)
 	err := syscall.Kill(-pgid, syscall.SIGKILL)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	_ = p.cmd.Wait()
-	for end := time.Now().Add(5 * time.Second); len(shmsem.Group(pgid)) > 0 && time.Now().Before(end); {
+	alive := func() bool {
+		for _, pid := range pids {
+			if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z ") {
+				return true
+			}
+		}
+		return false
+	}
+	for end := time.Now().Add(5 * time.Second); alive() && time.Now().Before(end); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	shmsem.Unlink(sems)
