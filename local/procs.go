@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kfelastic/kfelastic/internal/shmsem"
 )
 
 // Processes of a pod are found the way a node agent would: the pod's
@@ -18,46 +20,7 @@ import (
 // process groups of their own, so the agent's group alone misses them).
 
 // descendants returns pid and every process below it.
-func descendants(pid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return []int{pid}
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if pp, ok := parentOf(p); ok {
-			children[pp] = append(children[pp], p)
-		}
-	}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
-	}
-	return out
-}
-
-// parentOf reads a process's parent from /proc/PID/stat (the field after
-// the parenthesised command, which may itself hold spaces and parentheses).
-func parentOf(pid int) (int, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, false
-	}
-	pp, err := strconv.Atoi(f[1])
-	return pp, err == nil
-}
+func descendants(pid int) []int { return shmsem.Tree(pid) }
 
 // environ is a process's initial environment (what it was exec'd with).
 func environ(pid int) map[string]string {

@@ -79,14 +79,42 @@ func Unlink(paths []string) {
 	}
 }
 
-// Group is the processes of process group pgid, found in /proc (pgrp,
-// the fifth field of /proc/PID/stat).
+// Group is the processes of process group pgid, found in /proc.
 func Group(pgid int) []int {
+	var out []int
+	for _, p := range procs() {
+		if p.pgrp == pgid {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// Tree is pid and every process below it, found in /proc (a process may
+// start its children in process groups of their own, which Group misses).
+func Tree(pid int) []int {
+	children := map[int][]int{}
+	for _, p := range procs() {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
+}
+
+// proc is a process's ids as /proc/PID/stat gives them.
+type proc struct{ pid, ppid, pgrp int }
+
+// procs is every process now: the fields after the parenthesised command
+// (which may itself hold spaces and parentheses) are state, ppid, pgrp.
+func procs() []proc {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var out []int
+	var out []proc
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -102,44 +130,14 @@ func Group(pgid int) []int {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-// Tree is pid and every process below it, found in /proc (a process may
-// start its children in process groups of their own, which Group misses).
-func Tree(pid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return []int{pid}
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
+		if len(f) < 3 {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
+		ppid, err1 := strconv.Atoi(f[1])
+		pgrp, err2 := strconv.Atoi(f[2])
+		if err1 == nil && err2 == nil {
+			out = append(out, proc{pid, ppid, pgrp})
 		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		if f := strings.Fields(s[i+1:]); len(f) > 1 {
-			if pp, err := strconv.Atoi(f[1]); err == nil {
-				children[pp] = append(children[pp], p)
-			}
-		}
-	}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
 	}
 	return out
 }
