@@ -40,7 +40,7 @@ type podProc struct {
 }
 
 // killing kills pids with SIGKILL, first noting the named semaphores they
-// have mapped for exited to unlink (semaphores).
+// have mapped (shmsem.Mapped), for exited to unlink.
 func (p *podProc) killing(pids []int) {
 	found := shmsem.Mapped(pids)
 	p.semMu.Lock()
