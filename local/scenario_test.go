@@ -23,8 +23,12 @@ import (
 // PS jobs, on a stand-in) are in tfjob_test.go; 11 (--launcher command with
 // torch's own elastic_launch, the flytekit stand-in) is below, and 12's
 // blackout measurement belongs here too, next to TestKillMaster. Scenarios
-// 1, 5, 7, 11 and 12 run once per torch: 1.13, and 2.14 (Python 3.14) when
-// scripts/deps.sh torch2 has built it (testenv.Torches).
+// 11 and 12, where torch's own launcher and store meet the agent and the
+// master, run once per torch: 1.13, and 2.14 (Python 3.14) when
+// scripts/deps.sh torch2 has built it (testenv.Torches). Scenarios 1 and 7
+// run on 1.13 and 5 on 2.14 (onTorch; KFELASTIC_TORCH_ALL=1 runs them on
+// both): their subject is the engine's and the master's decisions, and the
+// agent's own tests hold both torches to its restarts.
 
 // python is Debian's, with torch 1.13: the scenarios that run on one torch.
 const python = "/usr/bin/python3"
@@ -33,6 +37,14 @@ const python = "/usr/bin/python3"
 func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
 	t.Helper()
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
+}
+
+// onTorch runs f on one torch, prefer when it is here (testenv.OnTorch):
+// for the scenarios whose subject is the engine's and the master's
+// decisions, not the seam with torch.
+func onTorch(t *testing.T, prefer string, f func(t *testing.T, py string)) {
+	t.Helper()
+	testenv.OnTorch(t, prefer, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
 }
 
 var (
@@ -205,7 +217,7 @@ func (j *job) resumed(pod string) {
 // index and the same rank starts, not counted against the budget, and
 // training continues from the checkpoint.
 func TestScenario1DeletePod(t *testing.T) {
-	forEachTorch(t, scenario1DeletePod)
+	onTorch(t, "1.13", scenario1DeletePod)
 }
 
 func scenario1DeletePod(t *testing.T, py string) {
@@ -227,7 +239,7 @@ func scenario1DeletePod(t *testing.T, py string) {
 // local group in place (restart_count=1); the pod does not fail and no pod
 // is relaunched.
 func TestScenario5KillWorker(t *testing.T) {
-	forEachTorch(t, scenario5KillWorker)
+	onTorch(t, "2.14", scenario5KillWorker)
 }
 
 func scenario5KillWorker(t *testing.T, py string) {
@@ -259,7 +271,7 @@ func TestScenario6AddSlot(t *testing.T) {
 // and so does its replacement): the relaunch budget is spent, and training
 // restarts with 3 from its checkpoint.
 func TestScenario7FailPod(t *testing.T) {
-	forEachTorch(t, scenario7FailPod)
+	onTorch(t, "1.13", scenario7FailPod)
 }
 
 func scenario7FailPod(t *testing.T, py string) {

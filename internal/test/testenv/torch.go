@@ -100,6 +100,31 @@ func ForEachTorch(t *testing.T, f func(t *testing.T, tc Torch)) {
 	}
 }
 
+// OnTorch runs f as one subtest, on the torch named prefer when it is
+// present (Torches), else on the first present: for a test whose subject
+// is not torch-facing and that runs a real torch job only as its load.
+// Spreading such tests over the torches keeps each torch under every part
+// of the engine at half the suite's time (issue 26: a torch 2.14 job
+// costs twice a 1.13 one on 2 cores). $KFELASTIC_TORCH_ALL=1 runs f on
+// every torch, as ForEachTorch.
+func OnTorch(t *testing.T, prefer string, f func(t *testing.T, tc Torch)) {
+	t.Helper()
+	ts := Torches(t)
+	if os.Getenv("KFELASTIC_TORCH_ALL") == "1" {
+		for _, tc := range ts {
+			t.Run(tc.Name(), func(t *testing.T) { f(t, tc) })
+		}
+		return
+	}
+	tc := ts[0]
+	for _, c := range ts {
+		if c.Version == prefer {
+			tc = c
+		}
+	}
+	t.Run(tc.Name(), func(t *testing.T) { f(t, tc) })
+}
+
 // TorchNamed is TorchFor(entry), or for VERSION=PATH the interpreter at PATH
 // if it imports torch.distributed.
 func TorchNamed(entry string) (Torch, string) {
