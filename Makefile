@@ -19,7 +19,7 @@ export CGO_ENABLED ?= 0
 BENCHES :=
 include $(wildcard mk/*.mk)
 
-.PHONY: all build deps test test-short vet fmt demo bench clean
+.PHONY: all build deps test test-prepare test-short vet fmt demo bench clean
 
 all: build
 
@@ -64,10 +64,23 @@ vet:
 # themselves, or none, are skipped there. ≈1.5 min on 2 cores.
 TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./...
 GRPC_LEG_SKIP := TestH2spec|TestTransports|TestUnauthenticatedCallsCostNoMemory|TestSim|TestScenarios|FuzzJob|FuzzStateDecode
-test: deps
-	@$(MAKE) --no-print-directory vet VET_BUILD=-race CGO_ENABLED=1
+test: test-prepare
 	CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 -timeout 45m $(TEST_PACKAGES)
 	KFELASTIC_MASTER_TRANSPORT=grpc CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 -timeout 15m -skip '$(GRPC_LEG_SKIP)' ./master/ ./agent/storerelay/
+
+# What the tests need, ready: the dependencies (scripts/deps.sh all) and,
+# beside them, the tests' own compile: go vet with the tests' flags, which
+# compiles every package the tests link, then the static binaries the
+# tests start (testenv.StaticBuild's flags). On a cold machine the
+# dependencies' downloads and debootstraps wait on the network, time
+# this compile can use; warm, each step is a no-op in seconds. Only
+# Debian's packages come first: go vet -race needs gcc.
+test-prepare:
+	@scripts/deps.sh apt
+	@scripts/deps.sh all & deps=$$!; rc=0; \
+	$(MAKE) --no-print-directory vet VET_BUILD=-race CGO_ENABLED=1 || rc=$$?; \
+	if [ $$rc -eq 0 ]; then CGO_ENABLED=0 $(GO) build -trimpath ./cmd/kfelastic ./cmd/flytepropeller-kfelastic || rc=$$?; fi; \
+	wait $$deps || rc=$$?; exit $$rc
 
 # Unit tests only: no external servers (they skip with a note).
 test-short:

@@ -76,11 +76,7 @@ func kfelasticBinary(t *testing.T) string {
 			return
 		}
 		binary = filepath.Join(dir, "kfelastic")
-		_, file, _, _ := runtime.Caller(0)
-		cmd := exec.Command("go", "build", "-o", binary, "./cmd/kfelastic")
-		cmd.Dir = filepath.Join(filepath.Dir(file), "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if out, err := testenv.StaticBuild(context.Background(), binary, "./cmd/kfelastic").CombinedOutput(); err != nil {
 			buildErr = err
 			binary = string(out)
 		}

@@ -24,7 +24,7 @@ var buildBinary = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "kfelastic")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := testenv.StaticBuild(context.Background(), bin, "./cmd/kfelastic").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build: %v\n%s", err, out)
 	}

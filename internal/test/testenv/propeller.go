@@ -80,9 +80,7 @@ func buildPropeller(ctx context.Context, out string) error {
 		return fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/flytepropeller-kfelastic")
-	cmd.Dir = ProjectRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd := StaticBuild(ctx, out, "./cmd/flytepropeller-kfelastic")
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {
