@@ -34,8 +34,8 @@ func needTorch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real torch workers: skipped with -short")
 	}
-	if out, err := exec.Command(python, "-c", "import torch.distributed").CombinedOutput(); err != nil {
-		t.Fatalf("%s cannot import torch (%v: %s): run scripts/deps.sh apt", python, err, out)
+	if err := testenv.TorchImports(python); err != nil {
+		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", python, err)
 	}
 }
 

@@ -3,7 +3,6 @@ package local
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -58,7 +57,7 @@ var (
 // ($KFELASTIC_TORCH).
 func needTorchAt(t *testing.T, py string) {
 	t.Helper()
-	if err := exec.Command(py, "-c", "import torch.distributed").Run(); err != nil {
+	if err := testenv.TorchImports(py); err != nil {
 		t.Skipf("%s has no torch (scripts/deps.sh torch): %v", py, err)
 	}
 }

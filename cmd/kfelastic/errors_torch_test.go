@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"net"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // torchPython is Debian's python3 with torch (scripts/deps.sh apt), not the
@@ -30,7 +31,7 @@ func TestRootCauseOfRealTorchJob(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real torch workers: skipped under -short")
 	}
-	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
+	if err := testenv.TorchImports(torchPython); err != nil {
 		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", torchPython, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

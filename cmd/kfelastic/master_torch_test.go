@@ -189,7 +189,7 @@ func torchBinary(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("real master, agents and torch workers")
 	}
-	if err := exec.Command(torchPython, "-c", "import torch.distributed").Run(); err != nil {
+	if err := testenv.TorchImports(torchPython); err != nil {
 		t.Fatalf("%s cannot import torch (%v): run scripts/deps.sh apt", torchPython, err)
 	}
 	bin, err := buildBinary()
