@@ -61,6 +61,10 @@ type Policy struct {
 	alive    []bool
 	progress []time.Time
 	failures []kferrors.Failure
+	// restartedFrom is the root cause of the last group restarted in place
+	// after its workers failed: a hardware refusal that comes after the
+	// restart still documents it (finishExcluded).
+	restartedFrom kferrors.Failure
 	// unstartable: a worker could not start for a reason a restart does
 	// not fix (WorkerExited.Permanent).
 	unstartable bool
@@ -515,6 +519,7 @@ func (p *Policy) stopped(now time.Time) []Action {
 		return p.finish(root)
 	}
 	p.restarts++
+	p.restartedFrom = root
 	p.phase = phaseRendezvous
 	return []Action{JoinRound{Restart: RestartAfterFailure, RestartCount: p.restarts}}
 }
@@ -538,7 +543,8 @@ func (p *Policy) preempted() kferrors.Failure {
 // pod: the master took the pod out), the workers' own earlier failure is
 // kept too (ownFirst): NCCL's watchdog timing out on the GPU that fell off
 // the bus, which the reader shows explained by the fault
-// (outputreader.HardwareWindow). Other refusals keep one document: the
+// (kferrors.HardwareWindow), also when it ended the group before last,
+// restarted in place. Other refusals keep one document: the
 // workers' errors are then their consequences.
 func (p *Policy) finishExcluded(f kferrors.Failure, noRelaunch bool) []Action {
 	acts := p.finish(f)
@@ -546,6 +552,14 @@ func (p *Policy) finishExcluded(f kferrors.Failure, noRelaunch bool) []Action {
 		acts[len(acts)-1] = Exit{Code: 1}
 	}
 	if kferrors.IsHardwareCode(f.Code) {
+		// The workers' NCCL timeout can come before the master hears of
+		// the fault, and the group is then restarted in place: the new
+		// attempt ends by the refusal, its workers with nothing of their
+		// own, and the restarted attempt's failure is what they saw.
+		if r := p.restartedFrom; len(p.failures) == 0 && !p.cfg.Command && kferrors.IsSecondaryCode(r.Code) &&
+			!r.Time.IsZero() && !f.Time.After(r.Time.Add(kferrors.HardwareWindow)) {
+			return append([]Action{WriteDocument{Failure: r}}, acts...)
+		}
 		return p.ownFirst(f, acts)
 	}
 	return acts

@@ -342,6 +342,16 @@ func IsSecondaryCode(code string) bool {
 	return code == CodeNcclTimeout || code == CodeNcclRemoteError
 }
 
+// HardwareWindow is how long after a peer's secondary failure (an NCCL
+// watchdog timeout or remote error: IsSecondaryCode) a hardware fault
+// (IsHardwareCode: a GPU fallen off the bus, an uncorrectable ECC error)
+// still explains it. A GPU that hangs or dies makes its peers' collectives
+// fail within seconds (a remote error) or at NCCL's timeout; a node daemon
+// reports the fault when it polls the driver, which can be after the
+// first of them (docs/DESIGN.md §3). The reader (outputreader) and the
+// agent's documents both go by it.
+const HardwareWindow = 5 * time.Minute
+
 // IsHardwareCode reports whether a failure code condemns the node's device
 // (a replacement should go elsewhere).
 func IsHardwareCode(code string) bool {

@@ -171,14 +171,9 @@ func compare(a, b Document) int {
 	return strings.Compare(a.Key, b.Key)
 }
 
-// HardwareWindow is how long after a peer's secondary failure (an NCCL
-// watchdog timeout or remote error: kferrors.IsSecondaryCode) a hardware
-// fault (kferrors.IsHardwareCode: a GPU fallen off the bus, an
-// uncorrectable ECC error) still explains it. A GPU that hangs or dies
-// makes its peers' collectives fail within seconds (a remote error) or at
-// NCCL's timeout; a node daemon reports the fault when it polls the
-// driver, which can be after the first of them (docs/DESIGN.md §3).
-const HardwareWindow = 5 * time.Minute
+// HardwareWindow is kferrors.HardwareWindow: how long after a peer's
+// secondary failure a hardware fault still explains it.
+const HardwareWindow = kferrors.HardwareWindow
 
 // explains reports whether hardware fault hw stands for the earliest
 // failure first in the root cause: first is a peer's secondary symptom, and
