@@ -110,13 +110,11 @@ func ForEachTorch(t *testing.T, f func(t *testing.T, tc Torch)) {
 // every torch, as ForEachTorch.
 func OnTorch(t *testing.T, prefer string, f func(t *testing.T, tc Torch)) {
 	t.Helper()
-	ts := Torches(t)
 	if os.Getenv("KFELASTIC_TORCH_ALL") == "1" {
-		for _, tc := range ts {
-			t.Run(tc.Name(), func(t *testing.T) { f(t, tc) })
-		}
+		ForEachTorch(t, f)
 		return
 	}
+	ts := Torches(t)
 	tc := ts[0]
 	for _, c := range ts {
 		if c.Version == prefer {
