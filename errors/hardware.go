@@ -100,6 +100,10 @@ type GPUFault struct {
 	Node     string
 	PID      int
 	Process  string
+	// Pod and Namespace name the pod that held the GPU, when the daemon
+	// knows it (from the kubelet's pod-resources API): what attributes an
+	// event recorded against the node to one pod.
+	Pod, Namespace string
 }
 
 // xidNames are NVIDIA's names of the Xids this table classifies
@@ -221,9 +225,9 @@ const maxEventValue = 253
 // ParseGPUEvent reads a health daemon's event: its reason must be
 // EventReasonXid or EventReasonSXid and its message start with
 // GPUHealthPrefix and carry the key=value tail (xid= or sxid=, severity=,
-// gpu_uuid=, gpu_index=, pci=, node=, pid=, process=). The severity the
-// table gives a code wins over the one the message claims only when the
-// message's is missing or unknown. An error says why the event is not one.
+// gpu_uuid=, gpu_index=, pci=, node=, pid=, process=, pod=, namespace=).
+// The severity the table gives a code wins over the one the message
+// claims only when the message's is missing or unknown. An error says why the event is not one.
 func ParseGPUEvent(reason, message string) (GPUFault, error) {
 	var kind FaultKind
 	switch reason {
@@ -260,7 +264,7 @@ func ParseGPUEvent(reason, message string) (GPUFault, error) {
 		return GPUFault{}, fmt.Errorf("%s event: %s=%q is not a fault number", reason, codeKey, CapMessage(fields[codeKey], 32))
 	}
 	g := GPUFault{Kind: kind, Code: code, Severity: XidSeverity(kind, code), GPUUUID: fields["gpu_uuid"], GPUIndex: -1,
-		PCI: fields["pci"], Node: fields["node"], Process: fields["process"]}
+		PCI: fields["pci"], Node: fields["node"], Process: fields["process"], Pod: fields["pod"], Namespace: fields["namespace"]}
 	switch s := Severity(fields["severity"]); s {
 	case SeverityUser, SeverityCritical, SeverityWarn:
 		g.Severity = s

@@ -100,6 +100,10 @@ func TestParseGPUEvent(t *testing.T) {
 				PCI: "0000:3b:00.0", Node: "ip-10-0-0-1", PID: 4242, Process: "python3"}, ""},
 		{"sxid", kferrors.EventReasonSXid, "[gpu-health] [CRITICAL] SXid 22 on NVSwitch 0000:3b:00.0. sxid=22 severity=critical pci=0000:3b:00.0 node=n",
 			kferrors.GPUFault{Kind: kferrors.FaultSXid, Code: 22, Severity: kferrors.SeverityCritical, GPUIndex: -1, PCI: "0000:3b:00.0", Node: "n"}, ""},
+		{"a node's event naming the pod", kferrors.EventReasonXid,
+			"[gpu-health] [CRITICAL] Xid 48 (Double bit ECC error) on GPU 1. xid=48 severity=critical gpu_index=1 node=n pod=job-worker-1 namespace=team-a",
+			kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 48, Severity: kferrors.SeverityCritical, GPUIndex: 1, Node: "n",
+				Pod: "job-worker-1", Namespace: "team-a"}, ""},
 		{"user xid", kferrors.EventReasonXid, "[gpu-health] [USER] Xid 31 (GPU memory page fault) on GPU 0 GPU-abc. xid=31 severity=user gpu_index=0",
 			kferrors.GPUFault{Kind: kferrors.FaultXid, Code: 31, Severity: kferrors.SeverityUser, GPUIndex: 0}, ""},
 		{"no severity: the table's", kferrors.EventReasonXid, "[gpu-health] Xid 48. xid=48",
@@ -143,7 +147,7 @@ func FuzzParseGPUEvent(f *testing.F) {
 		if g.Code < 0 || g.GPUIndex < -1 || g.PID < 0 {
 			t.Errorf("out of range: %+v", g)
 		}
-		for _, v := range []string{g.GPUUUID, g.PCI, g.Node, g.Process} {
+		for _, v := range []string{g.GPUUUID, g.PCI, g.Node, g.Process, g.Pod, g.Namespace} {
 			if len(v) > 253 || !utf8.ValidString(v) || strings.ContainsAny(v, "\n\r\x1b") {
 				t.Errorf("value %q", v)
 			}

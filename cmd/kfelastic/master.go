@@ -47,6 +47,7 @@ type masterFlags struct {
 	kubeNamespace     string
 	kubeJob           string
 	taintFailedNodes  bool
+	nodeEvents        string
 	errorPrefix       string
 	transport         string
 }
@@ -110,6 +111,7 @@ is one small call per node per --heartbeat-interval, answered from memory.`,
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "", "with --kube-job: carry out relaunch decisions on this Kubernetes namespace's PyTorchJob (in-cluster credentials)")
 	fl.StringVar(&f.kubeJob, "kube-job", "", "the PyTorchJob whose pods this master owns (see --kube-namespace)")
 	fl.BoolVar(&f.taintFailedNodes, "taint-failed-nodes", false, "with --kube-job: also taint ("+kube.UnhealthyTaint+":NoSchedule) a node a pod is relaunched away from (hardware fault, lost node, failed node check); needs get and update on nodes (a ClusterRole)")
+	fl.StringVar(&f.nodeEvents, "node-events-namespace", "default", "with --kube-job: also read the GPU faults health daemons record against the job's nodes from this namespace's events (where the kubelet and node-problem-detector put them), if a Role there grants the master list and watch on events (empty: only the faults recorded against the pods)")
 	fl.StringVar(&f.transport, "transport", "", "how the gRPC service is served: lean (the master's own HTTP/2 server: under half of grpc-go's memory per agent) or grpc (grpc-go's server, to fall back on); empty: $"+master.TransportEnv+", else "+string(master.DefaultTransport)+" (docs/DESIGN.md §5.11)")
 	fl.StringVar(&f.errorPrefix, "error-prefix", "", "the job's error prefix (the agents'): the master appends a relaunch event there for each relaunch it decides, for kfelastic report (empty: none)")
 	return cmd
@@ -211,7 +213,7 @@ func quantity(flag, s string) (int64, error) {
 func serveMaster(ctx context.Context, opts master.Options, f *masterFlags) error {
 	log := opts.Logger
 	if f.kubeJob != "" {
-		owner, err := kubeOwner(f.kubeNamespace, f.kubeJob, opts.Job.Relaunch.OOM, f.taintFailedNodes, log)
+		owner, err := kubeOwner(f.kubeNamespace, f.kubeJob, opts.Job.Relaunch.OOM, f.taintFailedNodes, f.nodeEvents, log)
 		if err != nil {
 			return err
 		}

@@ -84,11 +84,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 	t.Run("FaultyNodeReplacementAvoidsItsHost", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "avoid")
 		e.watch(t)
-		w0 := e.waitRunning(t, "worker-0", "")
-		w1 := e.waitRunning(t, "worker-1", "")
-		if w0.Spec.NodeName != nodes[0] || w1.Spec.NodeName != nodes[0] {
-			t.Fatalf("pods on %s and %s, want both on %s", w0.Spec.NodeName, w1.Spec.NodeName, nodes[0])
-		}
+		w0, w1 := e.bothOnFirstNode(t)
 		// The agent names the node; the owner checks it against the pod.
 		if err := e.owner.Carry(e.ctx, Action{Seq: 1, Kind: relaunch.AvoidHost, Pod: e.name("worker-0"), Host: nodes[0],
 			UID: string(w0.UID), Reason: "NodeCheckFailed", Time: time.Now()}); err != nil {
@@ -221,6 +217,90 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		n = next(got) // the event above, listed again by a new owner
 		if !strings.HasPrefix(n.Condition, "Ready=True (") {
 			t.Errorf("condition %q, want the kwok node's Ready condition", n.Condition)
+		}
+	})
+
+	// Issue 31: a GPU fault a daemon records against a node (in "default",
+	// where the API server keeps the events of cluster objects) reaches the
+	// master as a fault of the job's pods on that node: the pod the event
+	// names, else every one there. Without a Role in "default" the owner
+	// says so once and the pods' own events still reach it; a fault dated
+	// before the pods came, one naming another namespace's pod and one on
+	// a node without the job's pods change nothing.
+	t.Run("GPUFaultEventOnTheNodeNamesItsPods", func(t *testing.T) {
+		e := newJobEnv(t, cfg, "nodegpu")
+		e.watch(t)
+		w0, w1 := e.bothOnFirstNode(t)
+		watch := func() (chan GPUFault, func()) {
+			o, err := New(Config{Host: e.rest.Host, CAData: e.rest.CAData, BearerToken: e.token, Namespace: e.ns, Job: e.job0,
+				Logger: e.logger, NodeEventNamespace: metav1.NamespaceDefault})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan GPUFault, 16)
+			ctx, cancel := context.WithCancel(e.ctx)
+			done := make(chan error, 1)
+			go func() { done <- o.WatchPodWarnings(ctx, PodWarnings{GPUFault: func(g GPUFault) { got <- g }}) }()
+			return got, func() { cancel(); <-done }
+		}
+		faults := func(got chan GPUFault, n int) []GPUFault {
+			t.Helper()
+			var l []GPUFault
+			for len(l) < n {
+				select {
+				case g := <-got:
+					l = append(l, g)
+				case <-time.After(20 * time.Second):
+					t.Fatalf("%d faults reported (%+v), want %d", len(l), l, n)
+				}
+			}
+			select {
+			case g := <-got:
+				t.Fatalf("a fault more than the %d wanted: %+v (before it: %+v)", n, g, l)
+			case <-time.After(2 * time.Second):
+			}
+			slices.SortFunc(l, func(a, b GPUFault) int { return strings.Compare(a.Pod+a.EventUID, b.Pod+b.EventUID) })
+			return l
+		}
+		tail := " severity=critical gpu_index=2 gpu_uuid=GPU-77"
+		xid79 := "[gpu-health] [CRITICAL] Xid 79 (GPU has fallen off the bus) on GPU 2 GPU-77. xid=79" + tail
+
+		// The master's Role alone: the node's events are not read, the
+		// pods' are.
+		got, stop := watch()
+		e.nodeEvent(t, nodes[0], xid79+" pod="+w1.Name+" namespace="+e.ns, time.Now())
+		e.gpuEvent(t, w0, kferrors.EventReasonXid, xid79)
+		if l := faults(got, 1); l[0].Pod != w0.Name {
+			t.Fatalf("without a Role in default: %+v, want only the pod event's fault of %s", l, w0.Name)
+		}
+		stop()
+
+		e.grantNodeEvents(t)
+		got, stop = watch()
+		defer stop()
+		l := faults(got, 2) // the node event above and the pod event, listed
+		if l[0].Pod != w0.Name || l[1].Pod != w1.Name || l[1].Node != nodes[0] || l[1].UID != string(w1.UID) ||
+			!strings.HasSuffix(l[1].EventUID, "/"+string(w1.UID)) {
+			t.Fatalf("faults %+v, want %s's (pod event) then %s's (node event naming it)", l, w0.Name, w1.Name)
+		}
+		if f, ok := l[1].Failure(); !ok || f.Code != kferrors.CodeGpuFallenOffBus || !strings.Contains(f.Message, "on node "+nodes[0]) {
+			t.Errorf("failure %+v", f)
+		}
+
+		// Not the job's: another namespace's pod, another node, a fault
+		// before the pods came.
+		e.nodeEvent(t, nodes[0], xid79+" pod="+w1.Name+" namespace=elsewhere", time.Now())
+		e.nodeEvent(t, nodes[1], xid79, time.Now())
+		e.nodeEvent(t, nodes[0], xid79, w0.CreationTimestamp.Add(-time.Hour))
+		// An NVSwitch fault names no pod: every pod of the job on the node.
+		at := time.Now().Add(-time.Second).Truncate(time.Second)
+		e.nodeEvent(t, nodes[0], "[gpu-health] [CRITICAL] SXid 12028 on NVSwitch 0000:c3:00.0. sxid=12028 severity=critical pci=0000:c3:00.0", at)
+		l = faults(got, 2)
+		for i, p := range []*corev1.Pod{w0, w1} {
+			f, _ := l[i].Failure()
+			if l[i].Pod != p.Name || !l[i].At.Equal(at) || f.Code != kferrors.CodeGpuNvlinkError {
+				t.Errorf("SXid on the node: fault %+v (%s), want %s's at %s", l[i], f.Code, p.Name, at)
+			}
 		}
 	})
 
@@ -600,6 +680,73 @@ func (e *jobEnv) warningEvent(t *testing.T, p *corev1.Pod, source, reason, msg s
 		t.Fatal(err)
 	}
 	return ev
+}
+
+// bothOnFirstNode waits for the job's two workers to run and checks that
+// the scheduler's part put both on nodes[0].
+func (e *jobEnv) bothOnFirstNode(t *testing.T) (w0, w1 *corev1.Pod) {
+	t.Helper()
+	w0 = e.waitRunning(t, "worker-0", "")
+	w1 = e.waitRunning(t, "worker-1", "")
+	if w0.Spec.NodeName != nodes[0] || w1.Spec.NodeName != nodes[0] {
+		t.Fatalf("pods on %s and %s, want both on %s", w0.Spec.NodeName, w1.Spec.NodeName, nodes[0])
+	}
+	return w0, w1
+}
+
+// nodeEvent records a GPU health daemon's Xid or SXid event (by the
+// message's tail) against node, in "default" as the API server requires of
+// a cluster object's events.
+func (e *jobEnv) nodeEvent(t *testing.T, node, msg string, at time.Time) {
+	t.Helper()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	reason := kferrors.EventReasonXid
+	if strings.Contains(msg, " sxid=") {
+		reason = kferrors.EventReasonSXid
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: node + "." + hex.EncodeToString(r[:]), Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node), APIVersion: "v1"},
+		Reason:         reason, Message: msg, Type: corev1.EventTypeWarning, Count: 1,
+		FirstTimestamp: metav1.NewTime(at), LastTimestamp: metav1.NewTime(at),
+		Source: corev1.EventSource{Component: "gpu-health", Host: node},
+	}
+	if err := e.admin.Create(e.ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.admin.Delete(context.Background(), ev) })
+}
+
+// grantNodeEvents binds a Role in "default" with list and watch on events
+// to the master's service account, as the master's log asks, and waits
+// until the account may list them.
+func (e *jobEnv) grantNodeEvents(t *testing.T) {
+	t.Helper()
+	name := e.ns + "-node-events"
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list", "watch"}}}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: kfoperator.MasterAccountName(e.job0), Namespace: e.ns}}}
+	for _, o := range []client.Object{role, binding} {
+		if err := e.admin.Create(e.ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.admin.Delete(context.Background(), o) })
+	}
+	o := e.newOwner(t, relaunch.OOM{})
+	for end := time.Now().Add(10 * time.Second); ; {
+		var l eventList
+		err := o.c.do(e.ctx, "GET", "/api/v1/namespaces/default/events", nil, nil, &l)
+		if err == nil {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the master's service account still may not list events in default 10 s after the binding: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // grantNodes binds a ClusterRole with verbs on nodes to the master's

@@ -62,6 +62,11 @@ type Config struct {
 	// too. Off by default: it needs a ClusterRole (get and update on
 	// nodes), and it changes the cluster beyond the job.
 	TaintNodes bool
+	// NodeEventNamespace is where the events recorded against nodes land
+	// ("default" for the kubelet's and node-problem-detector's): the owner
+	// reads the GPU faults there too (WatchPodWarnings) where a Role in it
+	// grants list and watch on events; "" reads none.
+	NodeEventNamespace string
 }
 
 // Action is one relaunch decision for the owner to carry out.

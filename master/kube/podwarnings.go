@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
@@ -110,40 +111,74 @@ const (
 // that is the event's pod (same UID: a late event of a pod already
 // replaced changes nothing) and has not ended. Events of other reasons,
 // other pods, and messages that are not the daemon's are ignored (logged
-// once). It reconnects with backoff, as Watch does. The master's Role
-// needs list and watch on events.
+// once). With Config.NodeEventNamespace it also watches the GPU faults
+// recorded against nodes there (nodeWarning). It reconnects with backoff,
+// as Watch does. The master's Role needs list and watch on events.
 func (o *Owner) WatchPodWarnings(ctx context.Context, h PodWarnings) error {
+	var mu sync.Mutex // one call at a time, from either watch
+	serial := PodWarnings{}
+	if h.GPUFault != nil {
+		serial.GPUFault = func(g GPUFault) { mu.Lock(); defer mu.Unlock(); h.GPUFault(g) }
+	}
+	if h.NodeNotReady != nil {
+		serial.NodeNotReady = func(n NodeNotReady) { mu.Lock(); defer mu.Unlock(); h.NodeNotReady(n) }
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if ns := o.cfg.NodeEventNamespace; ns != "" && h.GPUFault != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o.watchWarnings(ctx, ns, "Node", func(e *event, seen map[string]bool) { o.nodeWarning(ctx, e, seen, serial) })
+		}()
+	}
+	o.watchWarnings(ctx, o.cfg.Namespace, "Pod", func(e *event, seen map[string]bool) { o.podWarning(ctx, e, seen, serial) })
+	return nil
+}
+
+// watchWarnings lists and watches the Warning events on objects of kind in
+// namespace ns until ctx ends, handing each added or modified one to
+// handle with the set of event UIDs seen (handle's to keep). It reconnects
+// with backoff. The node events' namespace is not the job's: where the
+// master may not read it (403), it says once what to grant and stops.
+func (o *Owner) watchWarnings(ctx context.Context, ns, kind string, handle func(*event, map[string]bool)) {
 	seen := map[string]bool{}
-	path := "/api/v1/namespaces/" + url.PathEscape(o.cfg.Namespace) + "/events"
-	query := func() url.Values { return url.Values{"fieldSelector": {"type=Warning,involvedObject.kind=Pod"}} }
+	path := "/api/v1/namespaces/" + url.PathEscape(ns) + "/events"
+	query := func() url.Values { return url.Values{"fieldSelector": {"type=Warning,involvedObject.kind=" + kind}} }
 	backoff := time.Second
 	for {
 		var l eventList
 		err := o.c.do(ctx, http.MethodGet, path, query(), nil, &l)
 		if err == nil {
 			for i := range l.Items {
-				o.podWarning(ctx, &l.Items[i], seen, h)
+				handle(&l.Items[i], seen)
 			}
-			err = o.watchEvents(ctx, path, query(), l.Metadata.ResourceVersion, seen, h)
+			err = o.watchEvents(ctx, path, query(), l.Metadata.ResourceVersion, seen, handle)
 		}
 		if ctx.Err() != nil {
-			return nil
+			return
+		}
+		if kind == "Node" && isStatus(err, http.StatusForbidden) {
+			o.log.Info("the master may not read the events of nodes: a GPU fault a daemon records against a node is not seen, "+
+				"only those recorded against the job's pods (a Role in that namespace with list and watch on events, bound to "+
+				"the master's service account, adds them)", "namespace", ns, "err", err)
+			return
 		}
 		if err == nil {
 			backoff = time.Second
 			continue // expired (410): list again
 		}
-		o.log.Warn("event watch failed; reconnecting", "err", err, "backoff", backoff)
+		o.log.Warn("event watch failed; reconnecting", "namespace", ns, "kind", kind, "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
-func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv string, seen map[string]bool, h PodWarnings) error {
+func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv string, seen map[string]bool, handle func(*event, map[string]bool)) error {
 	for {
 		q.Set("resourceVersion", rv)
 		q.Set("allowWatchBookmarks", "true")
@@ -182,7 +217,7 @@ func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv s
 					rv = e.Metadata.ResourceVersion
 				}
 				if ev.Type == "ADDED" || ev.Type == "MODIFIED" {
-					o.podWarning(ctx, &e, seen, h)
+					handle(&e, seen)
 				}
 			}
 		}()
@@ -259,6 +294,66 @@ func (o *Owner) podWarning(ctx context.Context, e *event, seen map[string]bool, 
 	}
 	o.log.Warn("GPU fault on a pod of the job", "pod", p.Metadata.Name, "node", p.Spec.NodeName, "fault", gpu.Sentence())
 	h.GPUFault(GPUFault{Pod: p.Metadata.Name, UID: p.Metadata.UID, Node: p.Spec.NodeName, Fault: gpu, At: e.when(read), EventUID: e.Metadata.UID})
+}
+
+// nodeWarning hands on a GPU fault a daemon recorded against a node (as
+// node-problem-detector records its problems), once per event UID, as a
+// fault of each live pod of the job on that node that it may be: the pod
+// the event names (pod=, namespace=: a daemon that maps GPUs to pods
+// through the kubelet's pod-resources API says which), else every one
+// there. A node's event cannot say which of several pods held the GPU, and
+// a critical fault condemns the node until it is reset; the replacements
+// go elsewhere. A pod created after the fault was seen is not its pod.
+func (o *Owner) nodeWarning(ctx context.Context, e *event, seen map[string]bool, h PodWarnings) {
+	if e.Reason != kferrors.EventReasonXid && e.Reason != kferrors.EventReasonSXid {
+		return
+	}
+	if seen[e.Metadata.UID] {
+		return
+	}
+	seen[e.Metadata.UID] = true
+	read := o.now()
+	node := e.InvolvedObject.Name
+	g, err := kferrors.ParseGPUEvent(e.Reason, e.Message)
+	if err != nil {
+		o.log.Warn("a GPU fault event on a node that cannot be read", "event", e.Metadata.Name, "node", node, "err", err)
+		return
+	}
+	if g.Namespace != "" && g.Namespace != o.cfg.Namespace {
+		return // another namespace's pod held the GPU
+	}
+	var l podList
+	if err := o.c.do(ctx, http.MethodGet, o.podPath, o.listQuery(), nil, &l); err != nil {
+		seen[e.Metadata.UID] = false // read it again on the next list
+		o.log.Warn("cannot list the job's pods for a GPU fault on a node", "node", node, "err", err)
+		return
+	}
+	at := e.when(read)
+	var hit []*pod
+	for i := range l.Items {
+		p := &l.Items[i]
+		if p.Spec.NodeName != node || node == "" || !o.ours(p) || (g.Pod != "" && p.Metadata.Name != g.Pod) {
+			continue
+		}
+		if _, ended := classify(p, o.cfg.Container, false, read); ended {
+			continue
+		}
+		if at.Before(p.Metadata.CreationTimestamp) {
+			o.log.Info("GPU fault on a node before the pod came to it; not the pod's", "pod", p.Metadata.Name, "node", node,
+				"fault_at", at, "pod_created", p.Metadata.CreationTimestamp)
+			continue
+		}
+		hit = append(hit, p)
+	}
+	if len(hit) > 1 {
+		o.log.Warn("a GPU fault on a node does not say which pod held the GPU: every pod of the job on the node takes it",
+			"node", node, "pods", len(hit), "fault", g.Sentence())
+	}
+	for _, p := range hit {
+		o.log.Warn("GPU fault on the node of a pod of the job", "pod", p.Metadata.Name, "node", node, "fault", g.Sentence())
+		h.GPUFault(GPUFault{Pod: p.Metadata.Name, UID: p.Metadata.UID, Node: node, Fault: g, At: at,
+			EventUID: e.Metadata.UID + "/" + p.Metadata.UID})
+	}
 }
 
 // node is what the owner reads of a core/v1 Node: its conditions.
