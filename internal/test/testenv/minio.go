@@ -257,11 +257,13 @@ func MinIO(t testing.TB) *MinIOServer {
 	}
 }
 
-// Main runs the tests and then stops every server this package started (one
-// MinIO and one kube-apiserver + etcd per test process at most). Call it from
-// TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
+// Main runs the tests in a temp folder of their own (privateTmp) and then
+// stops every server this package started (one MinIO and one
+// kube-apiserver + etcd per test process at most) and removes the folder.
+// Call it from TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
 func Main(m *testing.M) {
 	childrenExitAtOnce()
+	removeTmp := privateTmp()
 	kube.Lock()
 	kube.inMain = true
 	kube.Unlock()
@@ -271,6 +273,7 @@ func Main(m *testing.M) {
 	if shared.p != nil {
 		shared.p.Stop()
 	}
+	removeTmp()
 	os.Exit(code)
 }
 

@@ -38,8 +38,11 @@ func KwokBinary() string     { return filepath.Join(CacheDir(), "bin", "kwok") }
 const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
 // servingCertDir is where the operator's webhook server and cert rotator
-// look for certificates (fixed in the operator: pkg/cert).
-const servingCertDir = "/tmp/k8s-webhook-server/serving-certs"
+// look for certificates (controller-runtime's default, under the temp
+// folder the operator inherits: the test process's own, testenv.Main).
+func servingCertDir() string {
+	return filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+}
 
 // StartOperator runs the real Kubeflow training operator (PyTorchJob
 // controller, cluster-wide) against the API server of cfg for the test's
@@ -79,7 +82,7 @@ func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
 	}
 	// Its cert rotator waits for tls.crt where the kubelet would mount the
 	// Secret.
-	writeServingCert(t, servingCertDir)
+	writeServingCert(t, servingCertDir())
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
