@@ -37,11 +37,12 @@ func KwokBinary() string     { return filepath.Join(CacheDir(), "bin", "kwok") }
 // KwokNodeAnnotation marks the nodes kwok started here manages.
 const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
-// servingCertDir is where the operator's webhook server and cert rotator
-// look for certificates (controller-runtime's default, under the temp
-// folder the operator inherits: the test process's own, testenv.Main).
-func servingCertDir() string {
-	return filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+// servingCertDirs are where the operator looks for its webhook's
+// certificates: its cert rotator at a path fixed in the operator
+// (pkg/cert), its webhook server at controller-runtime's default, under
+// the temp folder it inherits (the test process's own, testenv.Main).
+func servingCertDirs() []string {
+	return []string{"/tmp/k8s-webhook-server/serving-certs", filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")}
 }
 
 // StartOperator runs the real Kubeflow training operator (PyTorchJob
@@ -82,7 +83,9 @@ func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
 	}
 	// Its cert rotator waits for tls.crt where the kubelet would mount the
 	// Secret.
-	writeServingCert(t, servingCertDir())
+	for _, dir := range servingCertDirs() {
+		writeServingCert(t, dir)
+	}
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
@@ -253,7 +256,7 @@ func startProcess(t testing.TB, name, bin, kubeconfig string, args ...string) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}

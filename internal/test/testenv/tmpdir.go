@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // tmpPrefix names a test process's own temp folder: tmpPrefix + its pid.
@@ -33,7 +34,10 @@ func privateTmp() (remove func()) {
 }
 
 // removeOrphanTmps removes the private temp folders in base of test
-// processes that are gone.
+// processes that are gone, after killing what still runs from them: the
+// servers a killed test process started that no death signal reached
+// (envtest's etcd and kube-apiserver, whose data and certificates are
+// there).
 func removeOrphanTmps(base string) {
 	entries, _ := os.ReadDir(base)
 	for _, e := range entries {
@@ -41,6 +45,22 @@ func removeOrphanTmps(base string) {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), tmpPrefix) || err != nil || pid <= 0 || Alive(pid) {
 			continue
 		}
-		_ = os.RemoveAll(filepath.Join(base, e.Name()))
+		dir := filepath.Join(base, e.Name())
+		killUsing(dir)
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// killUsing SIGKILLs the processes whose command line names a path in dir.
+func killUsing(dir string) {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), dir+"/") {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil && pid != os.Getpid() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
