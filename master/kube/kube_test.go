@@ -291,7 +291,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		// before the pods came.
 		e.nodeEvent(t, nodes[0], xid79+" pod="+w1.Name+" namespace=elsewhere", time.Now())
 		e.nodeEvent(t, nodes[1], xid79, time.Now())
-		e.nodeEvent(t, nodes[0], xid79, w0.CreationTimestamp.Add(-time.Hour))
+		old := e.nodeEvent(t, nodes[0], xid79, w0.CreationTimestamp.Add(-time.Hour))
 		// An NVSwitch fault names no pod: every pod of the job on the node.
 		at := time.Now().Add(-time.Second).Truncate(time.Second)
 		e.nodeEvent(t, nodes[0], "[gpu-health] [CRITICAL] SXid 12028 on NVSwitch 0000:c3:00.0. sxid=12028 severity=critical pci=0000:c3:00.0", at)
@@ -302,6 +302,27 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 				t.Errorf("SXid on the node: fault %+v (%s), want %s's at %s", l[i], f.Code, p.Name, at)
 			}
 		}
+
+		// The daemon sees the old fault again and records it on the same
+		// event, as client-go's correlator does (count 2, a later
+		// lastTimestamp): it recurred while the pods are there, so both
+		// take it. An update that does not count again changes nothing.
+		again := time.Now().Add(-time.Second).Truncate(time.Second)
+		old.Count, old.LastTimestamp = 2, metav1.NewTime(again)
+		if err := e.admin.Update(e.ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		l = faults(got, 2)
+		for i, p := range []*corev1.Pod{w0, w1} {
+			if l[i].Pod != p.Name || !l[i].At.Equal(again) || !strings.HasPrefix(l[i].EventUID, string(old.UID)+"/") {
+				t.Errorf("the old fault recurring: %+v, want %s's at %s", l[i], p.Name, again)
+			}
+		}
+		old.Annotations = map[string]string{"example.com/seen-by": "another-reader"}
+		if err := e.admin.Update(e.ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		faults(got, 0)
 	})
 
 	// Issue 31: with TaintNodes the node an avoid-host relaunch leaves is
@@ -697,7 +718,7 @@ func (e *jobEnv) bothOnFirstNode(t *testing.T) (w0, w1 *corev1.Pod) {
 // nodeEvent records a GPU health daemon's Xid or SXid event (by the
 // message's tail) against node, in "default" as the API server requires of
 // a cluster object's events.
-func (e *jobEnv) nodeEvent(t *testing.T, node, msg string, at time.Time) {
+func (e *jobEnv) nodeEvent(t *testing.T, node, msg string, at time.Time) *corev1.Event {
 	t.Helper()
 	var r [4]byte
 	_, _ = rand.Read(r[:])
@@ -716,6 +737,7 @@ func (e *jobEnv) nodeEvent(t *testing.T, node, msg string, at time.Time) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.admin.Delete(context.Background(), ev) })
+	return ev
 }
 
 // grantNodeEvents binds a Role in "default" with list and watch on events

@@ -57,15 +57,36 @@ type event struct {
 	EventTime           *time.Time `json:"eventTime"`
 	LastTimestamp       *time.Time `json:"lastTimestamp"`
 	FirstTimestamp      *time.Time `json:"firstTimestamp"`
+	// Count and Series say how often the recorder saw the event: a
+	// recorder that sees it again updates the one event (client-go's
+	// correlator: count up, lastTimestamp later; events.k8s.io: series).
+	Count  int32 `json:"count"`
+	Series *struct {
+		Count            int32      `json:"count"`
+		LastObservedTime *time.Time `json:"lastObservedTime"`
+	} `json:"series"`
+}
+
+// occurrence is which time the recorder saw the event: 1 the first.
+func (e *event) occurrence() int32 {
+	if e.Series != nil && e.Series.Count > 0 {
+		return e.Series.Count
+	}
+	return max(e.Count, 1)
 }
 
 type eventList = objectList[event]
 
-// when is the event's time: the daemon's eventTime, else its last or first
-// timestamp, else its creation; read is the bound (a daemon whose clock runs
-// ahead is not believed past it).
+// when is the time of the event's latest occurrence: its series' last
+// observed time or its last timestamp, else the daemon's eventTime (the
+// first observation), its first timestamp, its creation; read is the bound
+// (a daemon whose clock runs ahead is not believed past it).
 func (e *event) when(read time.Time) time.Time {
-	for _, t := range []*time.Time{e.EventTime, e.LastTimestamp, e.FirstTimestamp, &e.Metadata.CreationTimestamp} {
+	var last *time.Time
+	if e.Series != nil {
+		last = e.Series.LastObservedTime
+	}
+	for _, t := range []*time.Time{last, e.LastTimestamp, e.EventTime, e.FirstTimestamp, &e.Metadata.CreationTimestamp} {
 		if t != nil && !t.IsZero() {
 			if t.After(read) {
 				return read
@@ -129,20 +150,46 @@ func (o *Owner) WatchPodWarnings(ctx context.Context, h PodWarnings) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o.watchWarnings(ctx, ns, "Node", func(e *event, seen map[string]bool) { o.nodeWarning(ctx, e, seen, serial) })
+			o.watchWarnings(ctx, ns, "Node", func(e *event, seen handled) { o.nodeWarning(ctx, e, seen, serial) })
 		}()
 	}
-	o.watchWarnings(ctx, o.cfg.Namespace, "Pod", func(e *event, seen map[string]bool) { o.podWarning(ctx, e, seen, serial) })
+	o.watchWarnings(ctx, o.cfg.Namespace, "Pod", func(e *event, seen handled) { o.podWarning(ctx, e, seen, serial) })
 	return nil
+}
+
+// handled is, per event UID, the latest occurrence of the event handed on.
+// A recorder that sees a fault again records it on the same event (count
+// up, a later time): that is a new occurrence, handed on again, for it may
+// take out a pod that came after the first; a re-list, or an update that
+// does not count, is not. An event the API server deletes (its TTL, an
+// hour by default) is forgotten, so that a long job's map stays small.
+type handled map[string]int32
+
+// take marks e's occurrence handled and says whether it is new; undo gives
+// the mark back, so that the next list reads the event again.
+func (h handled) take(e *event) (undo func(), ok bool) {
+	uid, n := e.Metadata.UID, e.occurrence()
+	prev, had := h[uid]
+	if had && n <= prev {
+		return nil, false
+	}
+	h[uid] = n
+	return func() {
+		if had {
+			h[uid] = prev
+		} else {
+			delete(h, uid)
+		}
+	}, true
 }
 
 // watchWarnings lists and watches the Warning events on objects of kind in
 // namespace ns until ctx ends, handing each added or modified one to
-// handle with the set of event UIDs seen (handle's to keep). It reconnects
+// handle with the occurrences handled so far (handle's to keep). It reconnects
 // with backoff. The node events' namespace is not the job's: where the
 // master may not read it (403), it says once what to grant and stops.
-func (o *Owner) watchWarnings(ctx context.Context, ns, kind string, handle func(*event, map[string]bool)) {
-	seen := map[string]bool{}
+func (o *Owner) watchWarnings(ctx context.Context, ns, kind string, handle func(*event, handled)) {
+	seen := handled{}
 	path := "/api/v1/namespaces/" + url.PathEscape(ns) + "/events"
 	query := func() url.Values { return url.Values{"fieldSelector": {"type=Warning,involvedObject.kind=" + kind}} }
 	backoff := time.Second
@@ -178,7 +225,7 @@ func (o *Owner) watchWarnings(ctx context.Context, ns, kind string, handle func(
 	}
 }
 
-func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv string, seen map[string]bool, handle func(*event, map[string]bool)) error {
+func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv string, seen handled, handle func(*event, handled)) error {
 	for {
 		q.Set("resourceVersion", rv)
 		q.Set("allowWatchBookmarks", "true")
@@ -216,8 +263,11 @@ func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv s
 				if e.Metadata.ResourceVersion != "" {
 					rv = e.Metadata.ResourceVersion
 				}
-				if ev.Type == "ADDED" || ev.Type == "MODIFIED" {
+				switch ev.Type {
+				case "ADDED", "MODIFIED":
 					handle(&e, seen)
+				case "DELETED":
+					delete(seen, e.Metadata.UID)
 				}
 			}
 		}()
@@ -234,8 +284,8 @@ func (o *Owner) watchEvents(ctx context.Context, path string, q url.Values, rv s
 var errExpired = errors.New("kube: watch expired")
 
 // podWarning hands one event on when h acts on it and it is of a live pod
-// of the job, once per event UID.
-func (o *Owner) podWarning(ctx context.Context, e *event, seen map[string]bool, h PodWarnings) {
+// of the job, once per occurrence (handled).
+func (o *Owner) podWarning(ctx context.Context, e *event, seen handled, h PodWarnings) {
 	var gpu kferrors.GPUFault
 	switch e.Reason {
 	case kferrors.EventReasonXid, kferrors.EventReasonSXid:
@@ -249,10 +299,10 @@ func (o *Owner) podWarning(ctx context.Context, e *event, seen map[string]bool, 
 	default:
 		return
 	}
-	if seen[e.Metadata.UID] {
-		return // a series' later count, or a re-list
+	undo, ok := seen.take(e)
+	if !ok {
+		return // a re-list, or an update of an occurrence handed on
 	}
-	seen[e.Metadata.UID] = true
 	read := o.now()
 	if e.Reason == eventReasonNodeNotReady {
 		if e.Source.Component != nodeController && e.ReportingController != nodeController {
@@ -271,7 +321,7 @@ func (o *Owner) podWarning(ctx context.Context, e *event, seen map[string]bool, 
 	p, err := o.getPod(ctx, e.InvolvedObject.Name)
 	switch {
 	case err != nil:
-		seen[e.Metadata.UID] = false // read it again on the next list
+		undo() // read it again on the next list
 		o.log.Warn("cannot read the pod of a Warning event", "pod", e.InvolvedObject.Name, "reason", e.Reason, "err", err)
 		return
 	case p == nil || !o.ours(p):
@@ -297,21 +347,22 @@ func (o *Owner) podWarning(ctx context.Context, e *event, seen map[string]bool, 
 }
 
 // nodeWarning hands on a GPU fault a daemon recorded against a node (as
-// node-problem-detector records its problems), once per event UID, as a
+// node-problem-detector records its problems), once per occurrence, as a
 // fault of each live pod of the job on that node that it may be: the pod
 // the event names (pod=, namespace=: a daemon that maps GPUs to pods
 // through the kubelet's pod-resources API says which), else every one
 // there. A node's event cannot say which of several pods held the GPU, and
 // a critical fault condemns the node until it is reset; the replacements
-// go elsewhere. A pod created after the fault was seen is not its pod.
-func (o *Owner) nodeWarning(ctx context.Context, e *event, seen map[string]bool, h PodWarnings) {
+// go elsewhere. A pod created after the fault was last seen is not its
+// pod; one there when the fault recurs is (the event's later occurrence).
+func (o *Owner) nodeWarning(ctx context.Context, e *event, seen handled, h PodWarnings) {
 	if e.Reason != kferrors.EventReasonXid && e.Reason != kferrors.EventReasonSXid {
 		return
 	}
-	if seen[e.Metadata.UID] {
+	undo, ok := seen.take(e)
+	if !ok {
 		return
 	}
-	seen[e.Metadata.UID] = true
 	read := o.now()
 	node := e.InvolvedObject.Name
 	g, err := kferrors.ParseGPUEvent(e.Reason, e.Message)
@@ -324,7 +375,7 @@ func (o *Owner) nodeWarning(ctx context.Context, e *event, seen map[string]bool,
 	}
 	var l podList
 	if err := o.c.do(ctx, http.MethodGet, o.podPath, o.listQuery(), nil, &l); err != nil {
-		seen[e.Metadata.UID] = false // read it again on the next list
+		undo() // read it again on the next list
 		o.log.Warn("cannot list the job's pods for a GPU fault on a node", "node", node, "err", err)
 		return
 	}
