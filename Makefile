@@ -62,11 +62,17 @@ vet:
 # (--transport grpc is a supported choice): tests that name no transport
 # take $KFELASTIC_MASTER_TRANSPORT; those that run every transport
 # themselves, or none, are skipped there. ≈1.5 min on 2 cores.
+# The test binaries are linked without their symbol table and DWARF
+# (-s -w): go test links ≈60 of them each run, ≈12 CPU-s each for the big
+# ones under -race, and -s -w takes a quarter off that (2026-12-07: 9.0
+# against 12.4 CPU-s for agent/'s). Stack traces and the race detector's
+# reports name functions from the runtime's own tables, which stay.
+TEST_LDFLAGS := -ldflags=-s\ -w
 TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./...
 GRPC_LEG_SKIP := TestH2spec|TestTransports|TestUnauthenticatedCallsCostNoMemory|TestSim|TestScenarios|FuzzJob|FuzzStateDecode
 test: test-prepare
-	CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 -timeout 45m $(TEST_PACKAGES)
-	KFELASTIC_MASTER_TRANSPORT=grpc CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 -timeout 15m -skip '$(GRPC_LEG_SKIP)' ./master/ ./agent/storerelay/
+	CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 $(TEST_LDFLAGS) -timeout 45m $(TEST_PACKAGES)
+	KFELASTIC_MASTER_TRANSPORT=grpc CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 $(TEST_LDFLAGS) -timeout 15m -skip '$(GRPC_LEG_SKIP)' ./master/ ./agent/storerelay/
 
 # What the tests need, ready: the dependencies (scripts/deps.sh all) and,
 # beside them, the tests' own compile: go vet with the tests' flags, which
