@@ -48,10 +48,12 @@ vet:
 # The four longest packages are named first, longest first, so that they
 # start at once instead of the last of them starting after the others
 # (`go test` starts packages in the order given, two at a time on 2 cores):
-# agent (≈13 min on 2 cores, 2026-12-07) beside local (≈10), then e2e
-# (≈9) and cmd/kfelastic (≈6) as those end; the short ones fill in after.
-# Three at a time (-p 3) was tried: a cold run at -p 3 had three
-# load-timing failures.
+# agent and local (≈8 min each on 2 cores, warm, 2026-12-07), then e2e
+# and cmd/kfelastic (≈8.5 each) as those end; then the longest of the
+# rest (torchhook ≈2.5 min, master ≈2, storerelay, nodecheck, kube), so
+# that none of them is left running alone at the end; the short ones
+# fill in after. Three at a time (-p 3) was tried: a cold run at -p 3 had
+# three load-timing failures.
 #
 # vet runs with the tests' build flags (-race, cgo): the packages it
 # compiles to type-check are then the ones the tests link, one compiled set
@@ -68,7 +70,7 @@ vet:
 # against 12.4 CPU-s for agent/'s). Stack traces and the race detector's
 # reports name functions from the runtime's own tables, which stay.
 TEST_LDFLAGS := -ldflags=-s\ -w
-TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./...
+TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./agent/torchhook/ ./master/ ./agent/storerelay/ ./agent/nodecheck/ ./master/kube/ ./...
 GRPC_LEG_SKIP := TestH2spec|TestTransports|TestUnauthenticatedCallsCostNoMemory|TestSim|TestScenarios|FuzzJob|FuzzStateDecode
 test: test-prepare
 	CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 $(TEST_LDFLAGS) -timeout 45m $(TEST_PACKAGES)
