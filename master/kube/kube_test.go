@@ -152,7 +152,8 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		if p.Spec.NodeName != nodes[1] || !avoids(p, nodes[0]) {
 			t.Errorf("replacement on %s with affinity %+v", p.Spec.NodeName, p.Spec.Affinity)
 		}
-		// The event again (a series' count) and a late one of the old pod.
+		// The old pod's event again (a series' count: a new occurrence, but
+		// of a pod already replaced) and a late new one of the old pod.
 		ev.Count++
 		if err := e.admin.Update(e.ctx, ev); err != nil {
 			t.Fatal(err)
@@ -170,7 +171,10 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 	// master with the pod's node, from the master's Role: the node's own
 	// condition is read only once a ClusterRole grants get on nodes (the
 	// kwok node is Ready: the read is what is tested). The same reason from
-	// another source, and the event again, change nothing.
+	// another source changes nothing; the controller recording it again on
+	// the same event (count up, a later time: the node not ready again) is
+	// reported again, dated by its latest time, and an update that does not
+	// count is not.
 	t.Run("NodeNotReadyEventNamesThePodsNode", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "notready")
 		e.watch(t)
@@ -200,7 +204,15 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		if n.Pod != w1.Name || n.UID != string(w1.UID) || n.Node != nodes[0] || !n.At.Equal(at) || n.Condition != "" {
 			t.Fatalf("report %+v, want pod %s on %s at %s with no condition (the Role does not grant nodes)", n, w1.Name, nodes[0], at)
 		}
-		ev.Count++
+		again := at.Add(time.Second)
+		ev.Count, ev.LastTimestamp = 2, metav1.NewTime(again)
+		if err := e.admin.Update(e.ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if n := next(got); n.Pod != w1.Name || !n.At.Equal(again) {
+			t.Errorf("the event recorded again: %+v, want %s at %s", n, w1.Name, again)
+		}
+		ev.Annotations = map[string]string{"example.com/seen-by": "another-reader"}
 		if err := e.admin.Update(e.ctx, ev); err != nil {
 			t.Fatal(err)
 		}
