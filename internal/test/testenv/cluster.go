@@ -558,6 +558,12 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 	if ids = strings.TrimSpace(ids); ids == "" {
 		return nil
 	}
+	found := fmt.Sprintf("%d containers in containerd", len(strings.Fields(ids)))
+	if c.Leftovers == "none" {
+		c.Leftovers = found
+	} else {
+		c.Leftovers += ", " + found
+	}
 	c.removeContainers(ctx)
 	c.stopProc("containerd")
 	return startIt()
