@@ -38,6 +38,7 @@ import (
 //	ok                 print a line, exit 0
 //	exit:N             print a line, exit N
 //	exitlater:N        sleep 500ms, exit N
+//	exitwhen:FILE      wait for FILE to exist, exit 1
 //	hang               sleep without output
 //	ignoreterm         ignore SIGTERM, sleep without output
 //	signal:NAME        die of signal NAME (via an exec'd shell)
@@ -195,6 +196,13 @@ func runHelper(modes string) int {
 		time.Sleep(500 * time.Millisecond)
 		n, _ := strconv.Atoi(arg)
 		return n
+	case "exitwhen":
+		for {
+			if _, err := os.Stat(arg); err == nil {
+				return 1
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	case "hang", "sleep":
 		time.Sleep(time.Hour)
 	case "storepoll":

@@ -218,12 +218,18 @@ func TestCommandMasterRoundDoesNotStopChild(t *testing.T) {
 // The master's EXIT stops the command: the other pod of a 2:2 job fails
 // for good (its command exits 1: a user error, not relaunched), the master
 // stops the job, and the agent learns it on its heartbeat, stops its
-// command and exits 1 with the master's code.
+// command and exits 1 with the master's code. pod-b's command fails only
+// once pod-a's has started (a fixed delay lost that race on a loaded
+// machine).
 func TestCommandMasterExitStopsChild(t *testing.T) {
 	endpoint, tokenFile := startMaster(t, master.Config{JobID: "test", MinNodes: 2, MaxNodes: 2, WaitingTimeout: 100 * time.Millisecond})
+	fail := filepath.Join(t.TempDir(), "fail")
 	doneA, outA := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-a", 0, 2, "hang")
-	doneB, outB := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-b", 1, 2, "exitlater:1")
-	waitFor(t, outA, "[default0]:helper hang", 5*time.Second)
+	doneB, outB := commandAgent(t, t.Context(), endpoint, tokenFile, "pod-b", 1, 2, "exitwhen:"+fail)
+	waitFor(t, outA, "[default0]:helper hang", 10*time.Second)
+	if err := os.WriteFile(fail, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	m := regexp.MustCompile(`helper hang rank \S* restart \d+ pid (\d+)`).FindStringSubmatch(outA.String())
 	if m == nil {
 		t.Fatalf("no child pid:\n%s", outA)

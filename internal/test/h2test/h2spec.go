@@ -22,7 +22,8 @@ import (
 // server still fails are listed in the file allowList, each with why; a
 // case failing that is not listed fails the test, so conformance only
 // ratchets up. A listed case that passes is said, to be taken off the
-// list. h2spec comes from scripts/deps.sh ($KFELASTIC_CACHE/bin); without
+// list. A case listed with a leading "~ " may pass or fail from run to
+// run (the list says why); neither outcome is reported. h2spec comes from scripts/deps.sh ($KFELASTIC_CACHE/bin); without
 // it, or with -short, the test skips. A run takes ≈35 s in parts side by
 // side (h2specParts), 70–80 s in one.
 func H2spec(t *testing.T, addr, allowList string) {
@@ -77,11 +78,11 @@ func H2spec(t *testing.T, addr, allowList string) {
 	if total != h2specCases {
 		t.Fatalf("h2spec's parts ran %d cases, the suite has %d: a section is missing from h2specParts or named twice", total, h2specCases)
 	}
-	allowed := readAllowList(t, allowList)
+	allowed, either := readAllowList(t, allowList)
 	var failed, unexpected, fixed []string
 	for _, c := range all {
 		failed = append(failed, c.name)
-		if slices.Contains(allowed, c.name) {
+		if slices.Contains(allowed, c.name) || slices.Contains(either, c.name) {
 			continue
 		}
 		if again, _ := run("5", c.spec); len(again) > 0 || t.Failed() {
@@ -95,7 +96,7 @@ func H2spec(t *testing.T, addr, allowList string) {
 			fixed = append(fixed, c)
 		}
 	}
-	t.Logf("h2spec: %d of %d cases fail (%d listed as known in %s)", len(failed), total, len(allowed), allowList)
+	t.Logf("h2spec: %d of %d cases fail (%d listed as known in %s, %d more as either)", len(failed), total, len(allowed), allowList, len(either))
 	for _, c := range fixed {
 		t.Logf("now passes, take it off %s: %s", allowList, c)
 	}
@@ -158,23 +159,26 @@ func readH2specReport(t *testing.T, path string) (failed []h2specCase, total int
 }
 
 // readAllowList reads a list of known failing cases: one "package: case"
-// a line, "#" comments (the why) and blank lines skipped.
-func readAllowList(t *testing.T, path string) []string {
+// a line, "#" comments (the why) and blank lines skipped. A line "~
+// package: case" is a case whose outcome varies (either).
+func readAllowList(t *testing.T, path string) (cases, either []string) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var cases []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if line := strings.TrimSpace(sc.Text()); line != "" && !strings.HasPrefix(line, "#") {
+		line := strings.TrimSpace(sc.Text())
+		if c, ok := strings.CutPrefix(line, "~"); ok {
+			either = append(either, strings.TrimSpace(c))
+		} else if line != "" && !strings.HasPrefix(line, "#") {
 			cases = append(cases, line)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return cases
+	return cases, either
 }
