@@ -1306,7 +1306,7 @@ func flytekitLayer(path string) (ociBlob, bool, error) {
 		return ociBlob{}, false, nil
 	}
 	l, err := writeLayer(path, func(tw *tar.Writer) error {
-		if err := writeTree(tw, filepath.Join(dir, "site"), strings.TrimPrefix(FlytekitInPods, "/")+"/site", map[string]bool{}); err != nil {
+		if err := writeTree(tw, filepath.Join(dir, "site"), strings.TrimPrefix(FlytekitInPods, "/")+"/site", map[string]bool{}, true); err != nil {
 			return err
 		}
 		bin := strings.TrimPrefix(FlytekitInPods, "/") + "/bin/"
@@ -1457,17 +1457,22 @@ func busyboxLayer(path string) (ociBlob, error) {
 	})
 }
 
+// rootLayerFormat names what rootLayer writes; a layer stamped with
+// another is written again. 2: with the root's Python bytecode (writeTree).
+const rootLayerFormat = "format 2"
+
 // rootLayer is the worker root file system as one layer tar at path,
 // written again only when the root changed (the modification times of its
 // python3-torch's folder and of dpkg's status, which every package
-// installed since changed, stamped beside the tar).
+// installed since changed, stamped beside the tar) or the layer's format
+// did (rootLayerFormat).
 func rootLayer(ctx context.Context, path string) (ociBlob, error) {
 	root := workerRoot()
 	st, err := os.Stat(filepath.Join(root, "usr", "lib", "python3", "dist-packages", "torch"))
 	if err != nil {
 		return ociBlob{}, err
 	}
-	stamp := st.ModTime().UTC().Format(time.RFC3339Nano)
+	stamp := rootLayerFormat + " " + st.ModTime().UTC().Format(time.RFC3339Nano)
 	if st, err := os.Stat(filepath.Join(root, "var", "lib", "dpkg", "status")); err == nil {
 		stamp += " " + st.ModTime().UTC().Format(time.RFC3339Nano)
 	}
@@ -1483,7 +1488,7 @@ func rootLayer(ctx context.Context, path string) (ociBlob, error) {
 	}
 	bw := bufio.NewWriterSize(f, 1<<20)
 	tw := tar.NewWriter(bw)
-	err = writeTree(tw, root, "", map[string]bool{"proc": true, "sys": true, "dev": true, "run": true, "tmp": true})
+	err = writeTree(tw, root, "", map[string]bool{"proc": true, "sys": true, "dev": true, "run": true, "tmp": true}, true)
 	if err == nil {
 		err = tw.Close()
 	}
@@ -1535,7 +1540,7 @@ func scriptsLayer(path string) (ociBlob, error) {
 	repo := ProjectRoot()
 	return writeLayer(path, func(tw *tar.Writer) error {
 		for _, d := range []string{"examples", "testdata"} {
-			if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}); err != nil {
+			if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}, false); err != nil {
 				return err
 			}
 		}

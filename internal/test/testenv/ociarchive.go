@@ -192,7 +192,17 @@ func writeArchive(w io.Writer, name string, img ociImage) error {
 // ("" for a root file system). skip names folders (relative to root) whose
 // contents are left out: a container gets its own /proc, /sys and /dev.
 // Hard links are written as copies; sockets and devices are left out.
-func writeTree(tw *tar.Writer, root, prefix string, skip map[string]bool) error {
+//
+// Python's bytecode (__pycache__) goes in only with bytecode: without it
+// every Python in a pod compiles each module it imports, torch's ≈1,100
+// among them (≈1 CPU-s more per process; a replacement pod's import of
+// torch took 3.8–4.5 s where 2.5–3 s would do). A tree whose bytecode is
+// made at install (Debian's py3compile, scripts/deps.sh's compileall of
+// flytekit) keeps it; a checkout's (examples/, testdata/) does not, as it
+// varies with the machine that ran the scripts. Times are whole seconds,
+// truncated: Python checks a .pyc against its source's int(st_mtime), and
+// tar's default rounds to the nearest second instead.
+func writeTree(tw *tar.Writer, root, prefix string, skip map[string]bool, bytecode bool) error {
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -204,7 +214,7 @@ func writeTree(tw *tar.Writer, root, prefix string, skip map[string]bool) error 
 		if rel == "." {
 			return nil
 		}
-		if d.IsDir() && d.Name() == "__pycache__" {
+		if !bytecode && d.IsDir() && d.Name() == "__pycache__" {
 			return fs.SkipDir
 		}
 		name := filepath.ToSlash(filepath.Join(prefix, rel))
@@ -227,6 +237,7 @@ func writeTree(tw *tar.Writer, root, prefix string, skip map[string]bool) error 
 			return err
 		}
 		h.Name = name
+		h.ModTime = h.ModTime.Truncate(time.Second)
 		if info.IsDir() {
 			h.Name += "/"
 		}
