@@ -47,10 +47,13 @@ need_torch() {
   apt_install apt python3-torch
 }
 
+# MinIO, the S3 server of the tests, at a pinned version (what @latest was
+# on 2026-12-07): a fresh machine builds the server the suite was run on.
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 need_minio() {
   [ -x "$BIN/minio" ] && return 0
-  log "building MinIO into $BIN (≈3 min, test server only)"
-  GOBIN="$BIN" GOFLAGS= go install github.com/minio/minio@latest >"$CACHE/logs/minio.log" 2>&1
+  log "building MinIO $MINIO_VERSION into $BIN (≈3 min, test server only)"
+  GOBIN="$BIN" GOFLAGS= go install "github.com/minio/minio@$MINIO_VERSION" >"$CACHE/logs/minio.log" 2>&1
 }
 
 # h2spec, the HTTP/2 conformance suite the master's transports are held to
