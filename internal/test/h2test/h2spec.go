@@ -23,8 +23,9 @@ import (
 // case failing that is not listed fails the test, so conformance only
 // ratchets up. A listed case that passes is said, to be taken off the
 // list. A case listed with a leading "~ " may pass or fail from run to
-// run (the list says why); neither outcome is reported. h2spec comes from scripts/deps.sh ($KFELASTIC_CACHE/bin); without
-// it, or with -short, the test skips. A run takes ≈35 s in parts side by
+// run (the list says why); neither outcome is reported. h2spec comes from
+// scripts/deps.sh ($KFELASTIC_CACHE/bin); without it, or with -short, the
+// test skips. A run takes ≈35 s in parts side by
 // side (h2specParts), 70–80 s in one.
 func H2spec(t *testing.T, addr, allowList string) {
 	t.Helper()

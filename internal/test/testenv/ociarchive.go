@@ -196,7 +196,7 @@ func writeArchive(w io.Writer, name string, img ociImage) error {
 // Python's bytecode (__pycache__) goes in only with bytecode: without it
 // every Python in a pod compiles each module it imports, torch's ≈1,100
 // among them (≈1 CPU-s more per process; a replacement pod's import of
-// torch took 3.8–4.5 s where 2.5–3 s would do). A tree whose bytecode is
+// torch took 3.8–4.5 s, 2.2–2.5 s with its bytecode). A tree whose bytecode is
 // made at install (Debian's py3compile, scripts/deps.sh's compileall of
 // flytekit) keeps it; a checkout's (examples/, testdata/) does not, as it
 // varies with the machine that ran the scripts. Times are whole seconds,
