@@ -30,7 +30,7 @@ const spareTaint = "kfelastic.e2e/spare"
 // and the node's GPU daemon records an Xid 79 Warning event against the
 // pod. The master takes the pod out with a GpuFallenOffBus document naming
 // the node, and relaunches it with a node anti-affinity, not counted: the
-// replacement lands on a spare node (kwok's: it never trains), and the job
+// replacement lands on a spare node (simulated: it never trains), and the job
 // goes on with workers 0 and 2 (Elastic(nnodes="2:3")) to its last step.
 // The workflow succeeds on its first attempt (no Flyte retry), and its
 // success event says what it recovered from: the GPU fault on that pod and
@@ -56,11 +56,11 @@ func TestE10GPUFallenOffTheBus(t *testing.T) {
 	victim := j.pod(w1)
 	bad := victim.Spec.NodeName
 	// The spare node comes once every pod runs on the real one.
-	spare := "kwok-spare-" + j.name
-	testenv.StartKwok(t, e.cluster.Config)
+	spare := "sim-spare-" + j.name
+	testenv.StartSimNodes(t, e.cluster.Config)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: spare,
-		Annotations: map[string]string{testenv.KwokNodeAnnotation: "fake"},
-		Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": spare}},
+		Annotations: map[string]string{testenv.SimNodeAnnotation: "true"},
+		Labels:      map[string]string{"type": testenv.SimNodeLabel, "kubernetes.io/hostname": spare}},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: spareTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}}}
 	if err := e.kube.Create(t.Context(), node); err != nil {
 		t.Fatal(err)

@@ -81,27 +81,28 @@ func (cl cluster) propeller(t *testing.T, opts testenv.PropellerOptions) *testen
 	return testenv.StartPropeller(t, opts)
 }
 
-// propellerNode is the kwok node the test's pods are bound to.
-const propellerNode = "kwok-propeller-0"
+// propellerNode is the simulated node the test's pods are bound to.
+const propellerNode = "sim-propeller-0"
 
 // TestPropellerRunsElasticTask runs a real flytepropeller with the plugin
-// against the envtest API server, the training operator and kwok: a
+// against the envtest API server, the training operator and a simulated
+// node (testenv.StartSimNodes): a
 // FlyteWorkflow of the elastic task template (3:4 workers) is compiled and
 // created as flyteadmin would; propeller, through kfelastic-pytorch,
 // creates the PyTorchJob with a Master replica running `kfelastic master`
 // and the master's Secret, ServiceAccount, Role and RoleBinding; the pods
-// are bound to a kwok node, which runs them, and the workflow's node
+// are bound to the simulated node, which runs them, and the workflow's node
 // reports Running. Then the pods complete and the workflow succeeds. A
 // second workflow's worker writes a ValueError document, the job ends,
 // and the workflow fails with that root cause as the node's error.
 func TestPropellerRunsElasticTask(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs flytepropeller, kube-apiserver, the training operator, kwok and MinIO")
+		t.Skip("needs flytepropeller, kube-apiserver, the training operator and MinIO")
 	}
 	const ns = "e2e-propeller"
 	cl := newCluster(t, ns)
 	testenv.StartOperator(t, cl.cfg)
-	testenv.StartKwok(t, cl.cfg, propellerNode)
+	testenv.StartSimNodes(t, cl.cfg, propellerNode)
 	started := time.Now()
 	p := cl.propeller(t, testenv.PropellerOptions{LateDocumentGrace: 3 * time.Second})
 	t.Logf("flytepropeller ready %v after its start", time.Since(started).Round(time.Millisecond))
@@ -323,7 +324,7 @@ func waitOutcome(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha
 }
 
 // bindPods does the scheduler's job until ctx ends: every pod of ns goes to
-// the kwok node, which runs it.
+// the simulated node, which runs it.
 func bindPods(ctx context.Context, t *testing.T, c client.Client, ns string) {
 	for ctx.Err() == nil {
 		if err := testenv.BindPods(ctx, c, ns, nil, testenv.Nodes(propellerNode)); err != nil && ctx.Err() == nil {
@@ -350,7 +351,7 @@ func setPods(ctx context.Context, t *testing.T, c client.Client, job *kubeflowv1
 	}
 	now := metav1.Now()
 	for _, p := range pods.Items {
-		// kwok patches the same pods' status: re-read and retry on a
+		// The node simulator patches the same pods' status: re-read and retry on a
 		// conflict, as a controller would.
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			pod := &corev1.Pod{}

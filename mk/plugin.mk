@@ -21,7 +21,7 @@ $(PFLAGS):
 plugin-pflags: $(PFLAGS)
 	cd plugin && PATH=$(CACHE)/bin:$$PATH $(GO) generate ./...
 
-# The real training operator and kwok for plugin/lifecycle_test.go are
+# The real training operator for plugin/lifecycle_test.go is
 # built (once, cached) by scripts/deps.sh k8s, which `make test` runs.
 .PHONY: deps-operator
 deps-operator:

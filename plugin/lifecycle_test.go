@@ -21,10 +21,11 @@ import (
 )
 
 // TestLifecycleWithTrainingOperator runs the real Kubeflow training operator
-// and kwok (simulated node and kubelet) against the envtest API server and
+// and a simulated node (testenv.StartSimNodes) against the envtest API server and
 // drives a PyTorchJob through flytepropeller's plugin manager: created by
-// the plugin, pods created by the operator, bound to the kwok node by the
-// test (there is no kube-scheduler here), started by kwok, Running; then one
+// the plugin, pods created by the operator, bound to the simulated node by
+// the test (there is no kube-scheduler here), started by its simulator,
+// Running; then one
 // worker is OOM-killed (its status set as the kubelet would), the operator
 // fails the job, and the plugin reports a system-retryable OOMKilled on that
 // worker, synthesized from its pod status since it left no document. Then
@@ -33,7 +34,7 @@ import (
 // as the operator made them.
 func TestLifecycleWithTrainingOperator(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs kube-apiserver, training operator and kwok")
+		t.Skip("needs kube-apiserver and the training operator")
 	}
 	e := newManagerEnv(t, "flyte-lifecycle", "pytorch")
 	e.cfg.LateDocumentGrace.Duration = 3 * time.Second
@@ -41,15 +42,15 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	testenv.StartOperator(t, cfg)
-	testenv.StartKwok(t, cfg, lifecycleNode)
+	testenv.StartSimNodes(t, cfg, lifecycleNode)
 
 	tctx, job := e.launch(t, "lifecycle", "pytorch-v1-two-workers")
-	// Running: the operator made 3 pods, we bind them, kwok runs them.
+	// Running: the operator made 3 pods, we bind them, the node simulator runs them.
 	phase := waitPhase(ctx, t, e, tctx, job, func(p pluginsCore.PhaseInfo) bool { return p.Phase() == pluginsCore.PhaseRunning })
 	t.Logf("running: %v", phase)
 
 	oomAt := time.Now().UTC().Truncate(time.Second)
-	// kwok patches the same pod's status concurrently: re-read and retry on a
+	// The node simulator patches the same pod's status concurrently: re-read and retry on a
 	// conflict, as a controller would.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		worker := &corev1.Pod{}
@@ -152,8 +153,8 @@ func checkElasticPods(ctx context.Context, t *testing.T, e *managerEnv, job, ima
 	}
 }
 
-// lifecycleNode is the kwok node the test's pods are bound to.
-const lifecycleNode = "kwok-node-0"
+// lifecycleNode is the simulated node the test's pods are bound to.
+const lifecycleNode = "sim-node-0"
 
 func jobCondition(job *kubeflowv1.PyTorchJob) (kubeflowv1.JobCondition, bool) {
 	for i := len(job.Status.Conditions) - 1; i >= 0; i-- {
@@ -165,7 +166,7 @@ func jobCondition(job *kubeflowv1.PyTorchJob) (kubeflowv1.JobCondition, bool) {
 }
 
 // waitPhase runs propeller's rounds (the plugin manager's Handle) every
-// 300 ms, binding the job's pods to the kwok node as a scheduler would,
+// 300 ms, binding the job's pods to the simulated node as a scheduler would,
 // until done accepts the phase.
 func waitPhase(ctx context.Context, t *testing.T, e *managerEnv, tctx *flytetest.Context, job *kubeflowv1.PyTorchJob, done func(pluginsCore.PhaseInfo) bool) pluginsCore.PhaseInfo {
 	t.Helper()

@@ -4,7 +4,7 @@
 # fresh checkouts on the same machine reuse it). Usage: deps.sh [all|apt|torch|minio|h2spec|k8s|cluster|coredns|worker-root|protoc|torch2|flytekit]
 # (torch: Debian's python3-torch alone, for make demo; torch2: torch 2.14 in a
 # Debian sid root, run by scripts/torch-python 2.14; k8s: etcd, kube-apiserver,
-# CRDs, training operator, kwok; cluster: k8s and the one-node cluster;
+# CRDs, training operator; cluster: k8s and the one-node cluster;
 # flytekit: real flytekit 1.16.24 for the process-level tests)
 set -euo pipefail
 CACHE=${KFELASTIC_CACHE:-$HOME/.cache/kfelastic}
@@ -12,8 +12,21 @@ BIN=$CACHE/bin
 mkdir -p "$BIN" "$CACHE/logs"
 log() { printf '[deps %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 # took LABEL START RC: says how long a step that did work took (from
-# $SECONDS at START), for the cold figures in README.md; returns RC.
-took() { [ $((SECONDS - $2)) -ge 3 ] && log "$1: done in $((SECONDS - $2)) s (rc $3)"; return "$3"; }
+# $SECONDS at START) and the CPU its processes used, for the cold figures
+# in README.md; returns RC. Call it in the shell (or the `{ … } &` group)
+# that ran the step: `times` counts the children that shell waited for.
+# `times` runs in this shell (a redirect forks nothing); in a $(…) it
+# would report the fresh subshell's zeros.
+took() {
+  if [ $((SECONDS - $2)) -ge 3 ]; then
+    local f=$CACHE/logs/.times.$BASHPID cpu
+    times >"$f"
+    cpu=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d", s }' "$f")
+    rm -f "$f"
+    log "$1: done in $((SECONDS - $2)) s, $cpu CPU-s (rc $3)"
+  fi
+  return "$3"
+}
 
 # apt_install LOG PACKAGE…: Debian's packages, one apt-get at a time (two
 # would fight over dpkg's lock), its output in $CACHE/logs/LOG.log.
@@ -220,16 +233,13 @@ need_crds() {
   chmod u+w "$dir"/*.yaml
 }
 
-# The real Kubeflow training operator and kwok (simulated nodes), for the
-# plugin's lifecycle test.
+# The real Kubeflow training operator, for the plugin's, the master's and
+# the e2e tests. (Their simulated nodes are the tests' own,
+# testenv.StartSimNodes: kwok, used before, was ≈350 CPU-s of a cold build.)
 need_operator() {
   [ -x "$BIN/training-operator.v1" ] || {
     log "building the Kubeflow training operator (≈2 min)"
     GOBIN="$BIN" GOFLAGS= go install github.com/kubeflow/training-operator/cmd/training-operator.v1@v1.8.1 >"$CACHE/logs/training-operator.log" 2>&1
-  }
-  [ -x "$BIN/kwok" ] || {
-    log "building kwok (≈2.5 min)"
-    GOBIN="$BIN" GOFLAGS= go install sigs.k8s.io/kwok/cmd/kwok@v0.8.0 >"$CACHE/logs/kwok.log" 2>&1
   }
 }
 
@@ -356,7 +366,7 @@ case $what in
     { t=$SECONDS; rc=0; need_k8s && { need_node_bins || log "the node's binaries failed (see $CACHE/logs/kube-node.log): the e2e tests will skip"; } || rc=$?
       took "kube-apiserver, the node's binaries" $t $rc; } & p2=$!
     { t=$SECONDS; rc=0; need_operator && { need_coredns || log "no CoreDNS: the e2e tests will skip"; } || rc=$?
-      took "the operator, kwok, CoreDNS" $t $rc; } & p3=$!
+      took "the operator, CoreDNS" $t $rc; } & p3=$!
     # torch 2.14 for the 2.x side of the torch tests; without it those
     # tests skip with a note, so a failed debootstrap does not fail the run.
     { t=$SECONDS; need_torch2 || log "no torch 2.14 root (see $CACHE/logs/torch-sid.log): its tests will skip"; took "torch 2.14 root" $t 0; } & p4=$!

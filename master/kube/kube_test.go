@@ -33,23 +33,24 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// The kwok nodes pods are bound to, in this order of preference.
-var nodes = []string{"kwok-node-a", "kwok-node-b"}
+// The simulated nodes (testenv.StartSimNodes) pods are bound to, in this
+// order of preference.
+var nodes = []string{"sim-node-a", "sim-node-b"}
 
 // TestOwnerWithTrainingOperator carries out decisions against the real
 // kube-apiserver, the real Kubeflow training operator (which recreates
-// deleted and failed pods from the current template) and kwok (simulated
-// nodes and kubelets; the test binds pods as a scheduler would, honouring
+// deleted and failed pods from the current template) and simulated nodes
+// (testenv.StartSimNodes: their kubelets in the test; the test binds pods as a scheduler would, honouring
 // hostname affinity). Every Owner runs with a token of the service account
 // kfoperator.MasterObjects creates, so each case also proves that the Role
 // the plugin grants is enough.
 func TestOwnerWithTrainingOperator(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs kube-apiserver, the training operator and kwok (scripts/deps.sh k8s); skipped under -short")
+		t.Skip("needs kube-apiserver, and the training operator (scripts/deps.sh k8s); skipped under -short")
 	}
 	cfg := testenv.Kube(t)
 	testenv.StartOperator(t, cfg)
-	testenv.StartKwok(t, cfg, nodes...)
+	testenv.StartSimNodes(t, cfg, nodes...)
 
 	t.Run("OOMKilledWorkerComesBackWithTwiceTheMemory", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "oom")
@@ -170,7 +171,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 	// as kube-controller-manager's MarkPodsNotReady does) reaches the
 	// master with the pod's node, from the master's Role: the node's own
 	// condition is read only once a ClusterRole grants get on nodes (the
-	// kwok node is Ready: the read is what is tested). The same reason from
+	// simulated node is Ready: the read is what is tested). The same reason from
 	// another source changes nothing; the controller recording it again on
 	// the same event (count up, a later time: the node not ready again) is
 	// reported again, dated by its latest time, and an update that does not
@@ -228,7 +229,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 		defer stop()
 		n = next(got) // the event above, listed again by a new owner
 		if !strings.HasPrefix(n.Condition, "Ready=True (") {
-			t.Errorf("condition %q, want the kwok node's Ready condition", n.Condition)
+			t.Errorf("condition %q, want the simulated node's Ready condition", n.Condition)
 		}
 	})
 
@@ -358,7 +359,7 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 			}
 			return "", false
 		}
-		t.Cleanup(func() { // the kwok node is the other cases' too
+		t.Cleanup(func() { // the simulated node is the other cases' too
 			_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 				var n corev1.Node
 				if err := e.admin.Get(context.Background(), client.ObjectKey{Name: nodes[0]}, &n); err != nil {
@@ -525,8 +526,8 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 	})
 
 	t.Run("RelaunchForceDeletesPodsOfALostNode", func(t *testing.T) {
-		// A node without a kubelet (kwok does not manage it) takes the
-		// first pod of each index; replacements go to the kwok nodes.
+		// A node without a kubelet (no simulator plays it) takes the
+		// first pod of each index; replacements go to the simulated nodes.
 		var r [3]byte
 		_, _ = rand.Read(r[:])
 		lost := "lost-node-" + hex.EncodeToString(r[:])
@@ -929,8 +930,8 @@ func (e *jobEnv) waitRunning(t *testing.T, suffix string, notUID types.UID) *cor
 	})
 }
 
-// setStatus changes a pod's status as the kubelet would (kwok writes it
-// too: retried on conflict).
+// setStatus changes a pod's status as the kubelet would (the node
+// simulator writes it too: retried on conflict).
 func (e *jobEnv) setStatus(t *testing.T, suffix string, change func(*corev1.PodStatus)) {
 	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {

@@ -23,17 +23,18 @@ import (
 // TestMasterOwnsItsDecisions runs a real master whose pod owner is this
 // package (NewMasterOwner over an Owner with the master service account's
 // token, WatchFor reporting dead pods), against the real kube-apiserver,
-// the Kubeflow training operator and kwok. Agents are plain gRPC clients
+// the Kubeflow training operator and simulated nodes
+// (testenv.StartSimNodes). Agents are plain gRPC clients
 // named after the job's worker pods. The test only plays the kubelet and
 // the agents: the master notices, decides, and carries out its decisions
 // itself (docs/DESIGN.md §5.6).
 func TestMasterOwnsItsDecisions(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs kube-apiserver, the training operator and kwok (scripts/deps.sh k8s); skipped under -short")
+		t.Skip("needs kube-apiserver, and the training operator (scripts/deps.sh k8s); skipped under -short")
 	}
 	cfg := testenv.Kube(t)
 	testenv.StartOperator(t, cfg)
-	testenv.StartKwok(t, cfg, nodes...)
+	testenv.StartSimNodes(t, cfg, nodes...)
 
 	t.Run("OOMKilledWorkerIsRelaunchedWithMoreMemory", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "moom")

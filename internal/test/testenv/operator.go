@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"go/build"
 	"math/big"
 	"os"
 	"os/exec"
@@ -30,12 +29,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The training operator and kwok, as built by scripts/deps.sh k8s.
+// OperatorBinary is the training operator, as built by scripts/deps.sh k8s.
 func OperatorBinary() string { return filepath.Join(CacheDir(), "bin", "training-operator.v1") }
-func KwokBinary() string     { return filepath.Join(CacheDir(), "bin", "kwok") }
-
-// KwokNodeAnnotation marks the nodes kwok started here manages.
-const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
 // servingCertDirs are where the operator looks for its webhook's
 // certificates: its cert rotator at a path fixed in the operator
@@ -92,59 +87,6 @@ func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
 	}
 	return append([]string{bin, "--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
 		fmt.Sprintf("--webhook-server-port=%d", port)}, args...)
-}
-
-// StartKwok runs kwok (simulated nodes and kubelets: a bound pod becomes
-// Running, a deleted pod goes away) against the API server of cfg for the
-// test's duration, and registers the named fake nodes for it to manage,
-// labelled type=kwok and kubernetes.io/hostname=<name>. Without a
-// scheduler (envtest) bind pods with BindPods; the e2e cluster's schedules
-// them. It skips under -short.
-func StartKwok(t testing.TB, cfg *rest.Config, nodes ...string) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("needs kwok (run without -short)")
-	}
-	bin := KwokBinary()
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("%s is missing: run scripts/deps.sh k8s: %v", bin, err)
-	}
-	// kwok's own stage files (node ready; pod Pending → Running; deletion),
-	// from its module, which building it downloaded.
-	modCache := os.Getenv("GOMODCACHE")
-	if modCache == "" {
-		modCache = filepath.Join(build.Default.GOPATH, "pkg", "mod")
-	}
-	stages := filepath.Join(modCache, "sigs.k8s.io", "kwok@v0.8.0", "kustomize", "stage")
-	if _, err := os.Stat(stages); err != nil {
-		t.Fatalf("kwok stage files missing (run scripts/deps.sh k8s): %v", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := Kubeconfig(t, cfg)
-	startProcess(t, "kwok", bin, kubeconfig,
-		"--kubeconfig="+kubeconfig, "--manage-all-nodes=false",
-		"--manage-nodes-with-annotation-selector="+KwokNodeAnnotation+"=fake",
-		"--config="+filepath.Join(stages, "node", "fast", "node-initialize.yaml"),
-		// Heartbeats: a cluster with a controller manager (e2e) would
-		// otherwise find the node unreachable after 40 s and taint it.
-		"--config="+filepath.Join(stages, "node", "heartbeat", "node-heartbeat.yaml"),
-		"--config="+filepath.Join(stages, "pod", "fast", "pod-ready.yaml"),
-		"--config="+filepath.Join(stages, "pod", "fast", "pod-delete.yaml"),
-		fmt.Sprintf("--server-address=127.0.0.1:%d", port))
-	c := NewClient(t, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, name := range nodes {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
-			Annotations: map[string]string{KwokNodeAnnotation: "fake"},
-			Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": name}}}
-		if err := c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
 }
 
 // BindPods does a scheduler's job for the test: it binds each unbound pod in
@@ -221,7 +163,7 @@ func HostnameAllowed(p *corev1.Pod, host string) bool {
 }
 
 // Kubeconfig writes the API server's rest.Config as a kubeconfig file (for
-// the operator and kwok) and returns its path.
+// the operator) and returns its path.
 func Kubeconfig(t testing.TB, cfg *rest.Config) string {
 	t.Helper()
 	kc := clientcmdapi.NewConfig()
