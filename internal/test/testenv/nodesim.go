@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -97,8 +98,6 @@ func (s *nodeSim) run(ctx context.Context) {
 			continue
 		}
 		s.follow(ctx, nodeWatch, podWatch)
-		nodeWatch.Stop()
-		podWatch.Stop()
 	}
 }
 
@@ -136,9 +135,10 @@ func (s *nodeSim) resyncPods(ctx context.Context) (watch.Interface, error) {
 }
 
 // follow acts on the watches' events until one of them ends (a relist
-// then) or ctx does. A node newly annotated has its pods listed again:
-// their events may have come before its own.
+// then) or ctx does, and stops them. A node newly annotated has its pods
+// listed again: their events may have come before its own.
 func (s *nodeSim) follow(ctx context.Context, nodeWatch, podWatch watch.Interface) {
+	defer func() { nodeWatch.Stop(); podWatch.Stop() }()
 	beat := time.NewTicker(10 * time.Second)
 	defer beat.Stop()
 	for {
@@ -285,7 +285,7 @@ func (s *nodeSim) renewLease(ctx context.Context, n *corev1.Node, now time.Time)
 	case apierrors.IsNotFound(err):
 		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: n.Name,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}}},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &n.Name, LeaseDurationSeconds: ptrTo(int32(40)), RenewTime: &renew}}
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &n.Name, LeaseDurationSeconds: ptr.To(int32(40)), RenewTime: &renew}}
 		err = s.c.Create(ctx, &l)
 	case err == nil:
 		l.Spec.RenewTime = &renew
@@ -295,8 +295,6 @@ func (s *nodeSim) renewLease(ctx context.Context, n *corev1.Node, now time.Time)
 		s.logf("node simulator: lease of %s: %v", n.Name, err)
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // nodeReady says whether the node's Ready condition is True.
 func nodeReady(n *corev1.Node) bool {
@@ -373,7 +371,7 @@ func simPodRunning(p *corev1.Pod, ip string, now time.Time) {
 	}
 	st.ContainerStatuses = nil
 	for _, c := range p.Spec.Containers {
-		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: ptrTo(true),
+		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: ptr.To(true),
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: t}}})
 	}
 }
