@@ -45,48 +45,56 @@ vet:
 # budget (e2e/harness_test.go), so that one that hangs fails alone, long
 # before this kills the package.
 #
-# The four longest packages are named first, longest first, so that they
-# start at once instead of the last of them starting after the others
-# (`go test` starts packages in the order given, two at a time on 2 cores):
-# agent and local (≈8 min each on 2 cores, warm, 2026-12-07), then e2e
-# and cmd/kfelastic (≈8.5 each) as those end; then the longest of the
-# rest (torchhook ≈2.5 min, master ≈2, storerelay, nodecheck, kube), so
-# that none of them is left running alone at the end; the short ones
-# fill in after. Three at a time (-p 3) was tried: a cold run at -p 3 had
-# three load-timing failures.
+# The suite runs through internal/test/runtests rather than go test:
+#
+# - It links each package's test binary into $(TESTBIN), in the cache, and
+#   an unchanged one is not linked again (go test links all ≈30 every run:
+#   ≈170 CPU-s of a warm run on 2 cores, 2026-12-07; up to date, 1.2 s).
+#   The binaries are linked without their symbol table and DWARF (-s -w,
+#   a quarter off each link); stack traces and the race detector's
+#   reports name functions from the runtime's own tables, which stay.
+# - It runs three binaries at a time, at most two of the four longest
+#   packages (BIG_PACKAGES: agent and local ≈8 min each on 2 cores, e2e
+#   and cmd/kfelastic ≈8.5, warm, 2026-12-07) among them: those start at
+#   once, the rest fill the third lane in the order given, longest first
+#   (torchhook ≈2.5 min, master ≈2, storerelay, nodecheck, kube), then the
+#   short ones. Under go test -p 2 the short packages ran last, two at a
+#   time, and left the CPUs a third idle for the last 5 minutes; three of
+#   any packages at once (-p 3) had three load-timing failures in a cold
+#   run, where three torch-heavy packages met.
+# - The master's and the store relay's suites run again on grpc-go's
+#   server (--transport grpc is a supported choice) from the same
+#   binaries: tests that name no transport take
+#   $$KFELASTIC_MASTER_TRANSPORT; those that run every transport
+#   themselves, or none, are skipped there (≈1.5 min).
 #
 # vet runs with the tests' build flags (-race, cgo): the packages it
 # compiles to type-check are then the ones the tests link, one compiled set
 # of every dependency on a cold machine instead of two (vet alone took
 # ≈9 min cold on 2 cores). go test's own vet, a subset, is off.
-#
-# Then the master's and the store relay's suites again on grpc-go's server
-# (--transport grpc is a supported choice): tests that name no transport
-# take $KFELASTIC_MASTER_TRANSPORT; those that run every transport
-# themselves, or none, are skipped there. ≈1.5 min on 2 cores.
-# The test binaries are linked without their symbol table and DWARF
-# (-s -w): go test links ≈60 of them each run, ≈12 CPU-s each for the big
-# ones under -race, and -s -w takes a quarter off that (2026-12-07: 9.0
-# against 12.4 CPU-s for agent/'s). Stack traces and the race detector's
-# reports name functions from the runtime's own tables, which stay.
-TEST_LDFLAGS := -ldflags=-s\ -w
+TESTBIN = $(CACHE)/testbin/$(shell printf %s '$(CURDIR)' | sha256sum | cut -c1-12)
+BIG_PACKAGES := ./agent/,./local/,./e2e/,./cmd/kfelastic/
 TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./agent/torchhook/ ./master/ ./agent/storerelay/ ./agent/nodecheck/ ./master/kube/ ./...
 GRPC_LEG_SKIP := TestH2spec|TestTransports|TestUnauthenticatedCallsCostNoMemory|TestSim|TestScenarios|FuzzJob|FuzzStateDecode
+RUNTESTS = CGO_ENABLED=1 $(GO) run ./internal/test/runtests -o $(TESTBIN) \
+	-buildflag=-race -buildflag=-vet=off -buildflag=-ldflags=-s\ -w \
+	-p 3 -big-lanes 2 -big $(BIG_PACKAGES) -timeout 45m \
+	-leg-env KFELASTIC_MASTER_TRANSPORT=grpc -leg-skip '$(GRPC_LEG_SKIP)' -leg-pkgs ./master/,./agent/storerelay/
 test: test-prepare
-	CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 $(TEST_LDFLAGS) -timeout 45m $(TEST_PACKAGES)
-	KFELASTIC_MASTER_TRANSPORT=grpc CGO_ENABLED=1 $(GO) test -race -vet=off -count=1 $(TEST_LDFLAGS) -timeout 15m -skip '$(GRPC_LEG_SKIP)' ./master/ ./agent/storerelay/
+	$(RUNTESTS) $(TEST_PACKAGES)
 
 # What the tests need, ready: the dependencies (scripts/deps.sh all) and,
 # beside them, the tests' own compile: go vet with the tests' flags, which
-# compiles every package the tests link, then the static binaries the
-# tests start (testenv.StaticBuild's flags). On a cold machine the
-# dependencies' downloads and debootstraps wait on the network, time
-# this compile can use; warm, each step is a no-op in seconds. Only
-# Debian's packages come first: go vet -race needs gcc.
+# compiles every package the tests link, the test binaries' links, then
+# the static binaries the tests start (testenv.StaticBuild's flags). On a
+# cold machine the dependencies' downloads and debootstraps wait on the
+# network, time this compile can use; warm, each step is a no-op in
+# seconds. Only Debian's packages come first: go vet -race needs gcc.
 test-prepare:
 	@scripts/deps.sh apt
 	@scripts/deps.sh all & deps=$$!; rc=0; \
 	$(MAKE) --no-print-directory vet VET_BUILD=-race CGO_ENABLED=1 || rc=$$?; \
+	if [ $$rc -eq 0 ]; then $(RUNTESTS) -link-only $(TEST_PACKAGES) || rc=$$?; fi; \
 	if [ $$rc -eq 0 ]; then CGO_ENABLED=0 $(GO) build -trimpath ./cmd/kfelastic ./cmd/flytepropeller-kfelastic || rc=$$?; fi; \
 	wait $$deps || rc=$$?; exit $$rc
 
