@@ -172,8 +172,6 @@ func TestMasterScaleUpRealTorch(t *testing.T) {
 	}
 }
 
-// torchBinary skips the test with -short, fails it without torch, and
-// returns the built kfelastic binary.
 // forEachTorch runs f as a subtest per torch here (torch1.13, torch2.14;
 // testenv.Torches), py its interpreter; skipped with -short.
 func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
@@ -184,6 +182,8 @@ func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
 }
 
+// torchBinary skips the test with -short, fails it without torch, and
+// returns the built kfelastic binary.
 func torchBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {

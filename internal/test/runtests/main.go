@@ -53,7 +53,7 @@ type options struct {
 	testFlags  listFlag
 	verbose    bool
 	linkOnly   bool
-	legEnv     string
+	legEnv     listFlag
 	legSkip    string
 	legPkgs    string
 	patterns   []string
@@ -70,7 +70,7 @@ func main() {
 	flag.Var(&o.testFlags, "testflag", "a flag for every test binary, such as -test.run=X (repeat it for more)")
 	flag.BoolVar(&o.verbose, "v", false, "print every binary's output and when each starts")
 	flag.BoolVar(&o.linkOnly, "link-only", false, "link the binaries and run nothing (make test-prepare)")
-	flag.StringVar(&o.legEnv, "leg-env", "", "a leg's added environment, NAME=VALUE")
+	flag.Var(&o.legEnv, "leg-env", "a leg's added environment, NAME=VALUE (repeat it for more)")
 	flag.StringVar(&o.legSkip, "leg-skip", "", "the tests a leg skips (-test.skip)")
 	flag.StringVar(&o.legPkgs, "leg-pkgs", "", "comma-separated package patterns the leg runs again")
 	flag.Parse()
@@ -129,10 +129,7 @@ func runAll(ctx context.Context, o options, w io.Writer) int {
 		if !leg[p.importPath] || !p.hasTests {
 			continue
 		}
-		r := run{Pkg: p.importPath, Label: p.importPath + " [" + o.legEnv + "]", Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath]}
-		if o.legEnv != "" {
-			r.Env = []string{o.legEnv}
-		}
+		r := run{Pkg: p.importPath, Label: p.importPath + " [" + o.legEnv.String() + "]", Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath], Env: o.legEnv}
 		if o.legSkip != "" {
 			r.Args = []string{"-test.skip=" + o.legSkip}
 		}
@@ -318,7 +315,10 @@ func execute(ctx context.Context, o options, r run) ([]byte, error) {
 	}
 	cmd := exec.CommandContext(ctx, r.Binary, append(args, r.Args...)...)
 	cmd.Dir = r.Dir
-	cmd.Env = append(os.Environ(), r.Env...)
+	// Environ sets $PWD to Dir, as go test does: processes that compare
+	// $PWD with their folder (Python's os.getcwd does not, torchrun's
+	// workers inherit it) see the package's folder.
+	cmd.Env = append(cmd.Environ(), r.Env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -39,9 +39,16 @@ func TestRunAllLinksOnceAndReports(t *testing.T) {
 	write("go.mod", "module example.com/m\n\ngo 1.26\n")
 	write("pass/pass_test.go", `package pass
 import ("os"; "testing")
-func TestLeg(t *testing.T) { t.Log("leg=" + os.Getenv("LEG")) }
+func TestLeg(t *testing.T) {
+	t.Log("leg=" + os.Getenv("LEG"))
+	if os.Getenv("LEG") != "" { os.WriteFile("leg-ran-" + os.Getenv("LEG") + os.Getenv("OTHER"), nil, 0o644) }
+}
 func TestSkipped(t *testing.T) { if os.Getenv("LEG") != "" { t.Fatal("the leg skips this") } }
-func TestDir(t *testing.T) { if _, err := os.Stat("pass_test.go"); err != nil { t.Fatal("not run in its folder") } }
+func TestDir(t *testing.T) {
+	if _, err := os.Stat("pass_test.go"); err != nil { t.Fatal("not run in its folder") }
+	wd, _ := os.Getwd()
+	if os.Getenv("PWD") != wd { t.Fatalf("PWD %q in %q", os.Getenv("PWD"), wd) }
+}
 `)
 	write("fail/fail_test.go", "package fail\nimport \"testing\"\nfunc TestFails(t *testing.T) { t.Fatal(\"the reason\") }\n")
 	write("none/none.go", "package none\n")
@@ -49,7 +56,7 @@ func TestDir(t *testing.T) { if _, err := os.Stat("pass_test.go"); err != nil { 
 	t.Chdir(mod)
 	out := filepath.Join(t.TempDir(), "bin")
 	o := options{out: out, lanes: 2, bigLanes: 1, big: "./fail", timeout: time.Minute,
-		legEnv: "LEG=grpc", legSkip: "TestSkipped", legPkgs: "./pass", patterns: []string{"./..."},
+		legEnv: listFlag{"LEG=grpc", "OTHER=1"}, legSkip: "TestSkipped", legPkgs: "./pass", patterns: []string{"./..."},
 		testFlags: listFlag{"-test.v=true"}}
 	var w bytes.Buffer
 	if code := runAll(context.Background(), o, &w); code != 1 {
@@ -60,7 +67,7 @@ func TestDir(t *testing.T) { if _, err := os.Stat("pass_test.go"); err != nil { 
 		`(?m)^\?   \texample.com/m/none\t\[no test files\]$`,
 		`(?m)^ok  \texample.com/m/pass\t[0-9.]+s$`,
 		`(?m)^ok  \texample.com/m/other/pass\t[0-9.]+s$`,
-		`(?m)^ok  \texample.com/m/pass \[LEG=grpc\]\t[0-9.]+s$`,
+		`(?m)^ok  \texample.com/m/pass \[LEG=grpc OTHER=1\]\t[0-9.]+s$`,
 		`the reason`,
 		`(?m)^FAIL\texample.com/m/fail\t[0-9.]+s$`,
 		`(?m)^runtests: 4 runs, 1 failed`,
@@ -68,6 +75,9 @@ func TestDir(t *testing.T) { if _, err := os.Stat("pass_test.go"); err != nil { 
 		if !regexp.MustCompile(want).MatchString(got) {
 			t.Errorf("output lacks %s:\n%s", want, got)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(mod, "pass", "leg-ran-grpc1")); err != nil {
+		t.Errorf("the leg did not run with both its settings: %v", err)
 	}
 	if strings.Contains(got, "leg=grpc") {
 		t.Errorf("a passing run's output was printed:\n%s", got)
