@@ -89,10 +89,9 @@ func waitAll(t *testing.T, limit time.Duration, ps ...*proc) []error {
 	defer cancel()
 	errs := make([]error, len(ps))
 	for i, p := range ps {
-		done := make(chan error, 1)
-		go func() { done <- p.cmd.Wait() }()
 		select {
-		case errs[i] = <-done:
+		case <-p.exited:
+			errs[i] = p.waitErr
 		case <-ctx.Done():
 			t.Fatalf("pod %d did not finish within %v:\n%s", i, limit, p.out)
 		}
@@ -355,7 +354,7 @@ func commandScenario12MasterRestart(t *testing.T, py string) {
 	if err := syscall.Kill(-j.master.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = j.master.cmd.Wait()
+	_ = j.master.wait()
 	// Down as long as a master pod takes to come back, at least.
 	const down = 3 * time.Second
 	time.Sleep(down - time.Since(killed))

@@ -31,10 +31,22 @@ var buildBinary = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
-// proc is a started kfelastic process whose output the test reads.
+// proc is a started kfelastic process whose output the test reads. One
+// goroutine waits for it (exec.Cmd.Wait may be called once): the others
+// read exited and waitErr.
 type proc struct {
 	cmd *exec.Cmd
 	out *lockedBuffer
+	// exited is closed once the process has been waited for; waitErr is
+	// then Wait's error.
+	exited  chan struct{}
+	waitErr error
+}
+
+// wait waits for the process to exit and returns Wait's error.
+func (p *proc) wait() error {
+	<-p.exited
+	return p.waitErr
 }
 
 type lockedBuffer struct {
@@ -56,13 +68,17 @@ func (l *lockedBuffer) String() string {
 
 func startProc(t *testing.T, env []string, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin, args...), out: &lockedBuffer{}}
+	p := &proc{cmd: exec.Command(bin, args...), out: &lockedBuffer{}, exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
 	t.Cleanup(func() { _ = p.killGroup() })
 	return p
 }
@@ -75,11 +91,13 @@ func startProc(t *testing.T, env []string, bin string, args ...string) *proc {
 // machine's).
 func (p *proc) killGroup() error {
 	pgid := p.cmd.Process.Pid
-	if p.cmd.ProcessState != nil {
+	select {
+	case <-p.exited:
 		// Waited for already: its pid may be another process's now, so
 		// only its group's leftovers are killed, as before.
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		return nil
+	default:
 	}
 	pids := append(shmsem.Tree(pgid), shmsem.Group(pgid)...)
 	sems := shmsem.Mapped(pids)
@@ -87,7 +105,7 @@ func (p *proc) killGroup() error {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	_ = p.cmd.Wait()
+	_ = p.wait()
 	alive := func() bool {
 		for _, pid := range pids {
 			if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(st), ") Z ") {
@@ -149,11 +167,9 @@ func TestMasterScaleUpRealTorch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	for i, a := range []*proc{a0, a1, a2} {
-		done := make(chan error, 1)
-		go func() { done <- a.cmd.Wait() }()
 		select {
-		case err := <-done:
-			if err != nil {
+		case <-a.exited:
+			if err := a.waitErr; err != nil {
 				t.Errorf("agent %d: %v\n%s", i, err, a.out)
 			}
 		case <-ctx.Done():

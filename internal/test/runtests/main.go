@@ -5,16 +5,16 @@
 // go test links each test binary every run (≈170 CPU-s of a warm make
 // test on 2 cores, 2026-12-07, for 28 binaries that had not changed) and
 // runs -p packages at a time, whatever they are: the short packages at
-// the end left the CPUs a third idle, and a third lane would put three
-// torch-heavy packages side by side. Here the binaries are linked by
+// the end left the CPUs a third idle. Here the binaries are linked by
 // `go test -c -o DIR/`, which leaves an up-to-date one alone (1.2 s for
-// all of them), and run -p at a time with at most -big-lanes of the
-// packages named by -big at once, in the order given; a leg runs some of
-// them again with other settings from the same binaries (the master's
-// suite on grpc-go). Results print as go test prints them, as each
-// package ends; the exit status is 1 when any failed.
+// all of them), and run -p at a time, at most -big-lanes of the packages
+// named by -big among them, in the order given; once every -big package
+// has ended, -tail-p at a time. A leg runs some of them again with other
+// settings from the same binaries (the master's suite on grpc-go).
+// Results print as go test prints them, as each package ends; the exit
+// status is 1 when any failed.
 //
-//	go run ./internal/test/runtests -o DIR [-p 3] [-big-lanes 2] [-big PKGS]
+//	go run ./internal/test/runtests -o DIR [-p 2] [-tail-p 3] [-big-lanes 2] [-big PKGS]
 //	    [-timeout 45m] [-buildflag F]... [-testflag F]... [-v] [-link-only]
 //	    [-leg-env K=V -leg-skip RE -leg-pkgs PKGS] PACKAGES...
 package main
@@ -46,6 +46,7 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 type options struct {
 	out        string
 	lanes      int
+	tailLanes  int
 	bigLanes   int
 	big        string
 	timeout    time.Duration
@@ -62,7 +63,8 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.out, "o", "", "the folder the test binaries are linked into and kept in (required)")
-	flag.IntVar(&o.lanes, "p", 3, "test binaries run at once")
+	flag.IntVar(&o.lanes, "p", 2, "test binaries run at once")
+	flag.IntVar(&o.tailLanes, "tail-p", 0, "test binaries run at once after every -big package has ended (0: -p)")
 	flag.IntVar(&o.bigLanes, "big-lanes", 2, "of them, at most this many of the -big packages")
 	flag.StringVar(&o.big, "big", "", "comma-separated package patterns that each keep a core busy for minutes")
 	flag.DurationVar(&o.timeout, "timeout", 45*time.Minute, "each binary's -test.timeout")
@@ -236,8 +238,8 @@ func link(ctx context.Context, o options, pkgs []pkgInfo, w io.Writer) (map[stri
 	return binaries, nil
 }
 
-// schedule runs runs, o.lanes at a time and at most o.bigLanes big ones
-// (next), printing each result as it comes, and returns how many failed.
+// schedule runs runs, as many at a time as lanesNow says and at most
+// o.bigLanes big ones (next), printing each result as it comes, and returns how many failed.
 // Once ctx is done nothing new starts, and what runs is stopped.
 func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 	started := make([]bool, len(runs))
@@ -252,7 +254,7 @@ func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 	running, runningBig, failed, left := 0, 0, 0, len(runs)
 	for left > 0 {
 		for ctx.Err() == nil {
-			i := next(runs, started, running, runningBig, o.lanes, o.bigLanes)
+			i := next(runs, started, running, runningBig, lanesNow(runs, started, runningBig, o.lanes, o.tailLanes), o.bigLanes)
 			if i < 0 {
 				break
 			}

@@ -40,3 +40,21 @@ func next(runs []run, started []bool, running, runningBig, lanes, bigLanes int) 
 	}
 	return -1
 }
+
+// lanesNow is how many runs may run at once: lanes while a big run is
+// running or waiting, tailLanes (when above 0) once every big run has
+// ended. The short packages that finish a suite leave a core idle at
+// times (waiting on servers, timers); torch-heavy packages three at a time
+// cost more CPU than two (contention: a warm make test's Python took 11 %
+// more, 2026-12-07) and miss their load-timing bounds.
+func lanesNow(runs []run, started []bool, runningBig, lanes, tailLanes int) int {
+	if tailLanes <= 0 || runningBig > 0 {
+		return lanes
+	}
+	for i, r := range runs {
+		if r.Big && !started[i] {
+			return lanes
+		}
+	}
+	return tailLanes
+}

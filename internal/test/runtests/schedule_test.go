@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,12 +21,29 @@ func TestNextKeepsTheLanes(t *testing.T) {
 		}
 		lanes := 1 + rng.IntN(4)
 		bigLanes := 1 + rng.IntN(lanes)
+		tailLanes := rng.IntN(5)
 		started := make([]bool, len(runs))
 		var live []int
 		runningBig, count := 0, 0
 		for count < len(runs) || len(live) > 0 {
+			bigLeft := func() bool {
+				for j := range runs {
+					if runs[j].Big && (!started[j] || slices.Contains(live, j)) {
+						return true
+					}
+				}
+				return false
+			}
 			for {
-				i := next(runs, started, len(live), runningBig, lanes, bigLanes)
+				now := lanesNow(runs, started, runningBig, lanes, tailLanes)
+				if want := lanes; tailLanes > 0 && !bigLeft() {
+					if now != tailLanes {
+						t.Fatalf("seed %d iter %d: %d lanes with every big run ended, want %d", seed, iter, now, tailLanes)
+					}
+				} else if now != want {
+					t.Fatalf("seed %d iter %d: %d lanes with a big run left, want %d", seed, iter, now, want)
+				}
+				i := next(runs, started, len(live), runningBig, now, bigLanes)
 				if i < 0 {
 					break
 				}
@@ -43,11 +61,11 @@ func TestNextKeepsTheLanes(t *testing.T) {
 				if runs[i].Big {
 					runningBig++
 				}
-				if len(live) > lanes || runningBig > bigLanes {
+				if len(live) > now || runningBig > bigLanes {
 					t.Fatalf("seed %d iter %d: %d running (%d big), lanes %d (%d big)", seed, iter, len(live), runningBig, lanes, bigLanes)
 				}
 			}
-			if len(live) < lanes {
+			if len(live) < lanesNow(runs, started, runningBig, lanes, tailLanes) {
 				for j := range runs {
 					if !started[j] && !(runs[j].Big && runningBig >= bigLanes) {
 						t.Fatalf("seed %d iter %d: a lane is free and run %d could start", seed, iter, j)
@@ -69,8 +87,8 @@ func TestNextKeepsTheLanes(t *testing.T) {
 	}
 }
 
-// make test's order: the two longest big packages at once, a small one in
-// the third lane, and the next big one only when a big one ends.
+// Three lanes, two of them big: the first two big runs at once, a small
+// one in the third lane, and the next big one only when a big one ends.
 func TestNextHoldsBackTheThirdBig(t *testing.T) {
 	runs := []run{{Label: "agent", Big: true}, {Label: "local", Big: true}, {Label: "e2e", Big: true}, {Label: "errors"}, {Label: "events"}}
 	started := make([]bool, len(runs))
