@@ -155,7 +155,7 @@ func (c *commandGroups) roundCompleted(r Round) {
 	c.l.log.Info("the master completed a round; the command goes on (torch re-rendezvouses through the store itself)",
 		"round", r.Number, "group_rank", r.GroupRank, "group_world_size", r.GroupWorldSize)
 	c.keepRound(r)
-	if c.relay != nil && !c.outdatedAt.IsZero() {
+	if c.relay != nil && !c.outdatedAt.IsZero() && forgetsLost(r) {
 		go c.forgetLost(c.outdatedAt, r.DepartedSince, r.GroupWorldSize, r.Departed)
 	}
 	c.outdatedAt = time.Time{}
@@ -178,6 +178,18 @@ func (c *commandGroups) stop() {
 	if c.relay != nil {
 		_ = c.relay.Close()
 	}
+}
+
+// forgetsLost reports whether the relay has lost c10d nodes to forget
+// after the master's round r: not when the master knows that every member
+// of the round before is in r (a scale-up). Without the count the relay
+// waits for the live nodes' heartbeats, and a slow newcomer's torch, still
+// starting when that wait ran out (c10dKeepAliveGrace), had the relay age
+// the heartbeats of the very nodes it was joining: they looked dead to
+// torch, and the scale-up stopped there (TestCommandScaleUp on a loaded
+// machine, 2026-12-07).
+func forgetsLost(r Round) bool {
+	return !(r.DepartedKnown && r.Departed == 0)
 }
 
 // forgetLostLimit bounds how long a relay watches torch's c10d state for

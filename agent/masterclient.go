@@ -296,7 +296,7 @@ func (m *Master) Next(ctx context.Context, node NodeInfo) (Round, error) {
 			return Round{Number: int(r.GetNumber()), RunID: r.GetRunId(), GroupRank: int(r.GetGroupRank()),
 				GroupWorldSize: int(r.GetGroupWorldSize()), WorldSize: int(r.GetWorldSize()),
 				FirstGlobalRank: int(r.GetFirstGlobalRank()), MasterAddr: r.GetMasterAddr(), MasterPort: int(r.GetMasterPort()),
-				Departed: int(r.GetDeparted()), DepartedSince: masterpb.Time(r.GetDepartedSinceUnixNano())}, nil
+				Departed: int(r.GetDeparted()), DepartedKnown: r.GetDepartedKnown(), DepartedSince: masterpb.Time(r.GetDepartedSinceUnixNano())}, nil
 		case *masterpb.JoinResponse_Check:
 			if err := m.runCheck(ctx, pb, o.Check); err != nil {
 				return Round{}, err

@@ -42,6 +42,10 @@ type Round struct {
 	// --launcher command, torch's c10d nodes of that round that are dead
 	// (forgetLost).
 	Departed int
+	// DepartedKnown: Departed is the master's count, 0 meaning no member
+	// of the round before left (a scale-up: there is nothing to forget).
+	// False from a master that restarted since, or one before the field.
+	DepartedKnown bool
 	// DepartedSince is the earliest failure time those departed reported
 	// (a preemption's: its SIGTERM); zero when unknown.
 	DepartedSince time.Time

@@ -219,7 +219,7 @@ func joinPB(a JoinAnswer, cfg Config, latest int64) *masterpb.JoinResponse {
 			GroupRank: int32(x.GroupRank), GroupWorldSize: int32(x.GroupWorldSize), WorldSize: int32(x.WorldSize),
 			FirstGlobalRank: int32(x.FirstGlobalRank), LocalWorldSize: int32(x.LocalWorldSize),
 			MasterAddr: x.MasterAddr, MasterPort: int32(x.MasterPort), Departed: int32(x.Departed),
-			DepartedSinceUnixNano: masterpb.UnixNano(x.DepartedSince)}}
+			DepartedKnown: x.DepartedKnown, DepartedSinceUnixNano: masterpb.UnixNano(x.DepartedSince)}}
 	case a.Check != nil:
 		t := a.Check
 		r.Outcome = &masterpb.JoinResponse_Check{Check: &masterpb.CheckTask{Check: t.Check, Round: int32(t.Round),

@@ -197,6 +197,9 @@ type Round struct {
 	// torch is a new one); 0 also when the round before is not known by
 	// its pods (a master restarted since: pods are not part of its state).
 	Departed int
+	// DepartedKnown: Departed is a count of this master's, 0 meaning every
+	// member of the round before is in this one (a scale-up).
+	DepartedKnown bool
 	// DepartedSince is the earliest failure time the departed members
 	// reported (a preemption's: its SIGTERM), zero when none did.
 	DepartedSince time.Time
@@ -250,9 +253,11 @@ type Assignment struct {
 	LocalWorldSize  int
 	MasterAddr      string
 	MasterPort      int
-	// Departed is the round's: members of the round before that are gone;
-	// DepartedSince the earliest failure time they reported.
+	// Departed is the round's: members of the round before that are gone
+	// (DepartedKnown: a count, not "unknown"); DepartedSince the earliest
+	// failure time they reported.
 	Departed      int
+	DepartedKnown bool
 	DepartedSince time.Time
 }
 
@@ -263,7 +268,7 @@ func (r *Round) assignment(rank int) (Assignment, bool) {
 	}
 	return Assignment{Number: r.Number, GroupRank: g, GroupWorldSize: len(r.Ranks), WorldSize: r.world,
 		FirstGlobalRank: r.first[g], LocalWorldSize: r.LocalWorldSizes[g], MasterAddr: r.MasterAddr, MasterPort: r.MasterPort,
-		Departed: r.Departed, DepartedSince: r.DepartedSince}, true
+		Departed: r.Departed, DepartedKnown: r.DepartedKnown, DepartedSince: r.DepartedSince}, true
 }
 
 // JoinAnswer is the answer to a Join: exactly one of Round, Check, Excluded,
@@ -1121,6 +1126,7 @@ func (j *Job) complete(members []*Node, now time.Time) {
 	}
 	r.MasterAddr, r.MasterPort = members[0].Addr, members[0].Port
 	if prev := j.latest; prev != nil && len(prev.pods) == len(prev.Ranks) {
+		r.DepartedKnown = true
 		for _, p := range prev.pods {
 			if !slices.Contains(r.pods, p) {
 				r.Departed++

@@ -421,6 +421,9 @@ func (s *scenario) ready(b *strings.Builder) {
 					fmt.Fprintf(b, ", failed at %v", lr.DepartedSince.Sub(s.t0))
 				}
 				b.WriteString(")")
+			} else if lr.DepartedKnown {
+				// A command-mode agent's relay then forgets no c10d node.
+				b.WriteString(" (none departed)")
 			}
 		}
 	}

@@ -600,7 +600,9 @@ func TestRelaunchEventWritten(t *testing.T) {
 // A round tells its members how many members of the round before are gone
 // from it: a pod's restarted container (a new incarnation) is a new member,
 // its old one departed, whose torch c10d node a command-mode agent's relay
-// can then forget at once (agent/storerelay/c10dstate.go).
+// can then forget at once (agent/storerelay/c10dstate.go). The count is
+// marked known, so that 0 can say "none" (the scenario scripts' "none
+// departed", a scale-up's) apart from "the master does not know".
 func TestRoundSaysDeparted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := startInBubble(t, master.Options{StateURL: "mem://",
@@ -608,8 +610,8 @@ func TestRoundSaysDeparted(t *testing.T) {
 		c := m.client(t, token)
 		ctx := t.Context()
 		rounds := joinAll(t, c, 2)
-		if rounds[0].GetDeparted() != 0 {
-			t.Errorf("first round: departed %d", rounds[0].GetDeparted())
+		if rounds[0].GetDeparted() != 0 || rounds[0].GetDepartedKnown() {
+			t.Errorf("first round: departed %d (known %v), want 0, no round before", rounds[0].GetDeparted(), rounds[0].GetDepartedKnown())
 		}
 		restarted := node(1)
 		restarted.Incarnation = "2"
@@ -620,8 +622,8 @@ func TestRoundSaysDeparted(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, r := range rounds {
-			if r.GetNumber() != 2 || r.GetDeparted() != 1 {
-				t.Errorf("member %d: round %d, departed %d; want round 2, 1 departed", i, r.GetNumber(), r.GetDeparted())
+			if r.GetNumber() != 2 || r.GetDeparted() != 1 || !r.GetDepartedKnown() {
+				t.Errorf("member %d: round %d, departed %d (known %v); want round 2, 1 departed, known", i, r.GetNumber(), r.GetDeparted(), r.GetDepartedKnown())
 			}
 		}
 	})

@@ -433,7 +433,8 @@ type Round struct {
 	MasterPort      int32                  `protobuf:"varint,9,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
 	// departed is how many members of the round before this one are not
 	// members of this one (their pods gone, replaced, left or excluded); 0
-	// when there was none, or the master does not know (it restarted since).
+	// when there was none, or the master does not know (it restarted since;
+	// departed_known tells which).
 	// Under --launcher command an agent's relay then knows how many of torch's
 	// c10d nodes of that round are dead (agent/storerelay/c10dstate.go).
 	Departed int32 `protobuf:"varint,10,opt,name=departed,proto3" json:"departed,omitempty"`
@@ -442,8 +443,13 @@ type Round struct {
 	// comes before the survivors' torch agents re-rendezvous, where the moment
 	// an agent learns of the new round may not (agent/storerelay/c10dstate.go).
 	DepartedSinceUnixNano int64 `protobuf:"varint,11,opt,name=departed_since_unix_nano,json=departedSinceUnixNano,proto3" json:"departed_since_unix_nano,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// departed_known: departed is the master's count, 0 meaning that every
+	// member of the round before is in this one (a scale-up). False when the
+	// master does not know the round before (it restarted since) and from a
+	// master before this field: then 0 says nothing.
+	DepartedKnown bool `protobuf:"varint,12,opt,name=departed_known,json=departedKnown,proto3" json:"departed_known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Round) Reset() {
@@ -551,6 +557,13 @@ func (x *Round) GetDepartedSinceUnixNano() int64 {
 		return x.DepartedSinceUnixNano
 	}
 	return 0
+}
+
+func (x *Round) GetDepartedKnown() bool {
+	if x != nil {
+		return x.DepartedKnown
+	}
+	return false
 }
 
 // CheckTask is one node's part in one round of the node health check: run
@@ -3398,7 +3411,7 @@ const file_master_proto_rawDesc = "" +
 	"\bexcluded\x18\x03 \x01(\v2\x1e.kfelastic.master.v1.ExclusionH\x00R\bexcluded\x128\n" +
 	"\apending\x18\x04 \x01(\v2\x1c.kfelastic.master.v1.PendingH\x00R\apending\x12\x12\n" +
 	"\x04rank\x18\x05 \x01(\x05R\x04rankB\t\n" +
-	"\aoutcome\"\x8b\x03\n" +
+	"\aoutcome\"\xb2\x03\n" +
 	"\x05Round\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x03R\x06number\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -3415,7 +3428,8 @@ const file_master_proto_rawDesc = "" +
 	"masterPort\x12\x1a\n" +
 	"\bdeparted\x18\n" +
 	" \x01(\x05R\bdeparted\x127\n" +
-	"\x18departed_since_unix_nano\x18\v \x01(\x03R\x15departedSinceUnixNano\"\xec\x01\n" +
+	"\x18departed_since_unix_nano\x18\v \x01(\x03R\x15departedSinceUnixNano\x12%\n" +
+	"\x0edeparted_known\x18\f \x01(\bR\rdepartedKnown\"\xec\x01\n" +
 	"\tCheckTask\x12\x14\n" +
 	"\x05check\x18\x01 \x01(\x03R\x05check\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x05R\x05round\x12\x14\n" +

@@ -82,7 +82,8 @@ func (j *commandJob) pod(rank int) *proc {
 		"--hold", j.hold)
 }
 
-// waitAll waits for every agent to exit and reports their exit errors.
+// waitAll waits for every agent to exit and reports their exit errors; one
+// still running after limit fails the test with every pod's output.
 func waitAll(t *testing.T, limit time.Duration, ps ...*proc) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
@@ -93,7 +94,15 @@ func waitAll(t *testing.T, limit time.Duration, ps ...*proc) []error {
 		case <-p.exited:
 			errs[i] = p.waitErr
 		case <-ctx.Done():
-			t.Fatalf("pod %d did not finish within %v:\n%s", i, limit, p.out)
+			// Every pod's output: the one that holds often waits on
+			// another (a scale-up's newcomer).
+			var others strings.Builder
+			for k, q := range ps {
+				if k != i {
+					fmt.Fprintf(&others, "\n--- pod %d:\n%s", k, q.out)
+				}
+			}
+			t.Fatalf("pod %d did not finish within %v:\n%s%s", i, limit, p.out, others.String())
 		}
 	}
 	return errs
@@ -192,6 +201,14 @@ func commandScaleUp(t *testing.T, py string) {
 	}
 	if s := p0.out.String(); !strings.Contains(s, "world 2") || !strings.Contains(s, "the command goes on") {
 		t.Errorf("pod 0 did not start 2-wide and follow the master's new round:\n%s", s)
+	}
+	// Nobody left: no relay ages a c10d node's heartbeats (it once aged
+	// the two live nodes' while the third pod's torch was still starting,
+	// and the scale-up stopped there; agent.forgetsLost).
+	for i, p := range pods {
+		if s := p.out.String(); strings.Contains(s, "lost nodes forgotten") {
+			t.Errorf("pod %d forgot c10d nodes in a scale-up:\n%s", i, s)
+		}
 	}
 }
 
