@@ -33,7 +33,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -125,13 +124,13 @@ func runAll(ctx context.Context, o options, w io.Writer) int {
 			fmt.Fprintf(w, "?   \t%s\t[no test files]\n", p.importPath)
 			continue
 		}
-		runs = append(runs, run{Pkg: p.importPath, Label: p.importPath, Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath]})
+		runs = append(runs, run{Label: p.importPath, Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath]})
 	}
 	for _, p := range pkgs {
 		if !leg[p.importPath] || !p.hasTests {
 			continue
 		}
-		r := run{Pkg: p.importPath, Label: p.importPath + " [" + o.legEnv.String() + "]", Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath], Env: o.legEnv}
+		r := run{Label: p.importPath + " [" + o.legEnv.String() + "]", Dir: p.dir, Binary: binaries[p.importPath], Big: big[p.importPath], Env: o.legEnv}
 		if o.legSkip != "" {
 			r.Args = []string{"-test.skip=" + o.legSkip}
 		}
@@ -250,7 +249,6 @@ func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 		d   time.Duration
 	}
 	done := make(chan result)
-	var mu sync.Mutex
 	running, runningBig, failed, left := 0, 0, 0, len(runs)
 	for left > 0 {
 		for ctx.Err() == nil {
@@ -264,9 +262,7 @@ func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 				runningBig++
 			}
 			if o.verbose {
-				mu.Lock()
 				fmt.Fprintf(w, "=== start %s\n", runs[i].Label)
-				mu.Unlock()
 			}
 			go func(i int) {
 				t := time.Now()
@@ -284,7 +280,6 @@ func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 		if runs[r.i].Big {
 			runningBig--
 		}
-		mu.Lock()
 		if r.err != nil || o.verbose {
 			w.Write(r.out)
 		}
@@ -294,7 +289,6 @@ func schedule(ctx context.Context, o options, runs []run, w io.Writer) int {
 		} else {
 			fmt.Fprintf(w, "ok  \t%s\t%.3fs\n", runs[r.i].Label, r.d.Seconds())
 		}
-		mu.Unlock()
 	}
 	return failed
 }

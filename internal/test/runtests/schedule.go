@@ -4,9 +4,9 @@ package main
 // run, or a leg (the same binary again with other settings, such as the
 // master's suite on grpc-go).
 type run struct {
-	// Pkg is the package's import path; Label is what the result line
-	// names (the path, and the leg's settings for a leg).
-	Pkg, Label string
+	// Label is what the result line names: the package's import path,
+	// and the leg's settings for a leg.
+	Label string
 	// Dir is the package's folder, the binary's working folder as under
 	// go test.
 	Dir string
