@@ -80,6 +80,8 @@ TESTBIN = $(CACHE)/testbin/$(shell printf %s '$(CURDIR)' | sha256sum | cut -c1-1
 BIG_PACKAGES := ./agent/,./local/,./e2e/,./cmd/kfelastic/
 TEST_PACKAGES := ./agent/ ./local/ ./e2e/ ./cmd/kfelastic/ ./agent/torchhook/ ./master/ ./agent/storerelay/ ./agent/nodecheck/ ./master/kube/ ./...
 GRPC_LEG_SKIP := TestH2spec|TestTransports|TestUnauthenticatedCallsCostNoMemory|TestSim|TestScenarios|FuzzJob|FuzzStateDecode
+# The -buildflag list is testenv.RaceBuildFlags (and -vet=off), which
+# flytepropeller is built with (testenv's TestRaceBuildFlagsAreMakeTests).
 RUNTESTS = CGO_ENABLED=1 $(GO) run ./internal/test/runtests -o $(TESTBIN) \
 	-buildflag=-race -buildflag=-vet=off -buildflag=-ldflags=-s\ -w \
 	-p 2 -tail-p 3 -big $(BIG_PACKAGES) -timeout 45m \
@@ -89,8 +91,11 @@ test: test-prepare
 
 # What the tests need, ready: the dependencies (scripts/deps.sh all) and,
 # beside them, the tests' own compile: go vet with the tests' flags, which
-# compiles every package the tests link, the test binaries' links, then
-# the static binaries the tests start (testenv.StaticBuild's flags). On a
+# compiles every package the tests link (flytepropeller's too: the e2e
+# tests build it with their flags, testenv.RaceBuild), the test binaries'
+# links, then what the static kfelastic the tests start imports
+# (testenv.StaticBuild's flags; its packages, not the binary: go build
+# links a main package even where it discards it). On a
 # cold machine the dependencies' downloads and debootstraps wait on the
 # network, time this compile can use; warm, each step is a no-op in
 # seconds. Only Debian's packages come first: go vet -race needs gcc.
@@ -99,7 +104,7 @@ test-prepare:
 	@scripts/deps.sh all & deps=$$!; rc=0; \
 	$(MAKE) --no-print-directory vet VET_BUILD=-race CGO_ENABLED=1 || rc=$$?; \
 	if [ $$rc -eq 0 ]; then $(RUNTESTS) -link-only $(TEST_PACKAGES) || rc=$$?; fi; \
-	if [ $$rc -eq 0 ]; then CGO_ENABLED=0 $(GO) build -trimpath ./cmd/kfelastic ./cmd/flytepropeller-kfelastic || rc=$$?; fi; \
+	if [ $$rc -eq 0 ]; then CGO_ENABLED=0 $(GO) build -trimpath $$($(GO) list -f '{{join .Imports "\n"}}' ./cmd/kfelastic | grep '\.') || rc=$$?; fi; \
 	wait $$deps || rc=$$?; exit $$rc
 
 # Unit tests only: no external servers (they skip with a note).

@@ -198,6 +198,16 @@ func forEachTorch(t *testing.T, f func(t *testing.T, py string)) {
 	testenv.ForEachTorch(t, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
 }
 
+// onTorch runs f on one torch, prefer when it is here (testenv.OnTorch),
+// py its interpreter; skipped with -short.
+func onTorch(t *testing.T, prefer string, f func(t *testing.T, py string)) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real master, agents and torch workers")
+	}
+	testenv.OnTorch(t, prefer, func(t *testing.T, tc testenv.Torch) { f(t, tc.Python) })
+}
+
 // torchBinary skips the test with -short, fails it without torch, and
 // returns the built kfelastic binary.
 func torchBinary(t *testing.T) string {

@@ -65,8 +65,8 @@ func BuildPropeller(t testing.TB) string {
 }
 
 // buildPropeller runs go build in the module's root under an exclusive
-// lock on out.lock. CGO is off as in the Makefile, so that `go test` and
-// `make` see the same build and neither makes the other relink.
+// lock on out.lock, with the test binaries' flags (RaceBuild): make test's
+// go vet has compiled its packages.
 func buildPropeller(ctx context.Context, out string) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
@@ -80,7 +80,7 @@ func buildPropeller(ctx context.Context, out string) error {
 		return fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	cmd := StaticBuild(ctx, out, "./cmd/flytepropeller-kfelastic")
+	cmd := RaceBuild(ctx, out, "./cmd/flytepropeller-kfelastic")
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {
