@@ -3,15 +3,14 @@ package agent
 import (
 	"context"
 	goerrors "errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"gocloud.dev/blob"
 
+	"github.com/kfelastic/kfelastic/agent/refine"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 )
 
@@ -232,7 +231,7 @@ func (l *loop) refineCommandDocument() (f kferrors.Failure, key string, ok bool)
 // "[gloo] Connection closed by peer" of one pod can win over the exception
 // another pod raised; and within a pod torch names the lowest local rank
 // of that second, not the one that raised. The pod's torch error files
-// (refineFromErrorFiles) say which rank failed first, when, and with what.
+// (refine.FromErrorFiles) say which rank failed first, when, and with what.
 // The refined document is written under our own name (its time in the
 // key) and flytekit's is moved to refined/ (kferrors.MoveDocument), so the
 // reader sees one document per pod, the copy written before the original
@@ -250,7 +249,7 @@ func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string, data
 	if f, err = kferrors.DecodeFailure(data, maxCommandDocumentBytes); err != nil {
 		return f, key, false
 	}
-	refined, how, rewrite := commandDocument(f, len(data), readErrorFiles(rootCauseErrorFile(f.Message)))
+	refined, how, rewrite := refine.CommandDocument(f, len(data), readErrorFiles(refine.RootCauseErrorFile(f.Message)))
 	if !rewrite {
 		l.log.Info("the command's error document stands as written", "key", key)
 		return f, key, true
@@ -271,37 +270,11 @@ func (l *loop) refineFound(ctx context.Context, b *blob.Bucket, key string, data
 	return refined, newKey, true
 }
 
-// commandDocument is what stands for the pod, decided from the command's
-// own document f (size bytes stored) and its pod's torch error files
-// (pure; refineFound does the I/O around it): f refined by the error files
-// (refineFromErrorFiles; how says what changed, "" for nothing), and
-// whether it is rewritten under our name: when refined, or when f is over
-// the reader's limit (kferrors.DefaultMaxDocumentBytes; the rewrite caps
-// it).
-func commandDocument(f kferrors.Failure, size int, files []rankError) (refined kferrors.Failure, how string, rewrite bool) {
-	refined, how = refineFromErrorFiles(f, files)
-	if !strings.Contains(how, "exception") {
-		// The exception is still the one torch named: a known text in its
-		// root cause (an ECC error, NCCL's watchdog) names the failure.
-		if r := kferrors.Recognize(refined); r.Code != refined.Code {
-			refined, how = r, strings.TrimPrefix(how+" and the meaning of its text", " and ")
-		}
-	}
-	return refined, how, how != "" || size > kferrors.DefaultMaxDocumentBytes
-}
-
 // maxCommandDocumentBytes bounds what the agent reads of the command's own
 // document: more than the reader takes (kferrors.DefaultMaxDocumentBytes),
 // so that a long exception text is still this pod's failure, rewritten
 // within the reader's limit, not a document nobody reads.
 const maxCommandDocumentBytes = 32 << 20
-
-// rankError is one local rank's torch error file, read.
-type rankError struct {
-	localRank int
-	path      string
-	err       *kferrors.TorchError
-}
 
 // readErrorFiles reads the torch error files of every local rank of the
 // attempt that named names one of: torch elastic writes
@@ -309,13 +282,13 @@ type rankError struct {
 // of flytekit's message names only the rank torch picked (the lowest in
 // the earliest whole second). Files that are missing or unreadable are
 // left out.
-func readErrorFiles(named string) []rankError {
+func readErrorFiles(named string) []refine.RankError {
 	if named == "" {
 		return nil
 	}
 	rankDir := filepath.Dir(named)
 	paths, _ := filepath.Glob(filepath.Join(filepath.Dir(rankDir), "*", filepath.Base(named)))
-	var out []rankError
+	var out []refine.RankError
 	for _, p := range paths {
 		rank, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 		if err != nil || rank < 0 {
@@ -325,80 +298,7 @@ func readErrorFiles(named string) []rankError {
 		if err != nil || te == nil {
 			continue
 		}
-		out = append(out, rankError{localRank: rank, path: p, err: te})
+		out = append(out, refine.RankError{LocalRank: rank, Path: p, Err: te})
 	}
 	return out
-}
-
-// refineFromErrorFiles is the pod's document f as its torch error files
-// tell it (pure): dated to the earliest failure among them (each file's
-// time is torch's whole second refined by its mtime), and, when that is
-// another rank than the one torch named, with that rank's exception as
-// code and message, flytekit's text kept below it. how says what changed
-// ("" for nothing).
-//
-// The files are all of one attempt (its attempt_<N> folder), so one dated
-// before torch's second is an earlier failure of the same group, not
-// another: torch 1.13's multiprocessing context records only the worker
-// its join found first, by local rank, not by time, so flytekit's second
-// can be a later rank's (real flytekit, nproc_per_node=2: local rank 1
-// raised at …03.98, rank 0's gloo error at …04.03 was named). Only a
-// file dated after torch's second is left out (a clock that jumped).
-func refineFromErrorFiles(f kferrors.Failure, files []rankError) (kferrors.Failure, string) {
-	if f.Time.IsZero() || f.Time.Nanosecond() != 0 {
-		return f, "" // no whole second to refine
-	}
-	named := rootCauseErrorFile(f.Message)
-	var first *rankError
-	for i := range files {
-		r := &files[i]
-		t := r.err.Time
-		if t.IsZero() || t.Equal(f.Time) || t.Sub(f.Time) >= time.Second {
-			continue // no time, torch's own whole second, or past torch's second
-		}
-		if first == nil || t.Before(first.err.Time) || (t.Equal(first.err.Time) && r.path == named) {
-			first = r
-		}
-	}
-	if first == nil {
-		return f, ""
-	}
-	refined := f
-	refined.Time = first.err.Time
-	if first.path == named || first.err.Message == "" {
-		return refined, "time"
-	}
-	refined.Code = first.err.ExceptionType()
-	var b strings.Builder
-	b.WriteString(first.err.Message)
-	if tb := strings.TrimSpace(first.err.Traceback); tb != "" && !strings.Contains(first.err.Message, tb) {
-		b.WriteString("\n\n" + tb)
-	}
-	fmt.Fprintf(&b, "\n\nLocal rank %d raised first, at %s (its error file %s); torch named another rank. "+
-		"flytekit's document:\n\n%s", first.localRank, first.err.Time.UTC().Format(time.RFC3339Nano), first.path, f.Message)
-	refined.Message = b.String()
-	// The rank's own error, not flytekit's table (which names torch's
-	// rank), says what the failure means.
-	refined = kferrors.RecognizeIn(refined, first.err.Message+"\n"+first.err.Traceback)
-	return refined, "time and exception of local rank " + strconv.Itoa(first.localRank)
-}
-
-// rootCauseErrorFile is the torch error file that torch's ChildFailedError
-// message names for its root cause (the first "error_file:" after "Root
-// Cause"); "" if none (a worker killed by a signal has "<N/A>").
-func rootCauseErrorFile(msg string) string {
-	_, rest, ok := strings.Cut(msg, "Root Cause")
-	if !ok {
-		return ""
-	}
-	_, rest, ok = strings.Cut(rest, "error_file:")
-	if !ok {
-		return ""
-	}
-	line, _, _ := strings.Cut(rest, "\n")
-	p := strings.TrimSpace(line)
-	if !filepath.IsAbs(p) {
-		return ""
-	}
-	return p
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfelastic/kfelastic/agent/refine"
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
@@ -304,17 +305,17 @@ func TestRefineTakesEarlierSecond(t *testing.T) {
 	named := "/tmp/torchelastic_x/run/attempt_0/0/error.json"
 	f := kferrors.Failure{Code: "USER:RuntimeError", Worker: "job-worker-1", Time: sec,
 		Message: "Root Cause (first observed failure):\n  error_file: " + named + "\n  RuntimeError: [gloo] Connection closed by peer"}
-	gloo := rankError{localRank: 0, path: named, err: &kferrors.TorchError{
+	gloo := refine.RankError{LocalRank: 0, Path: named, Err: &kferrors.TorchError{
 		Message: "RuntimeError: [gloo] Connection closed by peer", Time: sec.Add(35 * time.Millisecond)}}
-	raised := rankError{localRank: 1, path: "/tmp/torchelastic_x/run/attempt_0/1/error.json", err: &kferrors.TorchError{
+	raised := refine.RankError{LocalRank: 1, Path: "/tmp/torchelastic_x/run/attempt_0/1/error.json", Err: &kferrors.TorchError{
 		Message: "ValueError: loss is NaN", Time: sec.Add(-20 * time.Millisecond)}}
-	got, how := refineFromErrorFiles(f, []rankError{gloo, raised})
-	if got.Code != "ValueError" || !got.Time.Equal(raised.err.Time) || !strings.Contains(how, "local rank 1") {
-		t.Errorf("refined %s at %s (%s), want local rank 1's ValueError at %s", got.Code, got.Time, how, raised.err.Time)
+	got, how := refine.FromErrorFiles(f, []refine.RankError{gloo, raised})
+	if got.Code != "ValueError" || !got.Time.Equal(raised.Err.Time) || !strings.Contains(how, "local rank 1") {
+		t.Errorf("refined %s at %s (%s), want local rank 1's ValueError at %s", got.Code, got.Time, how, raised.Err.Time)
 	}
-	raised.err.Time = sec.Add(time.Second + 20*time.Millisecond) // past torch's second
-	got, how = refineFromErrorFiles(f, []rankError{gloo, raised})
-	if got.Code != f.Code || !got.Time.Equal(gloo.err.Time) || how != "time" {
+	raised.Err.Time = sec.Add(time.Second + 20*time.Millisecond) // past torch's second
+	got, how = refine.FromErrorFiles(f, []refine.RankError{gloo, raised})
+	if got.Code != f.Code || !got.Time.Equal(gloo.Err.Time) || how != "time" {
 		t.Errorf("refined %s at %s (%s), want the named rank's time only", got.Code, got.Time, how)
 	}
 }

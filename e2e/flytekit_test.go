@@ -9,11 +9,12 @@ import (
 	"github.com/flyteorg/flyte/flyteidl/gen/pb-go/flyteidl/core"
 	"github.com/flyteorg/flyte/flytepropeller/pkg/apis/flyteworkflow/v1alpha1"
 
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // The scenarios with real flytekit 1.16.24 (../shared/flytekit, in the
-// worker image under testenv.FlytekitInPods): the path most Flyte users
+// worker image under kubeenv.FlytekitInPods): the path most Flyte users
 // take, pyflyte-execute → torch's elastic_launch, under the agent's
 // command launcher.
 
@@ -41,13 +42,13 @@ func realFlytekit(t *testing.T, ns string) *env {
 func (e *env) realFlytekitTemplate(env ...string) *core.TaskTemplate {
 	return e.template("flytekit-2-3", func(tmpl *core.TaskTemplate) {
 		c := tmpl.GetK8SPod().GetPodSpec().GetFields()["containers"].GetListValue().GetValues()[0].GetStructValue().GetFields()
-		setStrings(c, "args", testenv.FlytekitInPods+"/bin/pyflyte-execute", "--inputs", "{{.input}}",
+		setStrings(c, "args", kubeenv.FlytekitInPods+"/bin/pyflyte-execute", "--inputs", "{{.input}}",
 			"--output-prefix", "{{.outputPrefix}}", "--raw-output-data-prefix", "{{.rawOutputDataPrefix}}",
 			"--checkpoint-path", "{{.checkpointOutputPrefix}}", "--prev-checkpoint", "{{.prevCheckpointPrefix}}",
 			"--resolver", "flytekit.core.python_auto_container.default_task_resolver",
 			"--", "task-module", "real_task", "task-name", "train")
 		env = append([]string{
-			"PYTHONPATH=" + strings.Join([]string{testenv.FlytekitInPods + "/site", "/opt/kfelastic/testdata/flytekit/s3",
+			"PYTHONPATH=" + strings.Join([]string{kubeenv.FlytekitInPods + "/site", "/opt/kfelastic/testdata/flytekit/s3",
 				"/opt/kfelastic/testdata/flytekit"}, ":"),
 			"FLYTE_AWS_ACCESS_KEY_ID=" + testenv.MinIOAccessKey, "FLYTE_AWS_SECRET_ACCESS_KEY=" + testenv.MinIOSecretKey,
 			"NNODES=2:3", "NPROC_PER_NODE=2", "MONITOR_INTERVAL=1"}, env...)

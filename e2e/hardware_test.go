@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 )
 
@@ -57,10 +57,10 @@ func TestE10GPUFallenOffTheBus(t *testing.T) {
 	bad := victim.Spec.NodeName
 	// The spare node comes once every pod runs on the real one.
 	spare := "sim-spare-" + j.name
-	testenv.StartSimNodes(t, e.cluster.Config)
+	kubeenv.StartSimNodes(t, e.cluster.Config)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: spare,
-		Annotations: map[string]string{testenv.SimNodeAnnotation: "true"},
-		Labels:      map[string]string{"type": testenv.SimNodeLabel, "kubernetes.io/hostname": spare}},
+		Annotations: map[string]string{kubeenv.SimNodeAnnotation: "true"},
+		Labels:      map[string]string{"type": kubeenv.SimNodeLabel, "kubernetes.io/hostname": spare}},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: spareTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}}}
 	if err := e.kube.Create(t.Context(), node); err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestE10GPUFallenOffTheBus(t *testing.T) {
 			t.Fatalf("%s was not relaunched within %v%s; pods: %s", w1, limit, why, j.podStates())
 		}
 	}
-	if repl.Spec.NodeName != spare || testenv.HostnameAllowed(repl, bad) {
+	if repl.Spec.NodeName != spare || kubeenv.HostnameAllowed(repl, bad) {
 		t.Errorf("the replacement is on %q with affinity %+v; want on %s, kept off %s", repl.Spec.NodeName, repl.Spec.Affinity, spare, bad)
 	}
 	j.succeeds(6 * time.Minute)

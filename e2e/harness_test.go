@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
@@ -31,7 +32,7 @@ const agentVersion = "e2e"
 // env is one scenario's cluster, namespace, bucket and clients.
 type env struct {
 	t       *testing.T
-	cluster *testenv.Cluster
+	cluster *kubeenv.Cluster
 	kube    client.Client
 	ns      string
 	minio   *testenv.MinIOServer
@@ -39,7 +40,7 @@ type env struct {
 	ckpt    string // host folder mounted at /ckpt in the workers
 	// prop is the env's flytepropeller (propeller), flyte a client that
 	// knows FlyteWorkflows; nil until a scenario runs a workflow.
-	prop  *testenv.Propeller
+	prop  *kubeenv.Propeller
 	flyte client.Client
 	// defaultPyTorch is the plugin propeller runs pytorch tasks with; ""
 	// is ours, "pytorch" upstream's (the comparisons).
@@ -105,7 +106,7 @@ func scenario(t *testing.T, ns string) *env {
 // the training operator, a namespace and a bucket of its own.
 func newEnv(t *testing.T, ns string) *env {
 	t.Helper()
-	c := testenv.UseCluster(t)
+	c := kubeenv.UseCluster(t)
 	agentImage.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
@@ -117,11 +118,11 @@ func newEnv(t *testing.T, ns string) *env {
 	// One operator for the cluster: scenarios side by side share it. Its
 	// workers' init container waits for the master's DNS name with
 	// busybox, not a pulled alpine.
-	c.UseOperator(t, "--pytorch-init-container-image="+testenv.InitImage, "--enable-scheme=tfjob")
+	c.UseOperator(t, "--pytorch-init-container-image="+kubeenv.InitImage, "--enable-scheme=tfjob")
 	// Propeller's build (minutes on a cold machine, once) is no
 	// scenario's time.
-	testenv.BuildPropeller(t)
-	e := &env{t: t, cluster: c, kube: testenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
+	kubeenv.BuildPropeller(t)
+	e := &env{t: t, cluster: c, kube: kubeenv.NewClient(t, c.Config), ns: c.Namespace(t, ns), minio: c.MinIO(t),
 		image: agentImage.name, ckpt: t.TempDir(), deadline: time.Now().Add(scenarioBudget)}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -154,7 +155,7 @@ func (e *env) dump() {
 		}
 		for i := range wfs.Items {
 			wf := &wfs.Items[i]
-			o, err := testenv.Outcome(ctx, e.flyte, client.ObjectKeyFromObject(wf))
+			o, err := kubeenv.Outcome(ctx, e.flyte, client.ObjectKeyFromObject(wf))
 			e.t.Logf("workflow %s: %v (%v); message %q", wf.Name, o, err, wf.Status.Message)
 		}
 	}
@@ -404,13 +405,13 @@ func (j *job) waitRecreated(old corev1.Pod, limit time.Duration) time.Time {
 // use: the cluster's kube-config, the env's bucket as its store (pods reach
 // it at the same address), its namespace only, and the agent image
 // imported here.
-func (e *env) propeller() *testenv.Propeller {
+func (e *env) propeller() *kubeenv.Propeller {
 	e.t.Helper()
 	if e.prop == nil {
-		e.prop = testenv.StartPropeller(e.t, testenv.PropellerOptions{Kubeconfig: testenv.Kubeconfig(e.t, e.cluster.Config),
+		e.prop = kubeenv.StartPropeller(e.t, kubeenv.PropellerOptions{Kubeconfig: kubeenv.Kubeconfig(e.t, e.cluster.Config),
 			Store: e.minio, Namespace: e.ns, AgentImage: e.image, LateDocumentGrace: 20 * time.Second,
 			DefaultPyTorch: e.defaultPyTorch})
-		c, err := client.New(e.cluster.Config, client.Options{Scheme: testenv.FlyteScheme()})
+		c, err := client.New(e.cluster.Config, client.Options{Scheme: kubeenv.FlyteScheme()})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -449,7 +450,7 @@ func (e *env) launchWorkflow(name string, tmpl *core.TaskTemplate) *job {
 		name = fmt.Sprintf("%s-%d", name, launched.n[name])
 	}
 	launched.Unlock()
-	fw, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: e.ns, Name: name,
+	fw, err := kubeenv.TaskWorkflow(tmpl, kubeenv.WorkflowOptions{Namespace: e.ns, Name: name,
 		RawOutputPrefix: "s3://" + e.minio.Bucket + "/raw"})
 	if err != nil {
 		e.t.Fatal(err)
@@ -480,12 +481,12 @@ func (j *job) succeeds(limit time.Duration) {
 
 // outcome waits up to limit for the workflow's terminal outcome: what the
 // Flyte UI shows, read from the FlyteWorkflow's node status.
-func (j *job) outcome(limit time.Duration) testenv.WorkflowOutcome {
+func (j *job) outcome(limit time.Duration) kubeenv.WorkflowOutcome {
 	j.e.t.Helper()
 	limit, why := j.e.limit(limit)
 	ctx, cancel := context.WithTimeout(j.e.t.Context(), limit)
 	defer cancel()
-	o, err := testenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
+	o, err := kubeenv.WaitOutcome(ctx, j.e.flyte, client.ObjectKeyFromObject(j.wf), func(o kubeenv.WorkflowOutcome) bool { return o.Terminal() })
 	if err != nil {
 		j.e.t.Fatalf("workflow %s not terminal after %v%s: %v (%v); pods: %s", j.wf.Name, limit, why, o, err, j.podStates())
 	}
@@ -520,9 +521,9 @@ func (j *job) podStates() string {
 }
 
 // outcomeNow is the workflow's outcome as its status says it now.
-func (j *job) outcomeNow() testenv.WorkflowOutcome {
+func (j *job) outcomeNow() kubeenv.WorkflowOutcome {
 	j.e.t.Helper()
-	o, err := testenv.Outcome(j.e.t.Context(), j.e.flyte, client.ObjectKeyFromObject(j.wf))
+	o, err := kubeenv.Outcome(j.e.t.Context(), j.e.flyte, client.ObjectKeyFromObject(j.wf))
 	if err != nil {
 		j.e.t.Fatal(err)
 	}

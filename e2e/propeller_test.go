@@ -22,6 +22,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
 )
@@ -30,14 +31,14 @@ import (
 // configuration StartPropeller writes, strictly (every section known), for
 // our plugins and for upstream's.
 func TestPropellerConfigValidates(t *testing.T) {
-	bin := testenv.BuildPropeller(t)
+	bin := kubeenv.BuildPropeller(t)
 	store := &testenv.MinIOServer{MinIOProcess: &testenv.MinIOProcess{Endpoint: "http://127.0.0.1:9"}, Bucket: "b",
 		AccessKey: testenv.MinIOAccessKey, SecretKey: testenv.MinIOSecretKey, Region: testenv.MinIORegion}
-	for _, opts := range []testenv.PropellerOptions{
+	for _, opts := range []kubeenv.PropellerOptions{
 		{Kubeconfig: "/nonexistent/kubeconfig", Store: store, Namespace: "ns", AgentImage: "agent:dev"},
 		{Kubeconfig: "/nonexistent/kubeconfig", Store: store, DefaultPyTorch: "pytorch", DefaultTensorflow: "tensorflow"},
 	} {
-		p, err := testenv.WritePropellerConfig(opts, t.TempDir())
+		p, err := kubeenv.WritePropellerConfig(opts, t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,10 +62,10 @@ type cluster struct {
 func newCluster(t *testing.T, ns string) cluster {
 	t.Helper()
 	// The first build on a cold Go cache takes minutes: before any clock.
-	testenv.BuildPropeller(t)
-	cl := cluster{cfg: testenv.Kube(t), store: testenv.MinIO(t), ns: ns}
+	kubeenv.BuildPropeller(t)
+	cl := cluster{cfg: kubeenv.Kube(t), store: testenv.MinIO(t), ns: ns}
 	var err error
-	if cl.c, err = client.New(cl.cfg, client.Options{Scheme: testenv.FlyteScheme()}); err != nil {
+	if cl.c, err = client.New(cl.cfg, client.Options{Scheme: kubeenv.FlyteScheme()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -75,10 +76,10 @@ func newCluster(t *testing.T, ns string) cluster {
 
 // propeller starts a flytepropeller on the cluster, limited to its
 // namespace, with opts for the rest.
-func (cl cluster) propeller(t *testing.T, opts testenv.PropellerOptions) *testenv.Propeller {
+func (cl cluster) propeller(t *testing.T, opts kubeenv.PropellerOptions) *kubeenv.Propeller {
 	t.Helper()
-	opts.Kubeconfig, opts.Store, opts.Namespace = testenv.Kubeconfig(t, cl.cfg), cl.store, cl.ns
-	return testenv.StartPropeller(t, opts)
+	opts.Kubeconfig, opts.Store, opts.Namespace = kubeenv.Kubeconfig(t, cl.cfg), cl.store, cl.ns
+	return kubeenv.StartPropeller(t, opts)
 }
 
 // propellerNode is the simulated node the test's pods are bound to.
@@ -86,7 +87,7 @@ const propellerNode = "sim-propeller-0"
 
 // TestPropellerRunsElasticTask runs a real flytepropeller with the plugin
 // against the envtest API server, the training operator and a simulated
-// node (testenv.StartSimNodes): a
+// node (kubeenv.StartSimNodes): a
 // FlyteWorkflow of the elastic task template (3:4 workers) is compiled and
 // created as flyteadmin would; propeller, through kfelastic-pytorch,
 // creates the PyTorchJob with a Master replica running `kfelastic master`
@@ -101,10 +102,10 @@ func TestPropellerRunsElasticTask(t *testing.T) {
 	}
 	const ns = "e2e-propeller"
 	cl := newCluster(t, ns)
-	testenv.StartOperator(t, cl.cfg)
-	testenv.StartSimNodes(t, cl.cfg, propellerNode)
+	kubeenv.StartOperator(t, cl.cfg)
+	kubeenv.StartSimNodes(t, cl.cfg, propellerNode)
 	started := time.Now()
-	p := cl.propeller(t, testenv.PropellerOptions{LateDocumentGrace: 3 * time.Second})
+	p := cl.propeller(t, kubeenv.PropellerOptions{LateDocumentGrace: 3 * time.Second})
 	t.Logf("flytepropeller ready %v after its start", time.Since(started).Round(time.Millisecond))
 	c := cl.c
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -115,7 +116,7 @@ func TestPropellerRunsElasticTask(t *testing.T) {
 	t.Run("succeeds", func(t *testing.T) {
 		fw, job := startElastic(ctx, t, c, p, ns, "elastic-ok")
 		setPods(ctx, t, c, job, func(*corev1.Pod) (corev1.PodPhase, int32, string) { return corev1.PodSucceeded, 0, "Completed" })
-		o := waitOutcome(ctx, t, c, fw, func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
+		o := waitOutcome(ctx, t, c, fw, func(o kubeenv.WorkflowOutcome) bool { return o.Terminal() })
 		if o.Phase != v1alpha1.WorkflowPhaseSuccess || o.NodePhase != v1alpha1.NodePhaseSucceeded {
 			t.Fatalf("want workflow and node succeeded, got %v", o)
 		}
@@ -137,7 +138,7 @@ func TestPropellerRunsElasticTask(t *testing.T) {
 			}
 			return corev1.PodSucceeded, 0, "Completed"
 		})
-		o := waitOutcome(ctx, t, c, fw, func(o testenv.WorkflowOutcome) bool { return o.Terminal() })
+		o := waitOutcome(ctx, t, c, fw, func(o kubeenv.WorkflowOutcome) bool { return o.Terminal() })
 		if o.Phase != v1alpha1.WorkflowPhaseFailed || o.NodePhase != v1alpha1.NodePhaseFailed || o.NodeError == nil {
 			t.Fatalf("want workflow and node failed with an error, got %v", o)
 		}
@@ -191,10 +192,10 @@ func TestPropellerRoutesTaskTypes(t *testing.T) {
 	} {
 		t.Run(tc.ns, func(t *testing.T) {
 			cl := newCluster(t, tc.ns)
-			cl.propeller(t, testenv.PropellerOptions{DefaultPyTorch: tc.defaultPyTorch})
+			cl.propeller(t, kubeenv.PropellerOptions{DefaultPyTorch: tc.defaultPyTorch})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			fw, err := testenv.TaskWorkflow(flytetest.LoadTemplate(t, tc.template), testenv.WorkflowOptions{Namespace: tc.ns, Name: "route"})
+			fw, err := kubeenv.TaskWorkflow(flytetest.LoadTemplate(t, tc.template), kubeenv.WorkflowOptions{Namespace: tc.ns, Name: "route"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -218,9 +219,9 @@ func hasEnv(c corev1.Container, name string) bool {
 // startElastic creates the workflow of the elastic template named name,
 // waits for propeller to create its PyTorchJob and the master's objects
 // and for the node to run, checks them, and logs how long each took.
-func startElastic(ctx context.Context, t *testing.T, c client.Client, p *testenv.Propeller, ns, name string) (*v1alpha1.FlyteWorkflow, *kubeflowv1.PyTorchJob) {
+func startElastic(ctx context.Context, t *testing.T, c client.Client, p *kubeenv.Propeller, ns, name string) (*v1alpha1.FlyteWorkflow, *kubeflowv1.PyTorchJob) {
 	t.Helper()
-	fw, err := testenv.TaskWorkflow(flytetest.LoadTemplate(t, "pytorch-v1-elastic-3-4"), testenv.WorkflowOptions{Namespace: ns, Name: name})
+	fw, err := kubeenv.TaskWorkflow(flytetest.LoadTemplate(t, "pytorch-v1-elastic-3-4"), kubeenv.WorkflowOptions{Namespace: ns, Name: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func startElastic(ctx context.Context, t *testing.T, c client.Client, p *testenv
 	job := waitJob(ctx, t, c, fw)
 	toJob := time.Since(created)
 	checkMaster(ctx, t, c, fw, job)
-	o := waitOutcome(ctx, t, c, fw, func(o testenv.WorkflowOutcome) bool {
+	o := waitOutcome(ctx, t, c, fw, func(o kubeenv.WorkflowOutcome) bool {
 		return o.TaskPhase == pluginsCore.PhaseRunning || o.Terminal()
 	})
 	if o.TaskPhase != pluginsCore.PhaseRunning || o.NodePhase != v1alpha1.NodePhaseRunning || o.Phase != v1alpha1.WorkflowPhaseRunning {
@@ -267,7 +268,7 @@ func waitOwned(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha1.
 		}
 		select {
 		case <-ctx.Done():
-			o, _ := testenv.Outcome(context.Background(), c, client.ObjectKeyFromObject(fw))
+			o, _ := kubeenv.Outcome(context.Background(), c, client.ObjectKeyFromObject(fw))
 			t.Fatalf("no %T for workflow %s: %v", list, fw.Name, o)
 		case <-time.After(100 * time.Millisecond):
 		}
@@ -314,9 +315,9 @@ func checkMaster(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha
 	}
 }
 
-func waitOutcome(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha1.FlyteWorkflow, done func(testenv.WorkflowOutcome) bool) testenv.WorkflowOutcome {
+func waitOutcome(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha1.FlyteWorkflow, done func(kubeenv.WorkflowOutcome) bool) kubeenv.WorkflowOutcome {
 	t.Helper()
-	o, err := testenv.WaitOutcome(ctx, c, client.ObjectKeyFromObject(fw), done)
+	o, err := kubeenv.WaitOutcome(ctx, c, client.ObjectKeyFromObject(fw), done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +328,7 @@ func waitOutcome(ctx context.Context, t *testing.T, c client.Client, fw *v1alpha
 // the simulated node, which runs it.
 func bindPods(ctx context.Context, t *testing.T, c client.Client, ns string) {
 	for ctx.Err() == nil {
-		if err := testenv.BindPods(ctx, c, ns, nil, testenv.Nodes(propellerNode)); err != nil && ctx.Err() == nil {
+		if err := kubeenv.BindPods(ctx, c, ns, nil, kubeenv.Nodes(propellerNode)); err != nil && ctx.Err() == nil {
 			t.Logf("bind pods: %v", err)
 		}
 		select {

@@ -215,7 +215,7 @@ func epochSeconds(raw json.RawMessage) time.Time {
 // that second and before the write, so the second's last nanosecond is its
 // tightest bound, never the second's start, up to a second earlier than the
 // truth, which would rank it before a peer's real earlier failure (the
-// property test of the whole chain, agent/chain_test.go, found that). An
+// property test of the whole chain, agent/refine/chain_test.go, found that). An
 // mtime further off (clock skew, file copied) is not trusted: torch's time
 // stands. Without a usable torch time the usable mtime stands in, else
 // zero.

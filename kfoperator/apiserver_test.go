@@ -15,6 +15,7 @@ import (
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
@@ -27,8 +28,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // Elastic templates are built as with the default configuration (no agent
 // image) and stored with the default image.
 func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
-	cfg := testenv.Kube(t)
-	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	cfg := kubeenv.Kube(t)
+	c, err := client.New(cfg, client.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +114,8 @@ func TestAPIServerAcceptsEveryBuiltObject(t *testing.T) {
 // TestAPIServerValidates shows that the acceptance above means something:
 // the same server refuses a job whose pod template breaks the CRD schema.
 func TestAPIServerValidates(t *testing.T) {
-	cfg := testenv.Kube(t)
-	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	cfg := kubeenv.Kube(t)
+	c, err := client.New(cfg, client.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/flyteorg/flyte/flytestdlib/storage"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/outputreader/flyteio"
@@ -26,7 +27,7 @@ import (
 // lists "<dir>/error", which that store treats as a directory.)
 func minioDataStore(t *testing.T) (*storage.DataStore, storage.DataReference) {
 	s := testenv.MinIO(t)
-	ds, err := storage.NewDataStore(s.DataStoreConfig(s.Bucket), promutils.NewTestScope())
+	ds, err := storage.NewDataStore(kubeenv.DataStoreConfig(s.MinIOProcess, s.Bucket), promutils.NewTestScope())
 	if err != nil {
 		t.Fatal(err)
 	}

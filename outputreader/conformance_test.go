@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/outputreader/flyteio"
@@ -113,7 +114,7 @@ func backends() []backend {
 		// What a plugin runs on in a cluster: flytestdlib's stow S3 client.
 		{"datastore-minio", func(t testing.TB) store {
 			s := testenv.MinIO(t)
-			ds, err := storage.NewDataStore(s.DataStoreConfig(s.Bucket), promutils.NewTestScope())
+			ds, err := storage.NewDataStore(kubeenv.DataStoreConfig(s.MinIOProcess, s.Bucket), promutils.NewTestScope())
 			if err != nil {
 				t.Fatal(err)
 			}

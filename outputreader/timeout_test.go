@@ -11,6 +11,7 @@ import (
 	"github.com/flyteorg/flyte/flytestdlib/storage"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/outputreader/flyteio"
@@ -74,7 +75,7 @@ func TestSilentDataStoreBoundedOutputReader(t *testing.T) {
 	silent.ForwardTo(minio.Endpoint)
 	// flytestdlib looks its container up when the store is made, with no
 	// context: that happens while MinIO still answers.
-	ds, err := storage.NewDataStore((&testenv.MinIOProcess{Endpoint: silent.Endpoint}).DataStoreConfig(minio.Bucket), promutils.NewTestScope())
+	ds, err := storage.NewDataStore(kubeenv.DataStoreConfig(&testenv.MinIOProcess{Endpoint: silent.Endpoint}, minio.Bucket), promutils.NewTestScope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 )
 
 // Propeller may run with a kube-config for another cluster (its data plane):
@@ -21,8 +21,8 @@ import (
 // RoleBinding) must land where propeller creates the job, not where
 // $KUBECONFIG or in-cluster credentials point.
 func TestClientIsPropellersCluster(t *testing.T) {
-	cfg := testenv.Kube(t)
-	kubeconfig := testenv.Kubeconfig(t, cfg)
+	cfg := kubeenv.Kube(t)
+	kubeconfig := kubeenv.Kubeconfig(t, cfg)
 	// A $KUBECONFIG for a cluster that is not there: used, it fails.
 	elsewhere := filepath.Join(t.TempDir(), "elsewhere")
 	if err := os.WriteFile(elsewhere, []byte(`apiVersion: v1
@@ -47,7 +47,7 @@ current-context: c
 	if err := kube.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("the plugin's client does not reach propeller's cluster: %v", err)
 	}
-	if err := testenv.NewClient(t, cfg).Get(ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
+	if err := kubeenv.NewClient(t, cfg).Get(ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
 		t.Fatalf("created through the plugin, not found in propeller's cluster: %v", err)
 	}
 

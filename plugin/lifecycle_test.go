@@ -17,11 +17,11 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 )
 
 // TestLifecycleWithTrainingOperator runs the real Kubeflow training operator
-// and a simulated node (testenv.StartSimNodes) against the envtest API server and
+// and a simulated node (kubeenv.StartSimNodes) against the envtest API server and
 // drives a PyTorchJob through flytepropeller's plugin manager: created by
 // the plugin, pods created by the operator, bound to the simulated node by
 // the test (there is no kube-scheduler here), started by its simulator,
@@ -38,11 +38,11 @@ func TestLifecycleWithTrainingOperator(t *testing.T) {
 	}
 	e := newManagerEnv(t, "flyte-lifecycle", "pytorch")
 	e.cfg.LateDocumentGrace.Duration = 3 * time.Second
-	cfg := testenv.Kube(t)
+	cfg := kubeenv.Kube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	testenv.StartOperator(t, cfg)
-	testenv.StartSimNodes(t, cfg, lifecycleNode)
+	kubeenv.StartOperator(t, cfg)
+	kubeenv.StartSimNodes(t, cfg, lifecycleNode)
 
 	tctx, job := e.launch(t, "lifecycle", "pytorch-v1-two-workers")
 	// Running: the operator made 3 pods, we bind them, the node simulator runs them.
@@ -176,7 +176,7 @@ func waitPhase(ctx context.Context, t *testing.T, e *managerEnv, tctx *flytetest
 		if err := e.c.List(ctx, &pods, client.InNamespace(e.ns), client.MatchingLabels{kubeflowv1.JobNameLabel: job.Name}); err != nil {
 			t.Fatal(err)
 		}
-		if err := testenv.BindPods(ctx, e.c, e.ns, map[string]string{kubeflowv1.JobNameLabel: job.Name}, testenv.Nodes(lifecycleNode)); err != nil {
+		if err := kubeenv.BindPods(ctx, e.c, e.ns, map[string]string{kubeflowv1.JobNameLabel: job.Name}, kubeenv.Nodes(lifecycleNode)); err != nil {
 			t.Fatal(err)
 		}
 		last = e.handle(t, tctx)

@@ -27,6 +27,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/outputreader"
@@ -75,15 +76,15 @@ type managerEnv struct {
 
 func newManagerEnv(t *testing.T, ns, taskType string) *managerEnv {
 	t.Helper()
-	cfg := testenv.Kube(t)
+	cfg := kubeenv.Kube(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	flytetest.SetMetricKeys()
-	c, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := cache.New(cfg, cache.Options{Scheme: testenv.Scheme()})
+	ca, err := cache.New(cfg, cache.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ build_k8s() {
   rmdir "$dir/.tmp-$name"
 }
 
-# The one-node cluster whose pods really run (internal/test/testenv/cluster.go):
+# The one-node cluster whose pods really run (internal/test/kubeenv/cluster.go):
 # containerd, runc, the CNI plugins and a static busybox (the training
 # operator's init container) from Debian, kubelet, kube-scheduler
 # and kube-controller-manager at the API server's version, CoreDNS, and a
@@ -235,7 +235,7 @@ need_crds() {
 
 # The real Kubeflow training operator, for the plugin's, the master's and
 # the e2e tests. (Their simulated nodes are the tests' own,
-# testenv.StartSimNodes: kwok, used before, was ≈350 CPU-s of a cold build.)
+# kubeenv.StartSimNodes: kwok, used before, was ≈350 CPU-s of a cold build.)
 need_operator() {
   [ -x "$BIN/training-operator.v1" ] || {
     log "building the Kubeflow training operator (≈2 min)"

@@ -50,6 +50,7 @@ import (
 	"gocloud.dev/blob"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/outputreader"
 	"github.com/kfelastic/kfelastic/outputreader/flyteio"
@@ -436,7 +437,7 @@ func setup(ctx context.Context, backend string, n int, docs []doc, mio *testenv.
 		if err != nil {
 			return sp, cleanup, err
 		}
-		sp.Storage = mio.DataStoreConfig(bucket)
+		sp.Storage = kubeenv.DataStoreConfig(mio, bucket)
 		sp.Prefix = "s3://" + bucket + "/" + rel
 		sp.BucketURL = mio.URL(bucket, rel)
 	default:

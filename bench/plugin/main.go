@@ -43,6 +43,7 @@ import (
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/plugin"
 )
@@ -142,16 +143,16 @@ func run(ctx context.Context, nPods, rounds int, templatePath string) error {
 	if err := minio.CreateBucket(ctx, "flyte"); err != nil {
 		return err
 	}
-	store, err := storage.NewDataStore(minio.DataStoreConfig("flyte"), promutils.NewTestScope())
+	store, err := storage.NewDataStore(kubeenv.DataStoreConfig(minio, "flyte"), promutils.NewTestScope())
 	if err != nil {
 		return err
 	}
-	env, kcfg, err := testenv.StartKube()
+	env, kcfg, err := kubeenv.StartKube()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	kube, err := client.New(kcfg, client.Options{Scheme: testenv.Scheme()})
+	kube, err := client.New(kcfg, client.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/kfoperator"
 	"github.com/kfelastic/kfelastic/master/relaunch"
@@ -33,14 +34,14 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// The simulated nodes (testenv.StartSimNodes) pods are bound to, in this
+// The simulated nodes (kubeenv.StartSimNodes) pods are bound to, in this
 // order of preference.
 var nodes = []string{"sim-node-a", "sim-node-b"}
 
 // TestOwnerWithTrainingOperator carries out decisions against the real
 // kube-apiserver, the real Kubeflow training operator (which recreates
 // deleted and failed pods from the current template) and simulated nodes
-// (testenv.StartSimNodes: their kubelets in the test; the test binds pods as a scheduler would, honouring
+// (kubeenv.StartSimNodes: their kubelets in the test; the test binds pods as a scheduler would, honouring
 // hostname affinity). Every Owner runs with a token of the service account
 // kfoperator.MasterObjects creates, so each case also proves that the Role
 // the plugin grants is enough.
@@ -48,9 +49,9 @@ func TestOwnerWithTrainingOperator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, and the training operator (scripts/deps.sh k8s); skipped under -short")
 	}
-	cfg := testenv.Kube(t)
-	testenv.StartOperator(t, cfg)
-	testenv.StartSimNodes(t, cfg, nodes...)
+	cfg := kubeenv.Kube(t)
+	kubeenv.StartOperator(t, cfg)
+	kubeenv.StartSimNodes(t, cfg, nodes...)
 
 	t.Run("OOMKilledWorkerComesBackWithTwiceTheMemory", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "oom")
@@ -633,7 +634,7 @@ func newJobEnv(t *testing.T, cfg *rest.Config, name string, bind ...func(*corev1
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	admin, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	admin, err := client.New(cfg, client.Options{Scheme: kubeenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,7 +665,7 @@ func newJobEnv(t *testing.T, cfg *rest.Config, name string, bind ...func(*corev1
 	e.owner = e.newOwner(t, relaunch.OOM{})
 	// The scheduler's part: bind pending pods to the first node their
 	// affinity allows.
-	nodesFor := testenv.Nodes(nodes...)
+	nodesFor := kubeenv.Nodes(nodes...)
 	if len(bind) > 0 {
 		nodesFor = bind[0]
 	}
@@ -673,7 +674,7 @@ func newJobEnv(t *testing.T, cfg *rest.Config, name string, bind ...func(*corev1
 	go func() {
 		defer close(done)
 		for bctx.Err() == nil {
-			if err := testenv.BindPods(bctx, admin, e.ns, nil, nodesFor); err != nil && bctx.Err() == nil {
+			if err := kubeenv.BindPods(bctx, admin, e.ns, nil, nodesFor); err != nil && bctx.Err() == nil {
 				t.Logf("binding: %v", err)
 			}
 			select {

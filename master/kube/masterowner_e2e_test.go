@@ -15,8 +15,8 @@ import (
 
 	"github.com/kfelastic/kfelastic/api/masterpb"
 	kferrors "github.com/kfelastic/kfelastic/errors"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 	"github.com/kfelastic/kfelastic/internal/test/mastertest"
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/master"
 )
 
@@ -24,7 +24,7 @@ import (
 // package (NewMasterOwner over an Owner with the master service account's
 // token, WatchFor reporting dead pods), against the real kube-apiserver,
 // the Kubeflow training operator and simulated nodes
-// (testenv.StartSimNodes). Agents are plain gRPC clients
+// (kubeenv.StartSimNodes). Agents are plain gRPC clients
 // named after the job's worker pods. The test only plays the kubelet and
 // the agents: the master notices, decides, and carries out its decisions
 // itself (docs/DESIGN.md §5.6).
@@ -32,9 +32,9 @@ func TestMasterOwnsItsDecisions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, and the training operator (scripts/deps.sh k8s); skipped under -short")
 	}
-	cfg := testenv.Kube(t)
-	testenv.StartOperator(t, cfg)
-	testenv.StartSimNodes(t, cfg, nodes...)
+	cfg := kubeenv.Kube(t)
+	kubeenv.StartOperator(t, cfg)
+	kubeenv.StartSimNodes(t, cfg, nodes...)
 
 	t.Run("OOMKilledWorkerIsRelaunchedWithMoreMemory", func(t *testing.T) {
 		e := newJobEnv(t, cfg, "moom")

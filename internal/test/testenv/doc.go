@@ -1,6 +1,9 @@
-// Package testenv starts the real servers tests run against: a MinIO S3
-// server (minio.go) and a kube-apiserver + etcd with the Kubeflow CRDs
-// (kube.go: Kube(t), StartKube for benchmarks).
+// Package testenv is what every test binary needs: the real torches
+// (torch.go), a MinIO S3 server (minio.go), the cache and Main. The
+// Kubernetes and Flyte side (kube-apiserver, the operator, propeller, the
+// one-node cluster) is internal/test/kubeenv, apart: its ≈1,100 packages
+// would be linked into, and initialized by, every test binary and every
+// re-execution of one as a worker, agent or guardian.
 //
 // Binaries come from scripts/deps.sh, under $KFELASTIC_CACHE (default
 // ~/.cache/kfelastic). Under `go test -short` the helpers skip the test;

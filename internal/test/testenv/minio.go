@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,7 +21,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/flyteorg/flyte/flytestdlib/storage"
 )
 
 // Credentials and region of every server started here. They are also put in
@@ -257,41 +255,6 @@ func MinIO(t testing.TB) *MinIOServer {
 	}
 }
 
-// Main runs the tests in a temp folder of their own (privateTmp) and then
-// stops every server this package started (one MinIO and one
-// kube-apiserver + etcd per test process at most) and removes the folder.
-// Call it from TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
-func Main(m *testing.M) {
-	childrenExitAtOnce()
-	removeTmp := privateTmp()
-	kube.Lock()
-	kube.inMain = true
-	kube.Unlock()
-	code := m.Run()
-	StopCluster()
-	StopKube()
-	if shared.p != nil {
-		shared.p.Stop()
-	}
-	removeTmp()
-	os.Exit(code)
-}
-
-// childrenExitAtOnce makes the processes a test starts from a binary built
-// with -race (the test binary re-executed as a worker, an agent, a master)
-// exit when they return, as the binaries they stand for do. The race
-// runtime otherwise sleeps a second at exit (GORACE atexit_sleep_ms,
-// default 1000): a worker silent for that second before its exit was
-// killed as hung by a 1 s hang watchdog (TestUnreadOutputDoesNotStallWorkers).
-// Without -race GORACE is read by nobody.
-func childrenExitAtOnce() {
-	g := os.Getenv("GORACE")
-	if strings.Contains(g, "atexit_sleep_ms") {
-		return
-	}
-	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
-}
-
 // freePort asks the kernel for a free loopback port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -321,23 +284,6 @@ func (s *syncWriter) Write(b []byte) (int, error) {
 		return len(b), nil // keep the start; minio is quiet unless failing
 	}
 	return s.w.Write(b)
-}
-
-// DataStoreConfig is flytestdlib's storage configuration for bucket on this
-// server, as a propeller pointed at it would have (stow kind "s3").
-func (p *MinIOProcess) DataStoreConfig(bucket string) *storage.Config {
-	return &storage.Config{
-		Type:          storage.TypeStow,
-		InitContainer: bucket,
-		Stow: storage.StowConfig{Kind: "s3", Config: map[string]string{
-			"auth_type":     "accesskey",
-			"access_key_id": MinIOAccessKey,
-			"secret_key":    MinIOSecretKey,
-			"region":        MinIORegion,
-			"endpoint":      p.Endpoint,
-			"disable_ssl":   "true",
-		}},
-	}
 }
 
 // PID is the server's process id, which is also its process group id.

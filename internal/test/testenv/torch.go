@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,8 @@ var TorchVersions = []string{"1.13", "2.14"}
 
 // ProjectRoot is the module's folder.
 func ProjectRoot() string {
-	return filepath.Clean(filepath.Join(packageDir(), "..", "..", ".."))
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // Cache is $KFELASTIC_CACHE, else ~/.cache/kfelastic.

@@ -1,4 +1,4 @@
-package testenv_test
+package kubeenv_test
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kfelastic/kfelastic/internal/test/flytetest"
-	"github.com/kfelastic/kfelastic/internal/test/testenv"
+	"github.com/kfelastic/kfelastic/internal/test/kubeenv"
 )
 
 // TestTaskWorkflowOfEveryTemplate: propeller's compiler accepts the
@@ -25,7 +25,7 @@ func TestTaskWorkflowOfEveryTemplate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tmpl := flytetest.LoadTemplate(t, name)
 			orig := proto.Clone(tmpl)
-			fw, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: "ns", Name: "exec-1", RawOutputPrefix: "s3://b/raw"})
+			fw, err := kubeenv.TaskWorkflow(tmpl, kubeenv.WorkflowOptions{Namespace: "ns", Name: "exec-1", RawOutputPrefix: "s3://b/raw"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,9 +45,9 @@ func TestTaskWorkflowOfEveryTemplate(t *testing.T) {
 				t.Errorf("metadata: %s/%s exec %v raw %q accepted %v", back.Namespace, back.Name, back.ExecutionID.WorkflowExecutionIdentifier,
 					back.RawOutputDataConfig.GetOutputLocationPrefix(), back.AcceptedAt)
 			}
-			node, ok := back.Nodes[testenv.TaskNodeID]
+			node, ok := back.Nodes[kubeenv.TaskNodeID]
 			if !ok || node.TaskRef == nil {
-				t.Fatalf("no task node %s: %v", testenv.TaskNodeID, back.Nodes)
+				t.Fatalf("no task node %s: %v", kubeenv.TaskNodeID, back.Nodes)
 			}
 			task, ok := back.Tasks[*node.TaskRef]
 			if !ok || task.Type != tmpl.GetType() {
@@ -64,12 +64,12 @@ func TestTaskWorkflowInputs(t *testing.T) {
 	tmpl.Interface = &core.TypedInterface{Inputs: &core.VariableMap{Variables: map[string]*core.Variable{
 		"epochs": {Type: &core.LiteralType{Type: &core.LiteralType_Simple{Simple: core.SimpleType_INTEGER}}},
 	}}}
-	if _, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: "ns"}); err == nil {
+	if _, err := kubeenv.TaskWorkflow(tmpl, kubeenv.WorkflowOptions{Namespace: "ns"}); err == nil {
 		t.Error("a task with an input built without it")
 	}
 	epochs := &core.Literal{Value: &core.Literal_Scalar{Scalar: &core.Scalar{Value: &core.Scalar_Primitive{
 		Primitive: &core.Primitive{Value: &core.Primitive_Integer{Integer: 3}}}}}}
-	fw, err := testenv.TaskWorkflow(tmpl, testenv.WorkflowOptions{Namespace: "ns",
+	fw, err := kubeenv.TaskWorkflow(tmpl, kubeenv.WorkflowOptions{Namespace: "ns",
 		Inputs: &core.LiteralMap{Literals: map[string]*core.Literal{"epochs": epochs}}})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestTaskWorkflowInputs(t *testing.T) {
 	if !strings.HasPrefix(fw.Name, "e2e-") || fw.Inputs.GetLiterals()["epochs"] == nil {
 		t.Errorf("name %q, inputs %v", fw.Name, fw.Inputs)
 	}
-	if in := fw.Nodes[testenv.TaskNodeID].InputBindings; len(in) != 1 || in[0].GetVar() != "epochs" {
+	if in := fw.Nodes[kubeenv.TaskNodeID].InputBindings; len(in) != 1 || in[0].GetVar() != "epochs" {
 		t.Errorf("node bindings %v", in)
 	}
 }

@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"bytes"
@@ -27,10 +27,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // OperatorBinary is the training operator, as built by scripts/deps.sh k8s.
-func OperatorBinary() string { return filepath.Join(CacheDir(), "bin", "training-operator.v1") }
+func OperatorBinary() string { return filepath.Join(testenv.CacheDir(), "bin", "training-operator.v1") }
 
 // servingCertDirs are where the operator looks for its webhook's
 // certificates: its cert rotator at a path fixed in the operator
@@ -81,7 +83,7 @@ func operatorArgv(t testing.TB, cfg *rest.Config, args []string) []string {
 	for _, dir := range servingCertDirs() {
 		writeServingCert(t, dir)
 	}
-	port, err := freePort()
+	port, err := testenv.FreePortNumber()
 	if err != nil {
 		t.Fatal(err)
 	}

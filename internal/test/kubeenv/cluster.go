@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"archive/tar"
@@ -40,6 +40,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kfelastic/kfelastic/internal/ociimage"
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 	"github.com/kfelastic/kfelastic/internal/version"
 )
 
@@ -123,8 +124,8 @@ type Cluster struct {
 	lock  *os.File
 	procs []*clusterProc
 	mu    sync.Mutex
-	minio *MinIOProcess // on ClusterNodeIP, started by MinIO
-	stop  chan struct{} // ends the pod log mirror
+	minio *testenv.MinIOProcess // on ClusterNodeIP, started by MinIO
+	stop  chan struct{}         // ends the pod log mirror
 	// buckets counts the buckets MinIO made per name (under mu).
 	buckets map[string]int
 	// operator is the training operator UseOperator started, once.
@@ -156,7 +157,7 @@ var theCluster struct {
 }
 
 // UseCluster returns the one-node cluster, started once per test process
-// and stopped by Main. It skips under -short, and skips with what failed
+// and stopped by testenv.Main. It skips under -short, and skips with what failed
 // when the cluster cannot start on this machine (a missing binary names the
 // deps.sh step that makes it).
 func UseCluster(t testing.TB) *Cluster {
@@ -164,16 +165,14 @@ func UseCluster(t testing.TB) *Cluster {
 	if testing.Short() {
 		t.Skip("needs the one-node cluster (run without -short)")
 	}
-	kube.Lock()
-	inMain := kube.inMain
-	kube.Unlock()
-	if !inMain {
-		t.Fatal("testenv.UseCluster: the package's TestMain must call testenv.Main(m) so that the cluster is stopped")
+	if !testenv.InMain() {
+		t.Fatal("kubeenv.UseCluster: the package's TestMain must call testenv.Main(m) so that the cluster is stopped")
 	}
 	theCluster.Lock()
 	defer theCluster.Unlock()
 	if !theCluster.started {
 		theCluster.started = true
+		testenv.StopAtExit(StopCluster)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		theCluster.c, theCluster.err = StartCluster(ctx)
 		cancel()
@@ -195,7 +194,7 @@ func StopCluster() {
 	}
 }
 
-func clusterDir() string { return filepath.Join(CacheDir(), "cluster") }
+func clusterDir() string { return filepath.Join(testenv.CacheDir(), "cluster") }
 
 // clusterLogs holds the cluster's processes' logs, kept until the next start.
 func clusterLogs() string { return filepath.Join(clusterDir(), "logs") }
@@ -203,23 +202,23 @@ func clusterLogs() string { return filepath.Join(clusterDir(), "logs") }
 // clusterBinaries are what the cluster runs, and the deps.sh step that
 // provides each.
 func clusterBinaries() map[string]string {
-	k8s := filepath.Join(CacheDir(), "k8s")
+	k8s := filepath.Join(testenv.CacheDir(), "k8s")
 	return map[string]string{
-		filepath.Join(k8s, "etcd"):                                         "scripts/deps.sh k8s",
-		filepath.Join(k8s, "kube-apiserver"):                               "scripts/deps.sh k8s",
-		filepath.Join(k8s, "kubelet"):                                      "scripts/deps.sh cluster",
-		filepath.Join(k8s, "kube-scheduler"):                               "scripts/deps.sh cluster",
-		filepath.Join(k8s, "kube-controller-manager"):                      "scripts/deps.sh cluster",
-		filepath.Join(CacheDir(), "bin", "coredns"):                        "scripts/deps.sh cluster",
-		"/usr/bin/containerd":                                              "scripts/deps.sh cluster (Debian's containerd)",
-		"/usr/bin/ctr":                                                     "scripts/deps.sh cluster (Debian's containerd)",
-		"/usr/lib/cni/bridge":                                              "scripts/deps.sh cluster (Debian's containernetworking-plugins)",
-		filepath.Join(workerRoot(), "usr", "bin", "python3"):               "scripts/deps.sh cluster (the worker root file system)",
-		filepath.Join(CacheDir(), "crds", "kubeflow.org_pytorchjobs.yaml"): "scripts/deps.sh k8s",
+		filepath.Join(k8s, "etcd"):                                                 "scripts/deps.sh k8s",
+		filepath.Join(k8s, "kube-apiserver"):                                       "scripts/deps.sh k8s",
+		filepath.Join(k8s, "kubelet"):                                              "scripts/deps.sh cluster",
+		filepath.Join(k8s, "kube-scheduler"):                                       "scripts/deps.sh cluster",
+		filepath.Join(k8s, "kube-controller-manager"):                              "scripts/deps.sh cluster",
+		filepath.Join(testenv.CacheDir(), "bin", "coredns"):                        "scripts/deps.sh cluster",
+		"/usr/bin/containerd":                                                      "scripts/deps.sh cluster (Debian's containerd)",
+		"/usr/bin/ctr":                                                             "scripts/deps.sh cluster (Debian's containerd)",
+		"/usr/lib/cni/bridge":                                                      "scripts/deps.sh cluster (Debian's containernetworking-plugins)",
+		filepath.Join(workerRoot(), "usr", "bin", "python3"):                       "scripts/deps.sh cluster (the worker root file system)",
+		filepath.Join(testenv.CacheDir(), "crds", "kubeflow.org_pytorchjobs.yaml"): "scripts/deps.sh k8s",
 	}
 }
 
-func workerRoot() string { return filepath.Join(CacheDir(), "worker-root") }
+func workerRoot() string { return filepath.Join(testenv.CacheDir(), "worker-root") }
 
 // StartCluster starts the one-node cluster: leftovers of an earlier run are
 // removed first; it returns when the node is Ready, DNS answers and the
@@ -393,15 +392,15 @@ func (c *Cluster) certificates() (clusterPKI, error) {
 }
 
 func (c *Cluster) startControlPlane(ctx context.Context, pki clusterPKI) error {
-	etcdPort, err := freePort()
+	etcdPort, err := testenv.FreePortNumber()
 	if err != nil {
 		return err
 	}
-	peerPort, err := freePort()
+	peerPort, err := testenv.FreePortNumber()
 	if err != nil {
 		return err
 	}
-	k8s := filepath.Join(CacheDir(), "k8s")
+	k8s := filepath.Join(testenv.CacheDir(), "k8s")
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	if err := c.start("etcd", filepath.Join(k8s, "etcd"), nil,
 		"--data-dir", filepath.Join(c.run, "etcd"), "--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
@@ -432,7 +431,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, pki clusterPKI) error {
 		return err
 	}
 	// The Kubeflow CRDs, as for the API server of the other tests.
-	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(CacheDir(), "crds")},
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(testenv.CacheDir(), "crds")},
 		ErrorIfPathMissing: true, Scheme: Scheme()}); err != nil {
 		return fmt.Errorf("kubeflow CRDs: %w", err)
 	}
@@ -631,7 +630,7 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 `, ClusterNodeIP, clusterDomain, c.Kubeconfig)), 0o644); err != nil {
 		return err
 	}
-	if err := c.start("coredns", filepath.Join(CacheDir(), "bin", "coredns"), nil, "-conf", corefile); err != nil {
+	if err := c.start("coredns", filepath.Join(testenv.CacheDir(), "bin", "coredns"), nil, "-conf", corefile); err != nil {
 		return err
 	}
 	resolv := filepath.Join(c.run, "resolv.conf")
@@ -667,7 +666,7 @@ func (c *Cluster) startNode(ctx context.Context, pki clusterPKI) error {
 	}
 	c.stop = make(chan struct{})
 	go c.mirrorPodLogs(c.stop)
-	if err := c.start("kubelet", filepath.Join(CacheDir(), "k8s", "kubelet"), nil,
+	if err := c.start("kubelet", filepath.Join(testenv.CacheDir(), "k8s", "kubelet"), nil,
 		"--config", conf, "--kubeconfig", c.Kubeconfig, "--root-dir", filepath.Join(c.run, "kubelet"),
 		"--cert-dir", filepath.Join(c.run, "pki", "kubelet"), "--hostname-override", ClusterNodeName,
 		"--node-ip", ClusterNodeIP, "--v", "1"); err != nil {
@@ -768,15 +767,15 @@ func clusterMinIODir() string {
 
 // MinIO is a MinIO server the pods reach (on ClusterNodeIP), started on
 // first use and stopped with the cluster, and a fresh bucket on it; its
-// credentials are in this process's environment (SetCredentialEnv) and go
+// credentials are in this process's environment (testenv.SetCredentialEnv) and go
 // to pods as the AWS_* variables of PodCredentialEnv.
-func (c *Cluster) MinIO(t testing.TB) *MinIOServer {
+func (c *Cluster) MinIO(t testing.TB) *testenv.MinIOServer {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.minio == nil {
-		SetCredentialEnv()
-		p, err := StartMinIOAt(t.Context(), MinIOBinary(), ClusterNodeIP, clusterMinIODir())
+		testenv.SetCredentialEnv()
+		p, err := testenv.StartMinIOAt(t.Context(), testenv.MinIOBinary(), ClusterNodeIP, clusterMinIODir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -803,15 +802,15 @@ func (c *Cluster) MinIO(t testing.TB) *MinIOServer {
 	if err := c.minio.CreateBucket(t.Context(), bucket); err != nil {
 		t.Fatal(err)
 	}
-	return &MinIOServer{MinIOProcess: c.minio, Bucket: bucket, URL: c.minio.URL(bucket, ""),
-		AccessKey: MinIOAccessKey, SecretKey: MinIOSecretKey, Region: MinIORegion}
+	return &testenv.MinIOServer{MinIOProcess: c.minio, Bucket: bucket, URL: c.minio.URL(bucket, ""),
+		AccessKey: testenv.MinIOAccessKey, SecretKey: testenv.MinIOSecretKey, Region: testenv.MinIORegion}
 }
 
 // PodCredentialEnv are the MinIO credentials as a pod's environment (what a
 // Flyte deployment puts in propeller's default-env-vars).
 func PodCredentialEnv() []corev1.EnvVar {
-	return []corev1.EnvVar{{Name: "AWS_ACCESS_KEY_ID", Value: MinIOAccessKey}, {Name: "AWS_SECRET_ACCESS_KEY", Value: MinIOSecretKey},
-		{Name: "AWS_REGION", Value: MinIORegion}, {Name: "AWS_EC2_METADATA_DISABLED", Value: "true"}}
+	return []corev1.EnvVar{{Name: "AWS_ACCESS_KEY_ID", Value: testenv.MinIOAccessKey}, {Name: "AWS_SECRET_ACCESS_KEY", Value: testenv.MinIOSecretKey},
+		{Name: "AWS_REGION", Value: testenv.MinIORegion}, {Name: "AWS_EC2_METADATA_DISABLED", Value: "true"}}
 }
 
 // PodLogs is what the containers of pod ns/name printed (container "" for
@@ -1292,13 +1291,13 @@ func (c *Cluster) importImages(ctx context.Context) error {
 // is bin/pyflyte-execute.
 const FlytekitInPods = "/opt/flytekit"
 
-// flytekitLayer holds real flytekit (FlytekitDir: its site and console
+// flytekitLayer holds real flytekit (testenv.FlytekitDir: its site and console
 // scripts) under FlytekitInPods. ok is false, with no error, when the
 // cache has no flytekit or the worker root lacks its Debian packages
 // (botocore the last of them, scripts/deps.sh): the scenarios that run it
 // then skip (Cluster.Flytekit).
 func flytekitLayer(path string) (ociBlob, bool, error) {
-	dir := FlytekitDir()
+	dir := testenv.FlytekitDir()
 	if _, err := os.Stat(filepath.Join(dir, "site", "flytekit", "__init__.py")); err != nil {
 		return ociBlob{}, false, nil
 	}
@@ -1331,7 +1330,7 @@ func flytekitLayer(path string) (ociBlob, bool, error) {
 // does, with version v stamped, imports it, and returns its name: the
 // plugin's default agentImage for a plugin built with the same version.
 func (c *Cluster) ImportAgentImage(ctx context.Context, v string) (string, error) {
-	repo := ProjectRoot()
+	repo := testenv.ProjectRoot()
 	bin, err := ociimage.BuildBinary(ctx, ociimage.BuildOptions{Version: v, Out: filepath.Join(clusterDir(), "images", "kfelastic"), ModuleDir: repo})
 	if err != nil {
 		return "", err
@@ -1537,7 +1536,7 @@ exec python3 /opt/kfelastic/testdata/flytekit/elastic_task.py --output-prefix "$
 // scripts, the flytekit stand-in) under /opt/kfelastic, and the stand-in's
 // pyflyte-execute in /opt/kfelastic/bin (on the image's PATH).
 func scriptsLayer(path string) (ociBlob, error) {
-	repo := ProjectRoot()
+	repo := testenv.ProjectRoot()
 	return writeLayer(path, func(tw *tar.Writer) error {
 		for _, d := range []string{"examples", "testdata"} {
 			if err := writeTree(tw, filepath.Join(repo, d), "opt/kfelastic/"+d, map[string]bool{}, false); err != nil {

@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"fmt"
@@ -13,6 +13,8 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 var kube struct {
@@ -21,7 +23,6 @@ var kube struct {
 	cfg     *rest.Config
 	err     error
 	started bool
-	inMain  bool
 }
 
 // StopKube stops the API server if one was started; idempotent.
@@ -53,11 +54,12 @@ func Kube(t testing.TB) *rest.Config {
 	}
 	kube.Lock()
 	defer kube.Unlock()
-	if !kube.inMain {
-		t.Fatal("testenv.Kube: the package's TestMain must call testenv.KubeMain(m) so that the API server is stopped")
+	if !testenv.InMain() {
+		t.Fatal("kubeenv.Kube: the package's TestMain must call testenv.Main(m) so that the API server is stopped")
 	}
 	if !kube.started {
 		kube.started = true
+		testenv.StopAtExit(StopKube)
 		kube.env, kube.cfg, kube.err = StartKube()
 	}
 	if kube.err != nil {
@@ -69,8 +71,8 @@ func Kube(t testing.TB) *rest.Config {
 // StartKube starts a kube-apiserver + etcd with the Kubeflow CRDs outside a
 // test (benchmarks); the caller stops the environment.
 func StartKube() (*envtest.Environment, *rest.Config, error) {
-	bin := filepath.Join(CacheDir(), "k8s")
-	crds := filepath.Join(CacheDir(), "crds")
+	bin := filepath.Join(testenv.CacheDir(), "k8s")
+	crds := filepath.Join(testenv.CacheDir(), "crds")
 	for _, f := range []string{filepath.Join(bin, "kube-apiserver"), filepath.Join(bin, "etcd"),
 		filepath.Join(crds, "kubeflow.org_pytorchjobs.yaml"), filepath.Join(crds, "kubeflow.org_tfjobs.yaml")} {
 		if _, err := os.Stat(f); err != nil {

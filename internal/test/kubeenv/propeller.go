@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"bytes"
@@ -21,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kfelastic/kfelastic/internal/test/testenv"
 )
 
 // PropellerBinary is where BuildPropeller puts flytepropeller with the
@@ -29,8 +31,8 @@ import (
 // checkout, because checkouts (worktrees, other branches) sharing the cache
 // would otherwise relink it in turn, or run each other's plugin.
 func PropellerBinary() string {
-	sum := sha256.Sum256([]byte(ProjectRoot()))
-	return filepath.Join(CacheDir(), "propeller", hex.EncodeToString(sum[:6]), "flytepropeller-kfelastic")
+	sum := sha256.Sum256([]byte(testenv.ProjectRoot()))
+	return filepath.Join(testenv.CacheDir(), "propeller", hex.EncodeToString(sum[:6]), "flytepropeller-kfelastic")
 }
 
 var propellerBuild struct {
@@ -65,7 +67,7 @@ func BuildPropeller(t testing.TB) string {
 }
 
 // buildPropeller runs go build in the module's root under an exclusive
-// lock on out.lock, with the test binaries' flags (RaceBuild): make test's
+// lock on out.lock, with the test binaries' flags (testenv.RaceBuild): make test's
 // go vet has compiled its packages.
 func buildPropeller(ctx context.Context, out string) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -80,7 +82,7 @@ func buildPropeller(ctx context.Context, out string) error {
 		return fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	cmd := RaceBuild(ctx, out, "./cmd/flytepropeller-kfelastic")
+	cmd := testenv.RaceBuild(ctx, out, "./cmd/flytepropeller-kfelastic")
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {
@@ -96,7 +98,7 @@ type PropellerOptions struct {
 	Kubeconfig string
 	// Store holds the workflows' metadata (s3://<bucket>/metadata) and raw
 	// outputs (s3://<bucket>/raw).
-	Store *MinIOServer
+	Store *testenv.MinIOServer
 	// PodStoreEndpoint is the store's endpoint as the pods reach it (error
 	// documents, flytekit's data); "" is Store's endpoint, right for
 	// simulated pods on this machine.
@@ -260,7 +262,7 @@ func WritePropellerConfig(opts PropellerOptions, dir string) (*Propeller, error)
 	if opts.Store == nil || opts.Kubeconfig == "" {
 		return nil, fmt.Errorf("propeller config: Kubeconfig and Store are required")
 	}
-	port, err := freePort()
+	port, err := testenv.FreePortNumber()
 	if err != nil {
 		return nil, err
 	}

@@ -1,5 +1,5 @@
 // Command pause is the one-node test cluster's pod sandbox image
-// (internal/test/testenv/cluster.go): it holds the pod's namespaces, reaps
+// (internal/test/kubeenv/cluster.go): it holds the pod's namespaces, reaps
 // orphans as PID 1 and exits on SIGTERM or SIGINT, as Kubernetes' own pause
 // does. The cluster builds it statically and imports it, since nothing is
 // pulled from a registry.

@@ -1,4 +1,4 @@
-package agent
+package refine
 
 import (
 	"context"
@@ -49,7 +49,7 @@ var (
 // tick together (they started at the same round) every 0.1, 1 or 5 s, each
 // notices its pod's failures at its next tick and names the lowest rank of
 // the earliest whole second; flytekit writes its document
-// (flytekitdoc) and exits 0; the agent refines it (commandDocument, pure)
+// (flytekitdoc) and exits 0; the agent refines it (CommandDocument)
 // and uploads the refined copy, sometimes seconds late, before it reports
 // to the master; the master stops the job at the first report, and a pod
 // whose flytekit wrote nothing yet ends JobStopped at its own clock's time.
@@ -389,7 +389,7 @@ func runChain(ctx context.Context, tl *chainTimeline, exact bool) error {
 				return err
 			}
 			size = len(data)
-			var files []rankError
+			var files []RankError
 			for lr, rk := range pod.ranks {
 				if !rk.file {
 					continue
@@ -401,9 +401,9 @@ func runChain(ctx context.Context, tl *chainTimeline, exact bool) error {
 				if err != nil {
 					return err
 				}
-				files = append(files, rankError{localRank: lr, path: chainErrorFile(pod.name, lr), err: te})
+				files = append(files, RankError{LocalRank: lr, Path: chainErrorFile(pod.name, lr), Err: te})
 			}
-			refined, _, rewrite := commandDocument(f, size, files)
+			refined, _, rewrite := CommandDocument(f, size, files)
 			if rewrite {
 				newKey, newData, err := kferrors.NewWriter(nil, nil).Prepare(refined)
 				if err != nil {
@@ -519,7 +519,7 @@ func chainRankOf(msg string) int {
 			return n
 		}
 	}
-	if p := rootCauseErrorFile(msg); p != "" {
+	if p := RootCauseErrorFile(msg); p != "" {
 		if n, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
 			return n
 		}
