@@ -186,7 +186,7 @@ need_coredns() {
 
 # The worker image's root file system: Debian bookworm (minbase) with
 # python3-torch 1.13, as the machine's own; ≈4.5 min cold, 1.3 GB. The
-# cluster turns it into an image (internal/test/testenv) and imports it.
+# cluster turns it into an image (internal/test/kubeenv) and imports it.
 need_worker_root() {
   local root=$CACHE/worker-root
   if [ -x "$root/usr/bin/python3" ] && [ -d "$root/usr/lib/python3/dist-packages/torch" ]; then
