@@ -44,8 +44,9 @@ var propellerBuild struct {
 // once per test process, and returns its path. `go build -o` does not
 // relink a binary that is up to date with its sources (it compares the
 // build ID in the file), so a warm call costs the staleness check only
-// (seconds); the first build on a cold Go cache takes minutes (propeller
-// and its dependencies: 8m44s measured on 2 loaded cores). Test processes
+// (seconds); on a cold Go cache it is a link where make test's go vet -race
+// compiled the packages first (testenv.RaceBuild), else minutes (8m44s
+// measured on 2 loaded cores). Test processes
 // building at once take turns (a lock file beside the binary). It skips
 // under -short.
 func BuildPropeller(t testing.TB) string {
